@@ -1,0 +1,42 @@
+"""``rlguard.core_losses``: the GRPO family, exact and data-parallel-correct, framework-agnostic.
+
+>>> from rlguard.core_losses import PolicyBatch, get_objective
+>>> out = get_objective("gspo")(PolicyBatch(logprobs=..., advantages=..., mask=...))  # doctest: +SKIP
+"""
+
+from rlguard.core_losses.advantages import ADVANTAGE_SCALES, GroupAdvantages, group_advantages
+from rlguard.core_losses.aggregation import AGGREGATIONS, Aggregation, aggregate, default_normalisers, masked_mean
+from rlguard.core_losses.batch import LossOutput, PolicyBatch
+from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
+from rlguard.core_losses.logprobs import logprobs_from_logits
+from rlguard.core_losses.objective import Objective
+from rlguard.core_losses.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, DrGRPO, GSPOToken
+from rlguard.core_losses.registry import get_objective, list_objectives, objective_class
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "AGGREGATIONS",
+    "CISPO",
+    "DAPO",
+    "GMPO",
+    "GRPO",
+    "GSPO",
+    "KL_ESTIMATORS",
+    "SAPO",
+    "Aggregation",
+    "DrGRPO",
+    "GSPOToken",
+    "GroupAdvantages",
+    "LossOutput",
+    "Objective",
+    "PolicyBatch",
+    "aggregate",
+    "default_normalisers",
+    "get_objective",
+    "group_advantages",
+    "kl_estimate",
+    "list_objectives",
+    "logprobs_from_logits",
+    "masked_mean",
+    "objective_class",
+]

@@ -1,0 +1,225 @@
+"""The batch an objective consumes, its result, and input validation.
+
+Shapes: B sequences (completions), T completion positions (padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+NonFinitePolicy = Literal["raise", "mask"]
+NONFINITE_POLICIES: tuple[str, ...] = ("raise", "mask")
+
+_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """One (micro-)batch of completions for a policy-gradient objective.
+
+    Attributes:
+        logprobs: ``(B, T)`` log-probs of the sampled tokens under the current policy; gradients flow here.
+        advantages: ``(B,)`` or ``(B, 1)`` per sequence, or ``(B, T)`` per token.
+        mask: ``(B, T)`` 1 (or True) for completion tokens that count, 0 for padding.
+        old_logprobs: ``(B, T)`` behaviour policy pi_old; ``None`` means on-policy (``logprobs.detach()``).
+        ref_logprobs: ``(B, T)`` reference policy, for the KL term (``beta > 0``) and the ``kl_ref`` metric.
+        rollout_logprobs: ``(B, T)`` log-probs reported by the inference engine that sampled the batch,
+            for mismatch correction and the ``mismatch_*`` metrics.
+        entropies: ``(B, T)`` per-token entropy of the current policy, for the entropy bonus and metric.
+
+    Shapes and dtypes are checked on construction; values (NaN/Inf) are checked by the objective,
+    which knows its ``on_nonfinite`` policy.
+    """
+
+    logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    rollout_logprobs: Tensor | None = None
+    entropies: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        lp = self.logprobs
+        _check_tensor("logprobs", lp)
+        if lp.dim() != 2:
+            raise ValueError(
+                f"logprobs must have shape (B, T) (batch, completion tokens); got shape {tuple(lp.shape)}. "
+                "Gather the log-prob of each sampled token first (e.g. with rlguard.core_losses.logprobs_from_logits)."
+            )
+        _check_float("logprobs", lp)
+        shape = tuple(lp.shape)
+        _check_tensor("mask", self.mask)
+        if tuple(self.mask.shape) != shape:
+            raise ValueError(f"mask must have the shape of logprobs {shape}; got {tuple(self.mask.shape)}.")
+        _check_mask_values(self.mask)
+        _check_tensor("advantages", self.advantages)
+        adv_shape = tuple(self.advantages.shape)
+        if adv_shape not in {(shape[0],), (shape[0], 1), shape}:
+            raise ValueError(
+                f"advantages must have shape (B,) or (B, 1) per sequence, or (B, T) per token, with B={shape[0]}, "
+                f"T={shape[1]}; got {adv_shape}."
+            )
+        _check_float("advantages", self.advantages)
+        for name in _TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _check_tensor(name, value)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{name} must have the shape of logprobs {shape}; got {tuple(value.shape)}.")
+            _check_float(name, value)
+            if value.device != lp.device:
+                raise ValueError(f"{name} is on {value.device} but logprobs is on {lp.device}; move it with .to().")
+        for name in ("mask", "advantages"):
+            if getattr(self, name).device != lp.device:
+                raise ValueError(
+                    f"{name} is on {getattr(self, name).device} but logprobs is on {lp.device}; move it with .to()."
+                )
+
+    @property
+    def sequence_level_advantages(self) -> bool:
+        """True when advantages hold one value per sequence, ``(B,)`` or ``(B, 1)``."""
+        return self.advantages.dim() == 1 or self.advantages.shape[-1] == 1
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What an objective returns.
+
+    Attributes:
+        loss: 0-dim differentiable tensor; with explicit normalisers, the local share of the global loss.
+        metrics: canonical metric names (see DESIGN.md) to detached 0-dim tensors; never ``.item()``-ed here.
+    """
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _check_tensor(name: str, value: object) -> None:
+    if not isinstance(value, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor; got {type(value).__name__}.")
+
+
+def _check_float(name: str, value: Tensor) -> None:
+    if not value.is_floating_point():
+        raise ValueError(
+            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64); got {value.dtype}."
+        )
+
+
+def _check_mask_values(mask: Tensor) -> None:
+    if mask.dtype == torch.bool:
+        return
+    if mask.is_complex():
+        raise ValueError(f"mask must be bool or hold only 0 and 1; got dtype {mask.dtype}.")
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"mask must hold only 0 and 1 (or be bool); got {int(bad.sum())} other values, first "
+            f"{mask[idx].item()!r} at {idx}. Pass a boolean mask or weight tokens through the advantages instead."
+        )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated batch in the compute dtype with non-finite and padded entries replaced by 0.
+
+    ``mask`` is the float mask of tokens that count after dropping non-finite ones; ``input_mask`` is the
+    caller's mask (the normalisers' default counts); ``advantages`` is broadcast to ``(B, T)``.
+    """
+
+    logprobs: Tensor  # (B, T)
+    old_logprobs: Tensor  # (B, T), detached
+    advantages: Tensor  # (B, T)
+    mask: Tensor  # (B, T) float, 0/1
+    input_mask: Tensor  # (B, T) float, 0/1
+    ref_logprobs: Tensor | None  # (B, T)
+    rollout_logprobs: Tensor | None  # (B, T), detached
+    entropies: Tensor | None  # (B, T)
+    nonfinite: Tensor  # () count of non-finite values at unmasked positions
+    sequence_level: bool
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision inputs, float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -> PreparedBatch:
+    """Upcast, broadcast advantages to ``(B, T)`` and handle NaN/Inf at unmasked positions.
+
+    Padding (mask 0) may hold anything: it is replaced by 0 so that it cannot reach the loss or its gradient.
+    ``on_nonfinite="raise"`` raises ``ValueError`` naming the tensor; ``"mask"`` drops the token and counts it.
+    """
+    if on_nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}; got {on_nonfinite!r}.")
+    dtype = compute_dtype(batch.logprobs.dtype)
+    input_mask = batch.mask.to(dtype)  # (B, T)
+    keep = batch.mask.bool()  # (B, T)
+    seq_level = batch.sequence_level_advantages
+    adv = batch.advantages.to(dtype)
+    adv = adv.reshape(-1, 1).expand_as(batch.logprobs) if seq_level else adv  # (B, T)
+
+    tensors: dict[str, Tensor | None] = {
+        "logprobs": batch.logprobs.to(dtype),
+        "advantages": adv,
+        **{name: None if getattr(batch, name) is None else getattr(batch, name).to(dtype) for name in _TOKEN_FIELDS},
+    }
+    finite = torch.ones_like(keep)
+    nonfinite = torch.zeros((), dtype=dtype, device=keep.device)
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        bad = ~torch.isfinite(value.detach()) & keep
+        if on_nonfinite == "raise":
+            _raise_if_nonfinite(name, value, bad)
+        finite = finite & ~bad
+        nonfinite = nonfinite + bad.sum().to(dtype)
+    valid = keep & finite
+    mask = valid.to(dtype)
+
+    def clean(value: Tensor | None) -> Tensor | None:
+        # torch.where routes no gradient to the dropped entries, so NaN there cannot reach the weights.
+        return None if value is None else torch.where(valid, value, torch.zeros((), dtype=dtype, device=value.device))
+
+    logprobs = clean(tensors["logprobs"])
+    old = tensors["old_logprobs"]
+    assert logprobs is not None
+    old_clean = logprobs.detach() if old is None else clean(old.detach())
+    assert old_clean is not None
+    adv_clean = clean(tensors["advantages"])
+    assert adv_clean is not None
+    rollout = tensors["rollout_logprobs"]
+    return PreparedBatch(
+        logprobs=logprobs,
+        old_logprobs=old_clean,
+        advantages=adv_clean,
+        mask=mask,
+        input_mask=input_mask,
+        ref_logprobs=clean(tensors["ref_logprobs"]),
+        rollout_logprobs=None if rollout is None else clean(rollout.detach()),
+        entropies=clean(tensors["entropies"]),
+        nonfinite=nonfinite,
+        sequence_level=seq_level,
+    )
+
+
+def _raise_if_nonfinite(name: str, value: Tensor, bad: Tensor) -> None:
+    count = int(bad.sum())
+    if count == 0:
+        return
+    v = value.detach()
+    n_nan, n_inf = int((torch.isnan(v) & bad).sum()), int((torch.isinf(v) & bad).sum())
+    kinds = ", ".join(f"{n} {k}" for n, k in ((n_nan, "NaN"), (n_inf, "Inf")) if n)
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"{name} contains {kinds} value{'s' if count > 1 else ''} at unmasked positions, first at {first}. "
+        "Fix the producer of this tensor, set mask=0 there, or pass on_nonfinite='mask' to drop those tokens "
+        "from the loss and count them in the 'nonfinite' metric."
+    )

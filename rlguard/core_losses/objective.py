@@ -1,0 +1,247 @@
+"""The pipeline every objective shares: validate, correct for rollout mismatch, add KL and entropy, aggregate.
+
+An objective is a frozen dataclass: hyper-parameters in the constructor, tensors in ``__call__``. A subclass
+supplies only ``surrogate``, its per-token policy term; everything else happens here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from rlguard.core_losses.aggregation import (
+    Aggregation,
+    Normaliser,
+    aggregate,
+    check_aggregation,
+    check_normaliser,
+    masked_max,
+    masked_mean,
+    masked_min,
+)
+from rlguard.core_losses.batch import (
+    NONFINITE_POLICIES,
+    LossOutput,
+    NonFinitePolicy,
+    PolicyBatch,
+    PreparedBatch,
+    prepare_batch,
+)
+from rlguard.core_losses.kl import KL_ESTIMATORS, KLEstimator, k3_from_log_ratio, kl_estimate
+from rlguard.core_losses.ratios import Surrogate, seq_log_ratio, token_log_ratio
+from rlguard.core_losses.rollout import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_MASK_LEVELS,
+    RolloutISLevel,
+    RolloutMaskLevel,
+    mismatch_metrics,
+    off_policy_sequence_keep,
+    rejection_keep,
+    rollout_log_ratio,
+    truncated_is_weights,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """Base of the GRPO family. Subclasses set ``name``, ``paper`` and implement :meth:`surrogate`.
+
+    Attributes:
+        aggregation: how per-token terms become the loss; see :mod:`rlguard.core_losses.aggregation`.
+        max_length: the constant of ``seq-mean-token-sum-norm`` (Dr. GRPO); default the batch's ``T``, which
+            depends on padding: pass the generation budget (``max_completion_length``/``response_length``).
+        beta: coefficient of the KL(pi || pi_ref) penalty added to every token's term; needs ``ref_logprobs``.
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (GRPO's); see :mod:`rlguard.core_losses.kl`.
+        kl_unbiased: multiply the KL estimate by ``pi/pi_old`` (DeepSeek-V3.2) for off-policy samples.
+        entropy_coef: coefficient of an entropy bonus (subtracted from the loss); needs ``entropies``.
+        rollout_is: truncated importance sampling against the inference engine, ``"token"``/``"sequence"``.
+        rollout_is_cap: the truncation ``C`` of ``rollout_is`` (TIS uses 2).
+        rollout_mask: drop tokens/sequences whose engine ratio leaves ``[rollout_mask_low, rollout_mask_high]``:
+            ``"token"``, ``"sequence"`` (product) or ``"geometric"`` (per-token geometric mean).
+        rollout_mask_low: ``C_min``; default ``1 / rollout_mask_high``.
+        rollout_mask_high: ``C_max``.
+        off_policy_mask_delta: DeepSeek-V3.2's off-policy sequence masking threshold ``delta`` (None: off). The
+            behaviour log-probs are ``rollout_logprobs`` when given, else ``old_logprobs``.
+        on_nonfinite: ``"raise"`` (default) or ``"mask"``: drop tokens with NaN/Inf inputs and count them in the
+            ``nonfinite`` metric so that a guard can skip the step.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    aggregation: Aggregation = "token-mean"
+    max_length: int | None = None
+    beta: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    kl_unbiased: bool = False
+    entropy_coef: float = 0.0
+    rollout_is: RolloutISLevel | None = None
+    rollout_is_cap: float = 2.0
+    rollout_mask: RolloutMaskLevel | None = None
+    rollout_mask_low: float | None = None
+    rollout_mask_high: float = 2.0
+    off_policy_mask_delta: float | None = None
+    on_nonfinite: NonFinitePolicy = "raise"
+
+    def __post_init__(self) -> None:
+        check_aggregation(self.aggregation)
+        if self.max_length is not None and (isinstance(self.max_length, bool) or self.max_length < 1):
+            raise ValueError(f"max_length must be a positive int (the generation budget); got {self.max_length!r}.")
+        _check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _check_choice("rollout_is", self.rollout_is, (*ROLLOUT_IS_LEVELS, None))
+        _check_choice("rollout_mask", self.rollout_mask, (*ROLLOUT_MASK_LEVELS, None))
+        _check_choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
+        _check_range("beta", self.beta, low=0.0)
+        _check_range("entropy_coef", self.entropy_coef, low=0.0)
+        _check_range("rollout_is_cap", self.rollout_is_cap, low=0.0, strict=True)
+        _check_range("rollout_mask_high", self.rollout_mask_high, low=0.0, strict=True)
+        if self.rollout_mask_low is not None:
+            _check_range("rollout_mask_low", self.rollout_mask_low, low=0.0)
+            if self.rollout_mask_low > self.rollout_mask_high:
+                raise ValueError(
+                    f"rollout_mask_low ({self.rollout_mask_low}) must not exceed rollout_mask_high "
+                    f"({self.rollout_mask_high})."
+                )
+        if self.off_policy_mask_delta is not None:
+            _check_range("off_policy_mask_delta", self.off_policy_mask_delta, low=0.0)
+
+    # -- to implement -------------------------------------------------------------------------------------
+    def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
+        """Per-token policy terms ``(B, T)`` from the clamped token log-ratio ``(B, T)``."""
+        raise NotImplementedError
+
+    # -- the shared pipeline ------------------------------------------------------------------------------
+    def __call__(
+        self,
+        batch: PolicyBatch,
+        *,
+        num_tokens: Normaliser | None = None,
+        num_sequences: Normaliser | None = None,
+    ) -> LossOutput:
+        """Loss and canonical metrics of ``batch``.
+
+        Args:
+            batch: the (micro-)batch.
+            num_tokens: normaliser of ``token-mean``: the step's total unmasked tokens (divided by the
+                data-parallel size if gradients are averaged). Default: this batch's count.
+            num_sequences: normaliser of the ``seq-mean-*`` modes, likewise. Default: this batch's non-empty rows.
+        """
+        check_normaliser("num_tokens", num_tokens)
+        check_normaliser("num_sequences", num_sequences)
+        p = prepare_batch(batch, self.on_nonfinite)
+        self._check_optional_inputs(p)
+        keep, is_weights = self._rollout_corrections(p)
+        mask = p.mask if keep is None else p.mask * keep.to(p.mask.dtype)  # (B, T)
+
+        log_ratio = token_log_ratio(p.logprobs, p.old_logprobs)  # (B, T)
+        terms = self.surrogate(log_ratio, p, mask)
+        per_token = terms.loss if is_weights is None else terms.loss * is_weights  # (B, T)
+        kl = None
+        if p.ref_logprobs is not None:
+            old = p.old_logprobs if self.kl_unbiased else None
+            kl = kl_estimate(p.logprobs, p.ref_logprobs, self.kl_estimator, old_logprobs=old)
+            if self.beta > 0:
+                per_token = per_token + self.beta * kl
+        if self.entropy_coef > 0 and p.entropies is not None:
+            per_token = per_token - self.entropy_coef * p.entropies
+        loss = aggregate(
+            per_token,
+            mask,
+            self.aggregation,
+            count_mask=p.input_mask,
+            num_tokens=num_tokens,
+            num_sequences=num_sequences,
+            max_length=self.max_length,
+        )
+        metrics = self._metrics(loss, log_ratio, terms, kl, p, mask)
+        return LossOutput(loss=loss, metrics=metrics)
+
+    def _check_optional_inputs(self, p: PreparedBatch) -> None:
+        if self.beta > 0 and p.ref_logprobs is None:
+            raise ValueError(f"beta={self.beta} needs batch.ref_logprobs (the reference policy's log-probs).")
+        if self.entropy_coef > 0 and p.entropies is None:
+            raise ValueError(f"entropy_coef={self.entropy_coef} needs batch.entropies (per-token entropy).")
+        if (self.rollout_is or self.rollout_mask) and p.rollout_logprobs is None:
+            raise ValueError(
+                "rollout_is/rollout_mask need batch.rollout_logprobs (the inference engine's log-probs)."
+            )
+
+    def _rollout_corrections(self, p: PreparedBatch) -> tuple[Tensor | None, Tensor | None]:
+        """``(keep (B, T) bool or None, detached IS weights (B, T) or None)``."""
+        keep: Tensor | None = None
+        weights: Tensor | None = None
+        if p.rollout_logprobs is not None and (self.rollout_is or self.rollout_mask):
+            log_rho = rollout_log_ratio(p.old_logprobs, p.rollout_logprobs)
+            if self.rollout_is is not None:
+                weights = truncated_is_weights(log_rho, p.mask, self.rollout_is, self.rollout_is_cap)
+            if self.rollout_mask is not None:
+                low = 1.0 / self.rollout_mask_high if self.rollout_mask_low is None else self.rollout_mask_low
+                keep = rejection_keep(log_rho, p.mask, self.rollout_mask, low, self.rollout_mask_high)
+        if self.off_policy_mask_delta is not None:
+            behaviour = p.old_logprobs if p.rollout_logprobs is None else p.rollout_logprobs
+            opm = off_policy_sequence_keep(p.logprobs, behaviour, p.advantages, p.mask, self.off_policy_mask_delta)
+            keep = opm if keep is None else keep & opm
+        return keep, weights
+
+    def _metrics(
+        self,
+        loss: Tensor,
+        log_ratio: Tensor,
+        terms: Surrogate,
+        kl: Tensor | None,
+        p: PreparedBatch,
+        mask: Tensor,
+    ) -> dict[str, Tensor]:
+        with torch.no_grad():
+            lr = log_ratio.detach()
+            ratio = torch.exp(lr)
+            seq_lr = seq_log_ratio(lr, mask).squeeze(-1)  # (B,)
+            seq_mask = (mask.sum(dim=-1) > 0).to(mask.dtype)  # (B,)
+            seq_ratio = torch.exp(seq_lr)
+            m: dict[str, Tensor] = {
+                "loss": loss.detach(),
+                "ratio_mean": masked_mean(ratio, mask),
+                "ratio_min": masked_min(ratio, mask),
+                "ratio_max": masked_max(ratio, mask),
+                "seq_ratio_mean": masked_mean(seq_ratio, seq_mask),
+                "seq_ratio_min": masked_min(seq_ratio, seq_mask),
+                "seq_ratio_max": masked_max(seq_ratio, seq_mask),
+                "kl_old": masked_mean(k3_from_log_ratio(-lr), mask),
+            }
+            if terms.clipped_low is not None and terms.clipped_high is not None:
+                low, high = terms.clipped_low.to(mask.dtype), terms.clipped_high.to(mask.dtype)
+                m["clip_frac_low"] = masked_mean(low, mask)
+                m["clip_frac_high"] = masked_mean(high, mask)
+                m["clip_frac"] = masked_mean(torch.maximum(low, high), mask)
+            if kl is not None:
+                m["kl_ref"] = masked_mean(kl.detach(), mask)
+            if p.entropies is not None:
+                m["entropy"] = masked_mean(p.entropies.detach(), mask)
+            if p.rollout_logprobs is not None:
+                m.update(mismatch_metrics(p.old_logprobs, p.rollout_logprobs, p.mask))
+            m["masked_frac"] = (p.mask.sum() - mask.sum()) / p.mask.sum().clamp(min=1)
+            m["nonfinite"] = p.nonfinite
+        return m
+
+    @classmethod
+    def hyperparameters(cls) -> dict[str, Any]:
+        """Constructor arguments and their defaults, for ``rlguard losses`` and error messages."""
+        return {f.name: f.default for f in fields(cls) if f.init}
+
+
+def _check_choice(name: str, value: object, choices: tuple[object, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}; got {value!r}.")
+
+
+def _check_range(name: str, value: float, *, low: float, high: float | None = None, strict: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    ok = ok and (value > low if strict else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"> {low}" if strict else f">= {low}"
+        bound += "" if high is None else f" and <= {high}"
+        raise ValueError(f"{name} must be a number {bound}; got {value!r}.")

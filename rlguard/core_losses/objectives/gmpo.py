@@ -1,0 +1,49 @@
+"""GMPO: the geometric mean of token ratios instead of the arithmetic mean of token terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlguard.core_losses.aggregation import Aggregation, masked_mean
+from rlguard.core_losses.batch import PreparedBatch
+from rlguard.core_losses.objective import Objective, _check_range
+from rlguard.core_losses.ratios import Surrogate
+
+
+@dataclass(frozen=True, kw_only=True)
+class GMPO(Objective):
+    """GMPO (Geometric-Mean Policy Optimization, arXiv 2507.20673, eq. 4):
+
+    ``l_i = -A_i exp((1/|y_i|) sum_t sgn(A_i) min(sgn(A_i) log r_it, sgn(A_i) clip(log r_it, -clip_low,
+    clip_high)))``, averaged over sequences. The clip is in log space, so the default ``0.4`` is the paper's
+    ratio range ``(e^-0.4, e^0.4)``. Token-level advantages are averaged over each sequence (as verl does).
+    """
+
+    name = "gmpo"
+    paper = "arXiv 2507.20673"
+    summary = "geometric mean of sign-aware clipped token ratios"
+
+    aggregation: Aggregation = "seq-mean-token-mean"
+    clip_low: float = 0.4
+    clip_high: float = 0.4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_range("clip_low", self.clip_low, low=0.0)
+        _check_range("clip_high", self.clip_high, low=0.0)
+
+    def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
+        adv = batch.advantages  # (B, T)
+        sign = torch.sign(adv)
+        clamped = log_ratio.clamp(-self.clip_low, self.clip_high)
+        log_min = sign * torch.minimum(sign * log_ratio, sign * clamped)  # (B, T)
+        seq_adv = masked_mean(adv, mask, dim=-1).unsqueeze(-1)  # (B, 1)
+        seq_log_ratio = masked_mean(log_min, mask, dim=-1).unsqueeze(-1)  # (B, 1)
+        loss = (-seq_adv * torch.exp(seq_log_ratio)).expand_as(log_ratio)
+        with torch.no_grad():
+            clipped_low = (log_ratio < -self.clip_low) & (adv < 0)
+            clipped_high = (log_ratio > self.clip_high) & (adv > 0)
+        return Surrogate(loss=loss, clipped_low=clipped_low, clipped_high=clipped_high)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import cast
 
 import pluggy
 
@@ -55,7 +56,8 @@ def collect_objectives(pm: pluggy.PluginManager) -> Mapping[str, type]:
     found: dict[str, tuple[type, str]] = {}
     for impl in pm.hook.rlguard_add_objectives.get_hookimpls():
         plugin = impl.plugin_name
-        for cls in impl.function():
+        returned = cast("Iterable[object]", impl.function())
+        for cls in returned:
             if not (isinstance(cls, type) and issubclass(cls, Objective) and cls.name):
                 raise TypeError(
                     f"plugin {plugin!r} returned {cls!r} from rlguard_add_objectives; expected a subclass of "

@@ -5,7 +5,13 @@
 """
 
 from rlguard.core_losses.advantages import ADVANTAGE_SCALES, GroupAdvantages, group_advantages
-from rlguard.core_losses.aggregation import AGGREGATIONS, Aggregation, aggregate, default_normalisers, masked_mean
+from rlguard.core_losses.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    aggregate,
+    default_normalisers,
+    masked_mean,
+)
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_logits

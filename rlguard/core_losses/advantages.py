@@ -58,7 +58,9 @@ def group_advantages(
     if group_ids.is_floating_point():
         raise ValueError(f"group_ids must be an integer tensor (one id per prompt); got {group_ids.dtype}.")
     if not bool(torch.isfinite(rewards).all()):
-        raise ValueError(f"rewards contains {int((~torch.isfinite(rewards)).sum())} NaN/Inf values; fix the reward function.")
+        raise ValueError(
+            f"rewards contains {int((~torch.isfinite(rewards)).sum())} NaN/Inf values; fix the reward function."
+        )
     r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     _, inverse = torch.unique(group_ids, return_inverse=True)  # (B,) dense group index
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0

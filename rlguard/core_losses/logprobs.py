@@ -6,7 +6,9 @@ import torch
 from torch import Tensor
 
 
-def logprobs_from_logits(logits: Tensor, target_ids: Tensor, *, compute_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def logprobs_from_logits(
+    logits: Tensor, target_ids: Tensor, *, compute_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """log pi(target) and optionally the entropy of pi, per position, in float32 or wider.
 
     Args:

@@ -166,9 +166,7 @@ class Objective:
         if self.entropy_coef > 0 and p.entropies is None:
             raise ValueError(f"entropy_coef={self.entropy_coef} needs batch.entropies (per-token entropy).")
         if (self.rollout_is or self.rollout_mask) and p.rollout_logprobs is None:
-            raise ValueError(
-                "rollout_is/rollout_mask need batch.rollout_logprobs (the inference engine's log-probs)."
-            )
+            raise ValueError("rollout_is/rollout_mask need batch.rollout_logprobs (the inference engine's log-probs).")
 
     def _rollout_corrections(self, p: PreparedBatch) -> tuple[Tensor | None, Tensor | None]:
         """``(keep (B, T) bool or None, detached IS weights (B, T) or None)``."""

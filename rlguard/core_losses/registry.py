@@ -37,6 +37,7 @@ def get_objective(name: str, **hyperparameters: Any) -> Objective:
     unknown = sorted(set(hyperparameters) - accepted)
     if unknown:
         raise ValueError(
-            f"objective {name!r} does not take {', '.join(map(repr, unknown))}; it accepts: {', '.join(sorted(accepted))}."
+            f"objective {name!r} does not take {', '.join(map(repr, unknown))}; "
+            f"it accepts: {', '.join(sorted(accepted))}."
         )
     return cls(**hyperparameters)

@@ -1,0 +1,40 @@
+# `make demo` and `make test` set everything up on a fresh machine: a .venv with a CPU build of torch.
+# TORCH_SPEC pins the CPU wheel available here; the package itself only declares a range.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint format clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/rlguard losses
+	$(VENV)/bin/rlguard demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check rlguard tests
+	$(VENV)/bin/ruff format --check rlguard tests
+	$(VENV)/bin/mypy
+
+format: setup
+	$(VENV)/bin/ruff format rlguard tests
+	$(VENV)/bin/ruff check --fix rlguard tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -180,7 +180,9 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
         if on_nonfinite == "raise":
             _raise_if_nonfinite(name, value, bad)
         finite = finite & ~bad
-        nonfinite = nonfinite + bad.sum().to(dtype)
+        # a per-sequence advantage is one value, however many tokens it was broadcast to
+        counted = bad.any(dim=-1) if name == "advantages" and seq_level else bad
+        nonfinite = nonfinite + counted.sum().to(dtype)
     valid = keep & finite
     mask = valid.to(dtype)
 

@@ -61,6 +61,11 @@ class ReferenceResult:
     num_clipped: int = 0  # policy terms whose clip (or dual clip) was the active branch, A != 0
     num_dropped: int = 0  # unmasked tokens removed by rollout / off-policy masking
     clipped: set[tuple[int, int]] = field(default_factory=set)
+    kept: set[tuple[int, int]] = field(default_factory=set)  # unmasked tokens that stay in the sums
+
+    @property
+    def num_clipped_kept(self) -> int:
+        return len(self.clipped & self.kept)
 
 
 # ---------------------------------------------------------------- scalar helpers (branch chosen on floats)
@@ -143,116 +148,11 @@ def reference_loss(
 
     result = ReferenceResult(loss=_const(0.0))
 
-    # ---- per-token policy terms l_it
-    policy: dict[tuple[int, int], torch.Tensor] = {}
-    for i in range(B):
-        if L[i] == 0:
-            continue
-        if name in ("grpo", "dr_grpo", "dapo"):
-            lo, hi, c = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"], cfg["clip_c"]
-            for t in tokens[i]:
-                A = adv(i, t)
-                r = torch.exp(log_ratio(i, t))
-                r_clip, _ = _clip(r, lo, hi)
-                # l = -min(r A, clip(r) A)
-                surr, took_clip = _min(r * A, r_clip * A)
-                term = -surr
-                dual = False
-                if c is not None and A < 0:
-                    # dual clip: l = min(l, -c A)
-                    term, dual = _min(term, _const(-c * A))
-                policy[(i, t)] = term
-                if A != 0 and (took_clip or dual):
-                    result.clipped.add((i, t))
-        elif name in ("gspo", "gspo_token"):
-            lo, hi = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"]
-            # s_i = exp( Σ_t m_it log r_it / L_i )
-            seq_log_ratio = _const(0.0)
-            for t in tokens[i]:
-                seq_log_ratio = seq_log_ratio + log_ratio(i, t)
-            s = torch.exp(seq_log_ratio / L[i])
-            for t in tokens[i]:
-                A = adv(i, t)
-                if name == "gspo":
-                    s_it = s
-                else:
-                    # s_it = sg[s_i] · exp(logp_it - sg[logp_it]): value s_i, gradient per token
-                    s_it = s.detach() * torch.exp(lp(i, t) - lp(i, t).detach())
-                s_clip, _ = _clip(s_it, lo, hi)
-                surr, took_clip = _min(s_it * A, s_clip * A)
-                policy[(i, t)] = -surr
-                if A != 0 and took_clip:
-                    result.clipped.add((i, t))
-        elif name == "cispo":
-            if cfg["bounds"] == "relative":
-                lo = None if cfg["clip_low"] is None else 1.0 - cfg["clip_low"]
-                hi = None if cfg["clip_high"] is None else 1.0 + cfg["clip_high"]
-            elif cfg["bounds"] == "absolute":
-                lo, hi = cfg["clip_low"], cfg["clip_high"]
-            else:
-                raise ValueError(cfg["bounds"])
-            for t in tokens[i]:
-                A = adv(i, t)
-                r = float(torch.exp(log_ratio(i, t)).detach())
-                w = r
-                if lo is not None and w < lo:
-                    w = lo
-                if hi is not None and w > hi:
-                    w = hi
-                # l = -sg[clip(r)] A logp
-                policy[(i, t)] = -w * A * lp(i, t)
-                if A != 0 and w != r:
-                    result.clipped.add((i, t))
-        elif name == "sapo":
-            for t in tokens[i]:
-                A = adv(i, t)
-                tau = cfg["tau_pos"] if A > 0 else cfg["tau_neg"]
-                r = torch.exp(log_ratio(i, t))
-                # l = -A · σ(τ (r - 1)) · 4/τ
-                policy[(i, t)] = -A * _sigmoid(tau * (r - 1.0)) * (4.0 / tau)
-        elif name == "gmpo":
-            A_i = seq_adv(i)
-            sgn = (A_i > 0) - (A_i < 0)
-            total = _const(0.0)
-            for t in tokens[i]:
-                lr = log_ratio(i, t)
-                c, _ = _clip(lr, -cfg["clip_low"], cfg["clip_high"])
-                if sgn == 0:
-                    x = _const(0.0)
-                else:
-                    # x = sgn · min(sgn log r, sgn c)
-                    chosen, took_clip = _min(sgn * lr, sgn * c)
-                    x = sgn * chosen
-                    if took_clip:
-                        result.clipped.add((i, t))
-                total = total + x
-            # l_i = -A_i · exp( Σ_t m x_it / L_i ), broadcast over the sequence's tokens
-            l_i = -A_i * torch.exp(total / L[i])
-            for t in tokens[i]:
-                policy[(i, t)] = l_i
-        else:
-            raise ValueError(name)
-    result.num_clipped = len(result.clipped)
-
-    # ---- rollout importance weights (detached, multiply the policy term only)
+    # ---- engine log-ratio log rho = log pi_old - log mu
     def log_rho(i: int, t: int) -> float:
         assert rollout_logprobs is not None
         v = float(old(i, t)) - float(rollout_logprobs[i, t])
         return max(-LOG_RATIO_BOUND, min(LOG_RATIO_BOUND, v))
-
-    is_weight: dict[tuple[int, int], float] = {}
-    if cfg["rollout_is"] is not None:
-        cap = cfg["rollout_is_cap"]
-        for i in range(B):
-            if cfg["rollout_is"] == "token":
-                for t in tokens[i]:
-                    is_weight[(i, t)] = min(math.exp(log_rho(i, t)), cap)
-            elif cfg["rollout_is"] == "sequence":
-                w = min(math.exp(sum(log_rho(i, t) for t in tokens[i])), cap)
-                for t in tokens[i]:
-                    is_weight[(i, t)] = w
-            else:
-                raise ValueError(cfg["rollout_is"])
 
     # ---- masking: tokens kept in the sums
     keep = {(i, t): True for i in range(B) for t in tokens[i]}
@@ -287,12 +187,121 @@ def reference_loss(
             gap = 0.0
             for t in tokens[i]:
                 b = float(behaviour[i, t]) if behaviour is not None else float(old(i, t))
-                gap += b - float(lp(i, t))
+                gap += b - float(lp(i, t).detach())
             gap /= L[i]
             if seq_adv(i) < 0 and gap > d:
                 for t in tokens[i]:
                     keep[(i, t)] = False
     result.num_dropped = sum(1 for k in keep.values() if not k)
+    result.kept = {key for key, k in keep.items() if k}
+
+
+    # ---- per-token policy terms l_it
+    policy: dict[tuple[int, int], torch.Tensor] = {}
+    for i in range(B):
+        if L[i] == 0:
+            continue
+        if name in ("grpo", "dr_grpo", "dapo"):
+            lo, hi, c = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"], cfg["clip_c"]
+            for t in tokens[i]:
+                A = adv(i, t)
+                r = torch.exp(log_ratio(i, t))
+                r_clip, _ = _clip(r, lo, hi)
+                # l = -min(r A, clip(r) A)
+                surr, took_clip = _min(r * A, r_clip * A)
+                term = -surr
+                dual = False
+                if c is not None and A < 0:
+                    # dual clip: l = min(l, -c A)
+                    term, dual = _min(term, _const(-c * A))
+                policy[(i, t)] = term
+                if A != 0 and (took_clip or dual):
+                    result.clipped.add((i, t))
+        elif name in ("gspo", "gspo_token"):
+            lo, hi = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"]
+            # s_i = exp( Σ_t m_it log r_it / L_i )
+            # over the tokens kept by masking (verl's convention: masks shrink response_mask first)
+            kept_i = [t for t in tokens[i] if keep[(i, t)]]
+            seq_log_ratio = _const(0.0)
+            for t in kept_i:
+                seq_log_ratio = seq_log_ratio + log_ratio(i, t)
+            s = torch.exp(seq_log_ratio / max(len(kept_i), 1))
+            for t in tokens[i]:
+                A = adv(i, t)
+                # GSPO-token: s_it = sg[s_i] · exp(logp_it - sg[logp_it]), value s_i, gradient per token
+                s_it = s if name == "gspo" else s.detach() * torch.exp(lp(i, t) - lp(i, t).detach())
+                s_clip, _ = _clip(s_it, lo, hi)
+                surr, took_clip = _min(s_it * A, s_clip * A)
+                policy[(i, t)] = -surr
+                if A != 0 and took_clip:
+                    result.clipped.add((i, t))
+        elif name == "cispo":
+            if cfg["bounds"] == "relative":
+                lo = None if cfg["clip_low"] is None else 1.0 - cfg["clip_low"]
+                hi = None if cfg["clip_high"] is None else 1.0 + cfg["clip_high"]
+            elif cfg["bounds"] == "absolute":
+                lo, hi = cfg["clip_low"], cfg["clip_high"]
+            else:
+                raise ValueError(cfg["bounds"])
+            for t in tokens[i]:
+                A = adv(i, t)
+                r = float(torch.exp(log_ratio(i, t)).detach())
+                w = r
+                if lo is not None and w < lo:
+                    w = lo
+                if hi is not None and w > hi:
+                    w = hi
+                # l = -sg[clip(r)] A logp
+                policy[(i, t)] = -w * A * lp(i, t)
+                if A != 0 and w != r:
+                    result.clipped.add((i, t))
+        elif name == "sapo":
+            for t in tokens[i]:
+                A = adv(i, t)
+                tau = cfg["tau_pos"] if A > 0 else cfg["tau_neg"]
+                r = torch.exp(log_ratio(i, t))
+                # l = -A · σ(τ (r - 1)) · 4/τ
+                policy[(i, t)] = -A * _sigmoid(tau * (r - 1.0)) * (4.0 / tau)
+        elif name == "gmpo":
+            # A_i and the geometric mean over the tokens kept by masking (as for GSPO above)
+            kept_i = [t for t in tokens[i] if keep[(i, t)]]
+            A_i = sum(adv(i, t) for t in kept_i) / max(len(kept_i), 1)
+            sgn = (A_i > 0) - (A_i < 0)
+            total = _const(0.0)
+            for t in kept_i:
+                lr = log_ratio(i, t)
+                c, _ = _clip(lr, -cfg["clip_low"], cfg["clip_high"])
+                if sgn == 0:
+                    x = _const(0.0)
+                else:
+                    # x = sgn · min(sgn log r, sgn c)
+                    chosen, took_clip = _min(sgn * lr, sgn * c)
+                    x = sgn * chosen
+                    if took_clip:
+                        result.clipped.add((i, t))
+                total = total + x
+            # l_i = -A_i · exp( Σ_t m x_it / L_i ), broadcast over the sequence's tokens
+            l_i = -A_i * torch.exp(total / max(len(kept_i), 1))
+            for t in tokens[i]:
+                policy[(i, t)] = l_i
+        else:
+            raise ValueError(name)
+    result.num_clipped = len(result.clipped)
+
+    # ---- rollout importance weights (detached, multiply the policy term only)
+    is_weight: dict[tuple[int, int], float] = {}
+    if cfg["rollout_is"] is not None:
+        cap = cfg["rollout_is_cap"]
+        for i in range(B):
+            if cfg["rollout_is"] == "token":
+                for t in tokens[i]:
+                    is_weight[(i, t)] = min(math.exp(log_rho(i, t)), cap)
+            elif cfg["rollout_is"] == "sequence":
+                w = min(math.exp(sum(log_rho(i, t) for t in tokens[i])), cap)
+                for t in tokens[i]:
+                    is_weight[(i, t)] = w
+            else:
+                raise ValueError(cfg["rollout_is"])
 
     # ---- full per-token term: policy · IS weight + β KL - c_H H
     def kl(i: int, t: int) -> torch.Tensor:
@@ -360,7 +369,7 @@ def reference_grad(res: ReferenceResult, logprobs: torch.Tensor) -> torch.Tensor
 def token_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> list[float]:
     B, T = logprobs.shape
     return [
-        math.exp(float(logprobs[i, t]) - float(old_logprobs[i, t]))
+        math.exp(float(logprobs[i, t].detach()) - float(old_logprobs[i, t]))
         for i in range(B)
         for t in range(T)
         if float(mask[i, t]) != 0.0
@@ -371,7 +380,7 @@ def seq_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.T
     B, T = logprobs.shape
     out = []
     for i in range(B):
-        lrs = [float(logprobs[i, t]) - float(old_logprobs[i, t]) for t in range(T) if float(mask[i, t]) != 0.0]
+        lrs = [float(logprobs[i, t].detach()) - float(old_logprobs[i, t]) for t in range(T) if float(mask[i, t]) != 0.0]
         if lrs:
             out.append(math.exp(sum(lrs) / len(lrs)))
     return out
@@ -393,7 +402,7 @@ def clip_fractions(
             if float(mask[i, t]) == 0.0:
                 continue
             A = float(advantages[i]) if advantages.dim() == 1 else float(advantages[i, t])
-            r = math.exp(float(logprobs[i, t]) - float(old_logprobs[i, t]))
+            r = math.exp(float(logprobs[i, t].detach()) - float(old_logprobs[i, t]))
             n += 1
             low += r < 1.0 - clip_low and A < 0
             high += r > 1.0 + clip_high and A > 0

@@ -208,7 +208,8 @@ class Objective:
                 "seq_ratio_mean": masked_mean(seq_ratio, seq_mask),
                 "seq_ratio_min": masked_min(seq_ratio, seq_mask),
                 "seq_ratio_max": masked_max(seq_ratio, seq_mask),
-                "kl_old": masked_mean(k3_from_log_ratio(-lr), mask),
+                # samples come from pi_old, so k3 = r - 1 - log r estimates KL(pi_old || pi)
+                "kl_old": masked_mean(k3_from_log_ratio(lr), mask),
             }
             if terms.clipped_low is not None and terms.clipped_high is not None:
                 low, high = terms.clipped_low.to(mask.dtype), terms.clipped_high.to(mask.dtype)

@@ -60,12 +60,15 @@ def rejection_keep(log_rho: Tensor, mask: Tensor, level: RolloutMaskLevel, low: 
 def off_policy_sequence_keep(
     logprobs: Tensor, behaviour_logprobs: Tensor, advantages: Tensor, mask: Tensor, delta: float
 ) -> Tensor:
-    """DeepSeek-V3.2's mask: False for tokens of negative-advantage sequences that drifted more than ``delta``.
+    """DeepSeek-V3.2's mask: False for every token of a sequence with negative advantage that drifted more
+    than ``delta``. Token-level advantages count through their mean over the sequence.
 
     logprobs, behaviour_logprobs, advantages, mask: ``(B, T)``; returns bool ``(B, T)``.
     """
-    drift = masked_mean((behaviour_logprobs - logprobs).detach(), mask, dim=-1).unsqueeze(-1)  # (B, 1)
-    return ~((advantages < 0) & (drift > delta))
+    drift = masked_mean((behaviour_logprobs - logprobs).detach(), mask, dim=-1)  # (B,)
+    seq_adv = masked_mean(advantages, mask, dim=-1)  # (B,)
+    drop = (seq_adv < 0) & (drift > delta)
+    return (~drop).unsqueeze(-1).expand_as(logprobs)
 
 
 def mismatch_metrics(trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:

@@ -19,7 +19,8 @@ class GMPO(Objective):
 
     ``l_i = -A_i exp((1/|y_i|) sum_t sgn(A_i) min(sgn(A_i) log r_it, sgn(A_i) clip(log r_it, -clip_low,
     clip_high)))``, averaged over sequences. The clip is in log space, so the default ``0.4`` is the paper's
-    ratio range ``(e^-0.4, e^0.4)``. Token-level advantages are averaged over each sequence (as verl does).
+    ratio range ``(e^-0.4, e^0.4)``. Token-level advantages are averaged over each sequence's tokens to give
+    ``A_i`` (as verl does). Tokens dropped by a rollout or off-policy mask leave both means.
     """
 
     name = "gmpo"
@@ -37,13 +38,13 @@ class GMPO(Objective):
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         adv = batch.advantages  # (B, T)
-        sign = torch.sign(adv)
+        seq_adv = masked_mean(adv, mask, dim=-1).unsqueeze(-1)  # (B, 1) A_i
+        sign = torch.sign(seq_adv)  # (B, 1) sgn(A_i)
         clamped = log_ratio.clamp(-self.clip_low, self.clip_high)
         log_min = sign * torch.minimum(sign * log_ratio, sign * clamped)  # (B, T)
-        seq_adv = masked_mean(adv, mask, dim=-1).unsqueeze(-1)  # (B, 1)
         seq_log_ratio = masked_mean(log_min, mask, dim=-1).unsqueeze(-1)  # (B, 1)
         loss = (-seq_adv * torch.exp(seq_log_ratio)).expand_as(log_ratio)
         with torch.no_grad():
-            clipped_low = (log_ratio < -self.clip_low) & (adv < 0)
-            clipped_high = (log_ratio > self.clip_high) & (adv > 0)
+            clipped_low = ((log_ratio < -self.clip_low) & (seq_adv < 0)).expand_as(log_ratio)
+            clipped_high = ((log_ratio > self.clip_high) & (seq_adv > 0)).expand_as(log_ratio)
         return Surrogate(loss=loss, clipped_low=clipped_low, clipped_high=clipped_high)

@@ -21,6 +21,8 @@ class GSPO(GRPO):
     each sequence). The paper's clip range is ``(3e-4, 4e-4)``. Token-level advantages are accepted (verl does)
     and enter per token; for the paper's objective give one advantage per sequence, or use ``gspo_token``.
     With ``token-mean`` or ``seq-mean-token-sum`` a sequence's weight grows with its length (trl #3823).
+    Tokens dropped by a rollout or off-policy mask leave the mean of ``log s_i`` (verl's convention: its masks
+    shrink ``response_mask`` before the loss).
     """
 
     name = "gspo"

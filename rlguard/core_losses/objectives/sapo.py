@@ -38,6 +38,7 @@ class SAPO(Objective):
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         adv = batch.advantages
-        tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(log_ratio.dtype)  # (B, T)
+        # full_like keeps the compute dtype: a Python-float torch.where would round tau to float32
+        tau = torch.where(adv > 0, torch.full_like(adv, self.tau_pos), torch.full_like(adv, self.tau_neg))  # (B, T)
         gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * 4.0 / tau
         return Surrogate(loss=-gate * adv)

@@ -195,7 +195,6 @@ def reference_loss(
     result.num_dropped = sum(1 for k in keep.values() if not k)
     result.kept = {key for key, k in keep.items() if k}
 
-
     # ---- per-token policy terms l_it
     policy: dict[tuple[int, int], torch.Tensor] = {}
     for i in range(B):

@@ -52,5 +52,5 @@ def test_all_masked_gives_zero_with_zero_gradient(mode: str) -> None:
 
 
 def test_unknown_mode_lists_the_modes() -> None:
-    with pytest.raises(ValueError, match="aggregation must be one of .*'token-mean'.*got 'mean'"):
+    with pytest.raises(ValueError, match=r"aggregation must be one of .*'token-mean'.*got 'mean'"):
         aggregate(VALUES, MASK, "mean")  # type: ignore[arg-type]

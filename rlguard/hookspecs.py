@@ -19,6 +19,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from rlguard.core_losses.objective import Objective
+    from rlguard.guards.detectors import Detector
+    from rlguard.guards.interventions import Intervention
 
 PROJECT_NAME = "rlguard"
 
@@ -33,4 +35,23 @@ def rlguard_add_objectives() -> Sequence[type[Objective]]:  # type: ignore[empty
     Each is a subclass of :class:`rlguard.core_losses.Objective` (a frozen, keyword-only dataclass) with a
     unique class attribute ``name``; ``get_objective(name, **hyperparameters)`` constructs it. A name that
     another plugin already registered raises ``ValueError`` naming both plugins.
+    """
+
+
+@hookspec
+def rlguard_add_detectors() -> Sequence[type[Detector]]:  # type: ignore[empty-body]
+    """Return detector classes to register.
+
+    Each is a subclass of :class:`rlguard.guards.Detector` (a keyword-only dataclass whose fields are its
+    thresholds) with a unique class attribute ``name``; every ``Guard`` runs it unless its config switches it
+    off (``GuardConfig(detectors={name: None})``). Duplicate names raise ``ValueError``.
+    """
+
+
+@hookspec
+def rlguard_add_interventions() -> Sequence[type[Intervention]]:  # type: ignore[empty-body]
+    """Return intervention classes to register.
+
+    Each is a subclass of :class:`rlguard.guards.Intervention` with a unique ``name`` whose ``propose`` turns
+    a step's findings and alarms into a ``Proposal``; the guard acts on the proposal of highest priority.
     """

@@ -21,8 +21,8 @@ ENTRY_POINT_GROUP = "rlguard"
 DISABLE_AUTOLOAD_ENV = "RLGUARD_DISABLE_PLUGIN_AUTOLOAD"
 
 
-class _BuiltinObjectives:
-    """The built-in objectives, registered as a plugin like any other."""
+class _Builtins:
+    """The built-in objectives, detectors and interventions, registered as a plugin like any other."""
 
     @hookimpl
     def rlguard_add_objectives(self) -> tuple[type, ...]:
@@ -30,12 +30,24 @@ class _BuiltinObjectives:
 
         return BUILTIN_OBJECTIVES
 
+    @hookimpl
+    def rlguard_add_detectors(self) -> tuple[type, ...]:
+        from rlguard.guards.detectors import BUILTIN_DETECTORS
+
+        return BUILTIN_DETECTORS
+
+    @hookimpl
+    def rlguard_add_interventions(self) -> tuple[type, ...]:
+        from rlguard.guards.interventions import BUILTIN_INTERVENTIONS
+
+        return BUILTIN_INTERVENTIONS
+
 
 def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:
     """A new manager with the specs, the built-ins and (unless disabled) the entry-point plugins."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    pm.register(_BuiltinObjectives(), name="rlguard.builtin")
+    pm.register(_Builtins(), name="rlguard.builtin")
     if autoload is None:
         autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in {"1", "true", "yes"}
     if autoload:
@@ -49,28 +61,48 @@ def plugin_manager() -> pluggy.PluginManager:
     return make_plugin_manager()
 
 
+def _collect(pm: pluggy.PluginManager, hook_name: str, base: type, kind: str) -> Mapping[str, type]:
+    """``{name: class}`` from every plugin's implementation of ``hook_name``; duplicates and non-subclasses raise."""
+    found: dict[str, tuple[type, str]] = {}
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        plugin = impl.plugin_name
+        returned = cast("Iterable[object]", impl.function())
+        for cls in returned:
+            if not (isinstance(cls, type) and issubclass(cls, base) and str(getattr(cls, "name", ""))):
+                raise TypeError(
+                    f"plugin {plugin!r} returned {cls!r} from {hook_name}; expected a subclass of "
+                    f"{base.__module__}.{base.__qualname__} with a non-empty class attribute `name`."
+                )
+            name = str(cls.name)
+            if name in found and found[name][0] is not cls:
+                raise ValueError(
+                    f"{kind} name {name!r} is registered twice: by plugin {found[name][1]!r} "
+                    f"({found[name][0].__qualname__}) and by plugin {plugin!r} ({cls.__qualname__}). "
+                    f"Rename one, or set {DISABLE_AUTOLOAD_ENV}=1 to load no third-party plugins."
+                )
+            found[name] = (cls, plugin)
+    return MappingProxyType({name: cls for name, (cls, _) in sorted(found.items())})
+
+
 def collect_objectives(pm: pluggy.PluginManager) -> Mapping[str, type]:
     """``{name: Objective subclass}`` from every plugin's ``rlguard_add_objectives``; duplicates raise."""
     from rlguard.core_losses.objective import Objective
 
-    found: dict[str, tuple[type, str]] = {}
-    for impl in pm.hook.rlguard_add_objectives.get_hookimpls():
-        plugin = impl.plugin_name
-        returned = cast("Iterable[object]", impl.function())
-        for cls in returned:
-            if not (isinstance(cls, type) and issubclass(cls, Objective) and cls.name):
-                raise TypeError(
-                    f"plugin {plugin!r} returned {cls!r} from rlguard_add_objectives; expected a subclass of "
-                    "rlguard.core_losses.Objective with a non-empty class attribute `name`."
-                )
-            if cls.name in found and found[cls.name][0] is not cls:
-                raise ValueError(
-                    f"objective name {cls.name!r} is registered twice: by plugin {found[cls.name][1]!r} "
-                    f"({found[cls.name][0].__qualname__}) and by plugin {plugin!r} ({cls.__qualname__}). "
-                    f"Rename one, or set {DISABLE_AUTOLOAD_ENV}=1 to load no third-party plugins."
-                )
-            found[cls.name] = (cls, plugin)
-    return MappingProxyType({name: cls for name, (cls, _) in sorted(found.items())})
+    return _collect(pm, "rlguard_add_objectives", Objective, "objective")
+
+
+def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type]:
+    """``{name: Detector subclass}`` from every plugin's ``rlguard_add_detectors``; duplicates raise."""
+    from rlguard.guards.detectors import Detector
+
+    return _collect(pm, "rlguard_add_detectors", Detector, "detector")
+
+
+def collect_interventions(pm: pluggy.PluginManager) -> Mapping[str, type]:
+    """``{name: Intervention subclass}`` from every plugin's ``rlguard_add_interventions``; duplicates raise."""
+    from rlguard.guards.interventions import Intervention
+
+    return _collect(pm, "rlguard_add_interventions", Intervention, "intervention")
 
 
 @functools.cache
@@ -79,11 +111,27 @@ def objective_registry() -> Mapping[str, type]:
     return collect_objectives(plugin_manager())
 
 
+@functools.cache
+def detector_registry() -> Mapping[str, type]:
+    """The detectors of :func:`plugin_manager`, collected once per process."""
+    return collect_detectors(plugin_manager())
+
+
+@functools.cache
+def intervention_registry() -> Mapping[str, type]:
+    """The interventions of :func:`plugin_manager`, collected once per process."""
+    return collect_interventions(plugin_manager())
+
+
 __all__ = [
     "DISABLE_AUTOLOAD_ENV",
     "ENTRY_POINT_GROUP",
+    "collect_detectors",
+    "collect_interventions",
     "collect_objectives",
+    "detector_registry",
     "hookimpl",
+    "intervention_registry",
     "make_plugin_manager",
     "objective_registry",
     "plugin_manager",

@@ -1,0 +1,39 @@
+"""``rlguard.guards``: monitors, collapse detectors, interventions and schedules; no framework import.
+
+>>> from rlguard.guards import Guard, GuardConfig
+>>> guard = Guard(GuardConfig.preset("default"))
+>>> decision = guard.observe(step, stats)  # doctest: +SKIP
+"""
+
+from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
+from rlguard.guards.events import Event, Finding, Severity
+from rlguard.guards.guard import Decision, Guard, GuardConfig
+from rlguard.guards.interventions import Action, Intervention, Proposal, StepContext
+from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
+from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
+
+__all__ = [
+    "STAT_REDUCTIONS",
+    "Action",
+    "Constant",
+    "Cosine",
+    "CusumDetector",
+    "Decision",
+    "Detector",
+    "Event",
+    "Finding",
+    "Guard",
+    "GuardConfig",
+    "Intervention",
+    "Linear",
+    "Piecewise",
+    "Proposal",
+    "Severity",
+    "SpikeDetector",
+    "Stages",
+    "StepContext",
+    "StepStats",
+    "ThresholdDetector",
+    "collect_step_stats",
+    "repetition_flags",
+]

@@ -1,0 +1,588 @@
+"""Detectors: each reads the reduced stats of a step and returns a :class:`Finding` or None.
+
+A detector is a keyword-only dataclass: thresholds are fields (with defaults), state is private and round-trips
+through ``state_dict``. Baselines learn only from steps the detector found healthy, so a failure does not teach
+the baseline that failure is normal. Warm-up, patience and hysteresis are applied by the guard
+(:class:`rlguard.guards.Guard`) from the ``warmup``, ``patience`` and ``clear_after`` fields.
+
+Three generic shapes cover most failure modes: :class:`SpikeDetector` (a value far above its rolling median, in
+log space), :class:`CusumDetector` (a sustained upward shift, Page's CUSUM) and :class:`ThresholdDetector`
+(absolute bounds, optionally above the run's own baseline). The rest read several stats together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from rlguard.guards.events import Finding, Severity
+from rlguard.guards.robust import RollingWindow, cusum_step, mann_kendall_z
+
+
+@dataclass(kw_only=True)
+class Detector:
+    """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
+
+    Attributes:
+        warmup: steps the detector watches (building its baseline) before it may fire.
+        patience: consecutive findings needed to raise the alarm (1 = at once).
+        clear_after: consecutive clean steps before a raised alarm clears (hysteresis).
+    """
+
+    name: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    warmup: int = 10
+    patience: int = 1
+    clear_after: int = 5
+
+    def __post_init__(self) -> None:
+        for f in ("warmup", "clear_after"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"{type(self).__name__}.{f} must be >= 0; got {getattr(self, f)}.")
+        if self.patience < 1:
+            raise ValueError(f"{type(self).__name__}.patience must be >= 1; got {self.patience}.")
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        """Judge one step and update the baseline; ``armed`` is False during warm-up (learn, never find)."""
+        raise NotImplementedError
+
+    # state: every attribute whose name starts with "_s_" is saved; windows as lists
+    def state_dict(self) -> dict[str, Any]:
+        """Baselines and counters, JSON-ready."""
+        return {
+            k: (list(v.values) if isinstance(v, RollingWindow) else v)
+            for k, v in vars(self).items()
+            if k.startswith("_s_")
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        for k, v in state.items():
+            cur = getattr(self, k, None)
+            if isinstance(cur, RollingWindow):
+                setattr(self, k, RollingWindow(cur.values.maxlen or len(v), v))
+            else:
+                setattr(self, k, v)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Constructor arguments and their defaults."""
+        return {f.name: f.default for f in fields(cls) if f.init}
+
+
+def _metric(stats: Mapping[str, float], name: str) -> float | None:
+    value = stats.get(name)
+    return None if value is None else float(value)
+
+
+@dataclass(kw_only=True)
+class SpikeDetector(Detector):
+    """A value far above its rolling median: ``value / median >= factor`` and robust z (log space) ``>= min_z``.
+
+    Attributes:
+        metric: the stat to watch.
+        window: healthy steps in the rolling baseline.
+        warn_factor: ratio to the median that warns.
+        critical_factor: ratio to the median that is critical.
+        min_z: robust z-score (log space) also required, so that a noisy metric needs a larger jump.
+        floor: values are read as ``max(value, floor)``, so near-zero baselines do not make tiny values spikes.
+        min_value: no finding below this absolute value.
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    window: int = 50
+    warn_factor: float = 5.0
+    critical_factor: float = 20.0
+    min_z: float = 6.0
+    floor: float = 1e-8
+    min_value: float = 0.0
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1.0 < self.warn_factor <= self.critical_factor:
+            raise ValueError(
+                f"{self.name}: need 1 < warn_factor <= critical_factor; got {self.warn_factor}, {self.critical_factor}."
+            )
+        self._s_window = RollingWindow(self.window)
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not math.isfinite(value):
+            return None  # non-finite values are the `nonfinite` detector's
+        x = math.log(max(value, self.floor))
+        finding = None
+        if armed and len(self._s_window) >= 3 and value >= self.min_value:
+            median = self._s_window.median()
+            factor = math.exp(x - median)
+            z = self._s_window.robust_z(x, floor=0.05)
+            base = math.exp(median)
+            for severity, bound in (("critical", self.critical_factor), ("warn", self.warn_factor)):
+                if factor >= bound and z >= self.min_z:
+                    finding = Finding(
+                        severity,  # type: ignore[arg-type]
+                        value,
+                        bound * base,
+                        f"{self.metric}={value:.4g} is {factor:.1f}x its rolling median {base:.4g} "
+                        f"(threshold {bound:g}x, robust z={z:.1f}). {self.advice}".rstrip(),
+                    )
+                    break
+        if finding is None:
+            self._s_window.push(x)
+        return finding
+
+
+@dataclass(kw_only=True)
+class CusumDetector(Detector):
+    """A sustained upward shift of a metric (log space): one-sided CUSUM of robust z-scores (Page 1954).
+
+    The baseline keeps learning while the statistic is above 0, from values winsorized at median + 2 sigma: a
+    slow healthy drift (lengths growing as the model learns to reason) is absorbed, a fast rise is not.
+
+    Attributes:
+        metric: the stat to watch.
+        window: steps in the rolling baseline.
+        slack: CUSUM's ``k``: drift per step (in robust sigmas) that is ignored.
+        warn_h: statistic that warns; critical_h: statistic that is critical.
+        min_sigma: floor of the baseline's robust sigma in log space (0.05 = 5% changes are noise).
+        z_cap: each step adds at most ``z_cap - slack``, so one outlier cannot look like a sustained shift.
+        floor: values are read as ``max(value, floor)``.
+        warn_above: absolute value that warns regardless of the trend (None: off).
+        critical_above: absolute value that is critical regardless of the trend (None: off).
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    window: int = 50
+    slack: float = 1.0
+    warn_h: float = 15.0
+    critical_h: float = 40.0
+    min_sigma: float = 0.05
+    z_cap: float = 5.0
+    floor: float = 1e-8
+    warn_above: float | None = None
+    critical_above: float | None = None
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_window = RollingWindow(self.window)
+        self._s_cusum = 0.0
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        x = math.log(max(value, self.floor))
+        if len(self._s_window) < 3 or not armed:
+            self._s_window.push(x)
+            return None
+        z = self._s_window.robust_z(x, floor=self.min_sigma)
+        self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
+        sigma = self._s_window.sigma(self.min_sigma)
+        self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
+        base = math.exp(self._s_window.median())
+        checks: list[tuple[Severity, bool, float, str]] = [
+            (
+                "critical",
+                self.critical_above is not None and value >= self.critical_above,
+                self.critical_above or 0,
+                "",
+            ),
+            ("critical", self._s_cusum >= self.critical_h, self.critical_h, "cusum"),
+            ("warn", self.warn_above is not None and value >= self.warn_above, self.warn_above or 0, ""),
+            ("warn", self._s_cusum >= self.warn_h, self.warn_h, "cusum"),
+        ]
+        for severity, hit, bound, kind in checks:
+            if hit:
+                what = (
+                    f"a sustained rise: CUSUM {self._s_cusum:.1f} >= {bound:g} (baseline median {base:.4g})"
+                    if kind
+                    else f"above the absolute bound {bound:g}"
+                )
+                return Finding(severity, value, bound, f"{self.metric}={value:.4g}: {what}. {self.advice}".rstrip())
+        return None
+
+
+@dataclass(kw_only=True)
+class ThresholdDetector(Detector):
+    """Absolute bounds on a metric that is a fraction or a rate, above the run's own level by ``margin``.
+
+    Attributes:
+        metric: the stat to watch.
+        warn: value that warns; critical: value that is critical.
+        margin: a finding also needs ``value >= baseline median + margin`` (0: absolute bounds only).
+        window: healthy steps in the baseline.
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    warn: float = 0.5
+    critical: float = 0.9
+    margin: float = 0.0
+    window: int = 50
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.warn > self.critical:
+            raise ValueError(f"{self.name}: warn ({self.warn}) must not exceed critical ({self.critical}).")
+        self._s_window = RollingWindow(self.window)
+
+    def level(self, value: float) -> tuple[Severity, float] | None:
+        """Severity and bound crossed by ``value``, before the baseline margin."""
+        if value >= self.critical:
+            return "critical", self.critical
+        if value >= self.warn:
+            return "warn", self.warn
+        return None
+
+    def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
+        """The finding's message; subclasses add context."""
+        return f"{self.metric}={value:.4g} >= {bound:g}. {self.advice}".rstrip()
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        hit = self.level(value) if armed else None
+        near_baseline = len(self._s_window) >= 3 and value < self._s_window.median() + self.margin
+        if hit is not None and self.margin > 0 and near_baseline:
+            hit = None
+        if hit is None:
+            self._s_window.push(value)
+            return None
+        severity, bound = hit
+        return Finding(severity, value, bound, self.describe(value, bound, stats))
+
+
+@dataclass(kw_only=True)
+class NonFinite(Detector):
+    """NaN/Inf in the loss, log-probs or gradients: critical at once, no warm-up."""
+
+    name = "nonfinite"
+    source = "numerical hygiene; every framework's NaN guard"
+    summary = "NaN/Inf in loss, log-probs or gradients (count > 0): critical"
+
+    warmup: int = 0
+    clear_after: int = 1
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        count = stats.get("nonfinite", 0.0)
+        bad = [k for k in ("loss", "grad_norm") if k in stats and not math.isfinite(stats[k])]
+        if count > 0 or bad:
+            what = f"{count:g} non-finite values" if count > 0 else "non-finite " + ", ".join(bad)
+            return Finding(
+                "critical",
+                float(count) if count > 0 else math.inf,
+                0.0,
+                f"{what} this step. Skip the optimizer step and inspect the batch (engine log-probs, rewards); "
+                "if it repeats, roll back and lower the learning rate.",
+            )
+        return None
+
+
+@dataclass(kw_only=True)
+class EntropyCollapse(Detector):
+    """Policy entropy far below the run's own early baseline while reward is not improving.
+
+    Entropy falling while reward rises is the policy sharpening on what works (normal); falling with flat or
+    falling reward is collapse (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
+    Per-token entropy of LLMs is often below 1, so the thresholds are ratios to the baseline, not nats.
+
+    Attributes:
+        warn_ratio: entropy / baseline below which it warns (reward not improving).
+        critical_ratio: entropy / baseline below which it is critical (reward not improving).
+        floor_ratio: entropy / baseline below which it is critical whatever the reward does.
+        trend_window: steps of reward for the Mann-Kendall trend test.
+        improving_z: Mann-Kendall z above which reward counts as improving.
+    """
+
+    name = "entropy_collapse"
+    source = "arXiv 2505.22617 (entropy mechanism); DAPO clip-higher, arXiv 2503.14476"
+    summary = "entropy < 0.5x (warn) / 0.2x (critical) of the run's baseline with flat reward; < 0.05x always"
+
+    warmup: int = 20
+    patience: int = 3
+    warn_ratio: float = 0.5
+    critical_ratio: float = 0.2
+    floor_ratio: float = 0.05
+    trend_window: int = 30
+    improving_z: float = 2.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_early: list[float] = []
+        self._s_rewards = RollingWindow(self.trend_window)
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        entropy, reward = _metric(stats, "entropy"), _metric(stats, "reward_mean")
+        if reward is not None:
+            self._s_rewards.push(reward)
+        if entropy is None or not math.isfinite(entropy):
+            return None
+        if not armed or len(self._s_early) < 3:
+            if len(self._s_early) < max(self.warmup, 3):
+                self._s_early.append(entropy)
+            return None
+        baseline = sorted(self._s_early)[len(self._s_early) // 2]
+        if baseline <= 0:
+            return None
+        ratio = entropy / baseline
+        z = mann_kendall_z(list(self._s_rewards.values)) if len(self._s_rewards) >= 5 else 0.0
+        improving = z > self.improving_z
+        reward_text = f"reward trend z={z:+.1f} ({'improving' if improving else 'not improving'})"
+        advice = "raise entropy_coef or clip_high (clip-higher), lower the LR, or roll back to a healthy step."
+        for severity, bound, needs_flat in (
+            ("critical", self.floor_ratio, False),
+            ("critical", self.critical_ratio, True),
+            ("warn", self.warn_ratio, True),
+        ):
+            if ratio < bound and (not needs_flat or not improving):
+                return Finding(
+                    severity,  # type: ignore[arg-type]
+                    ratio,
+                    bound,
+                    f"entropy {entropy:.4g} is {ratio:.0%} of the run's baseline {baseline:.4g} "
+                    f"(threshold {bound:.0%}), {reward_text}. {advice}",
+                )
+        return None
+
+
+@dataclass(kw_only=True)
+class RewardCollapse(Detector):
+    """Reward falls well below its best level: the EWMA of ``reward_mean`` drops from its running maximum by
+    more than ``warn_drop`` (``critical_drop``) robust sigmas and by ``min_rel_drop`` of the reward range seen.
+
+    Attributes:
+        alpha: EWMA smoothing of ``reward_mean``.
+        window: steps in the robust spread of ``reward_mean``.
+        warn_drop: drop, in robust sigmas, that warns; critical_drop: that is critical.
+        min_rel_drop: the drop must also be this share of (best - worst EWMA seen).
+    """
+
+    name = "reward_collapse"
+    source = "EWMA drawdown with a robust scale (Roberts 1959; Hampel 1974)"
+    summary = "EWMA reward drops >= 5 (warn) / 10 (critical) EWMA sigmas and >= 30% of its range below its best"
+
+    warmup: int = 20
+    patience: int = 3
+    alpha: float = 0.2
+    window: int = 50
+    warn_drop: float = 5.0
+    critical_drop: float = 10.0
+    min_rel_drop: float = 0.3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_ewma: float | None = None
+        self._s_best = -math.inf
+        self._s_worst = math.inf
+        self._s_window = RollingWindow(self.window)
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        reward = _metric(stats, "reward_mean")
+        if reward is None or not math.isfinite(reward):
+            return None
+        prev = self._s_ewma
+        self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
+        ewma = self._s_ewma
+        finding = None
+        if armed and len(self._s_window) >= 5:
+            # spread of step-to-step noise: robust sigma of the window's deviations from its median
+            scale = max(self._s_window.sigma(), 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
+            drop = (self._s_best - ewma) / scale
+            rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
+            for severity, bound in (("critical", self.critical_drop), ("warn", self.warn_drop)):
+                if drop >= bound and rel >= self.min_rel_drop:
+                    finding = Finding(
+                        severity,  # type: ignore[arg-type]
+                        ewma,
+                        self._s_best - bound * scale,
+                        f"reward (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its best {self._s_best:.4g} "
+                        f"(threshold {bound:g}). Check for reward hacking or collapse; roll back to the best step "
+                        "and lower the LR.",
+                    )
+                    break
+        if finding is None:
+            self._s_window.push(reward)
+        if armed:
+            self._s_best = max(self._s_best, ewma)
+        self._s_worst = min(self._s_worst, ewma)
+        return finding
+
+
+@dataclass(kw_only=True)
+class ZeroVarianceGroups(ThresholdDetector):
+    """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse)."""
+
+    name = "zero_variance_groups"
+    source = "DAPO dynamic sampling, arXiv 2503.14476, sec. 3.2"
+    summary = "share of all-equal-reward groups >= 0.5 (warn) / 0.9 (critical); says too easy or too hard"
+
+    metric: str = "frac_zero_std_groups"
+    warn: float = 0.5
+    critical: float = 0.9
+    patience: int = 3
+
+    def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
+        solved = stats.get("frac_zero_std_solved", 0.0)
+        easy = solved >= value / 2
+        kind = (
+            "too easy: most of them are all solved; filter solved prompts or use harder ones (DAPO dynamic sampling)"
+            if easy
+            else "too hard: most of them are all failed; use easier prompts, more samples per prompt, or reward shaping"
+        )
+        return f"{value:.0%} of groups have zero reward variance (threshold {bound:.0%}); {kind}."
+
+
+@dataclass(kw_only=True)
+class GradNormSpike(SpikeDetector):
+    name = "grad_norm_spike"
+    source = "robust z-score on log gradient norm (median/MAD; Hampel 1974)"
+    summary = "grad norm >= 5x (warn) / 20x (critical) its rolling median, robust z >= 6"
+    metric: str = "grad_norm"
+    advice: str = "Skip this step; if spikes repeat, lower the LR or tighten clipping."
+
+
+@dataclass(kw_only=True)
+class GradNormExplosion(CusumDetector):
+    name = "grad_norm_explosion"
+    source = "CUSUM on log gradient norm (Page 1954)"
+    summary = "sustained rise of log grad norm: CUSUM >= 15 (warn) / 40 (critical)"
+    metric: str = "grad_norm"
+    advice: str = "Lower the LR; check for a growing train-inference mismatch or length explosion."
+
+
+@dataclass(kw_only=True)
+class KLRefBlowup(SpikeDetector):
+    name = "kl_ref_blowup"
+    source = "robust spike on log KL(pi||pi_ref); GRPO's KL term, arXiv 2402.03300"
+    summary = "KL to reference >= 10x (warn) / 100x (critical) its rolling median, z >= 6"
+    metric: str = "kl_ref"
+    warn_factor: float = 10.0
+    critical_factor: float = 100.0
+    floor: float = 1e-4
+    advice: str = "Lower the LR or raise beta; roll back if it persists."
+
+
+@dataclass(kw_only=True)
+class KLOldBlowup(SpikeDetector):
+    name = "kl_old_blowup"
+    source = "PPO's approximate KL early stop (Schulman et al. 2017; CleanRL target_kl)"
+    summary = "KL to the behaviour policy >= 10x (warn) / 100x (critical) its rolling median, z >= 6"
+    metric: str = "kl_old"
+    warn_factor: float = 10.0
+    critical_factor: float = 100.0
+    floor: float = 1e-4
+    advice: str = "Tighten the clip range or lower the LR; fewer PPO epochs per batch."
+
+
+@dataclass(kw_only=True)
+class RatioExplosion(SpikeDetector):
+    name = "ratio_explosion"
+    source = "GSPO, arXiv 2507.18071 (token-ratio variance in MoE); IcePop, arXiv 2510.18855"
+    summary = "max importance ratio >= 5x (warn) / 50x (critical) its rolling median and >= 2"
+    metric: str = "ratio_max"
+    warn_factor: float = 5.0
+    critical_factor: float = 50.0
+    floor: float = 1.0
+    min_value: float = 2.0
+    advice: str = "Skip this step; consider sequence-level ratios (gspo) or rollout masking (rollout_mask='token')."
+
+
+@dataclass(kw_only=True)
+class ClipFracBurst(SpikeDetector):
+    name = "clip_frac_burst"
+    source = "PPO clip fraction diagnostics (Engstrom et al. 2020; CleanRL clipfrac)"
+    summary = "clip fraction >= 3x (warn) / 10x (critical) its rolling median and >= 0.05"
+    metric: str = "clip_frac"
+    warn_factor: float = 3.0
+    critical_factor: float = 10.0
+    floor: float = 1e-3
+    min_value: float = 0.05
+    patience: int = 2
+    advice: str = "The policy moved far from pi_old: lower the LR or the number of PPO epochs."
+
+
+@dataclass(kw_only=True)
+class MismatchGrowth(CusumDetector):
+    name = "mismatch_growth"
+    source = "Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'; IcePop"
+    summary = "train-inference k3 KL rising (CUSUM >= 15/40) or >= 5e-3 (warn) / 2e-2 (critical)"
+    metric: str = "mismatch_kl"
+    floor: float = 1e-7
+    min_sigma: float = 0.1
+    warn_above: float | None = 5e-3
+    critical_above: float | None = 2e-2
+    patience: int = 2
+    advice: str = "Enable rollout correction (rollout_is='token' or rollout_mask='geometric'); check engine dtype."
+
+
+@dataclass(kw_only=True)
+class LengthExplosion(CusumDetector):
+    name = "length_explosion"
+    source = "CUSUM on log mean completion length; DAPO overlong shaping, arXiv 2503.14476"
+    summary = "sustained rise of mean completion length: CUSUM >= 15 (warn) / 40 (critical)"
+    metric: str = "length_mean"
+    min_sigma: float = 0.05
+    floor: float = 1.0
+    patience: int = 2
+    advice: str = "Check for repetition loops; add an overlong penalty or lower the LR."
+
+
+@dataclass(kw_only=True)
+class Truncation(ThresholdDetector):
+    name = "truncation"
+    source = "DAPO overlong filtering, arXiv 2503.14476, sec. 3.4"
+    summary = "share of completions hitting the length budget >= 0.2 (warn) / 0.5 (critical), 0.1 above baseline"
+    metric: str = "truncated_frac"
+    warn: float = 0.2
+    critical: float = 0.5
+    margin: float = 0.1
+    patience: int = 2
+    advice: str = "Raise the generation budget or add an overlong penalty; check for repetition loops."
+
+
+@dataclass(kw_only=True)
+class RepetitionLoops(ThresholdDetector):
+    name = "repetition"
+    source = "n-gram loop detection on completions (Holtzman et al. 2020, degenerate repetition)"
+    summary = "share of completions ending in an n-gram loop >= 0.1 (warn) / 0.3 (critical), 0.05 above baseline"
+    metric: str = "repetition_rate"
+    warn: float = 0.1
+    critical: float = 0.3
+    margin: float = 0.05
+    patience: int = 2
+    advice: str = "Roll back; lower the LR, raise entropy_coef, or add a repetition penalty to the reward."
+
+
+BUILTIN_DETECTORS: tuple[type[Detector], ...] = (
+    NonFinite,
+    GradNormSpike,
+    GradNormExplosion,
+    EntropyCollapse,
+    KLRefBlowup,
+    KLOldBlowup,
+    RatioExplosion,
+    ClipFracBurst,
+    MismatchGrowth,
+    LengthExplosion,
+    Truncation,
+    RepetitionLoops,
+    ZeroVarianceGroups,
+    RewardCollapse,
+)
+
+__all__ = [
+    "BUILTIN_DETECTORS",
+    "CusumDetector",
+    "Detector",
+    "SpikeDetector",
+    "ThresholdDetector",
+]

@@ -1,0 +1,282 @@
+"""Interventions: each proposes an action for the step from the detectors' findings and alarms.
+
+The guard takes the proposal of highest priority (``halt > rollback > skip_step > scale_lr > set_clip >
+continue``); the LR and clip scales of all interventions are carried in the decision whatever the action.
+Interventions are keyword-only dataclasses with private state (``_s_*``) saved in ``state_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal
+
+from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+
+Action = Literal["continue", "skip_step", "scale_lr", "set_clip", "rollback", "halt"]
+ACTION_PRIORITY: dict[str, int] = {
+    "continue": 0,
+    "set_clip": 1,
+    "scale_lr": 2,
+    "skip_step": 3,
+    "rollback": 4,
+    "halt": 5,
+}
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What interventions see.
+
+    Attributes:
+        step: the optimizer step.
+        stats: the reduced stats.
+        findings: this step's findings by detector (after warm-up, before patience).
+        alarms: raised alarms by detector (after patience and hysteresis).
+        alarm_age: steps each raised alarm has been at ``critical`` (0 if only ``warn``).
+        consecutive_skips: steps skipped in a row before this one.
+        last_healthy_step: the last step with no finding and no alarm, or None.
+    """
+
+    step: int
+    stats: Mapping[str, float]
+    findings: Mapping[str, Finding]
+    alarms: Mapping[str, Severity]
+    alarm_age: Mapping[str, int]
+    consecutive_skips: int
+    last_healthy_step: int | None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An intervention's verdict: an action and why; ``lr_scale``/``clip_scale`` set the multipliers."""
+
+    action: Action
+    reason: str = ""
+    lr_scale: float | None = None
+    clip_scale: float | None = None
+    rollback_to: int | None = None
+
+
+@dataclass(kw_only=True)
+class Intervention:
+    """Base class; subclasses set ``name`` and implement :meth:`propose`."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        """The proposal for this step, or None."""
+        raise NotImplementedError
+
+    def on_rollback(self, step: int) -> None:
+        """Called when the guard decides to roll back (state that must not survive it)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Private state (attributes named ``_s_*``), JSON-ready."""
+        return {k: v for k, v in vars(self).items() if k.startswith("_s_")}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Constructor arguments and their defaults."""
+        return {f.name: f.default for f in fields(cls) if f.init}
+
+
+def _hits(findings: Mapping[str, Finding], on: tuple[str, ...], severity: Severity) -> list[str]:
+    level = SEVERITY_LEVEL[severity]
+    return [n for n in on if n in findings and SEVERITY_LEVEL[findings[n].severity] >= level]
+
+
+@dataclass(kw_only=True)
+class SkipStep(Intervention):
+    """Skip the optimizer step when this step's batch is poisoned (non-finite values, a gradient spike, an
+    exploding ratio): weights and optimizer state stay as they are.
+
+    Attributes:
+        on: detectors whose finding on this very step skips it.
+        severity: the least severity that skips.
+    """
+
+    name = "skip_step"
+    summary = "skip the optimizer step on a critical nonfinite / grad_norm_spike / ratio_explosion finding"
+
+    on: tuple[str, ...] = ("nonfinite", "grad_norm_spike", "ratio_explosion")
+    severity: Severity = "critical"
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        hits = _hits(ctx.findings, self.on, self.severity)
+        return Proposal("skip_step", f"poisoned step ({', '.join(hits)})") if hits else None
+
+
+@dataclass(kw_only=True)
+class LRBackoff(Intervention):
+    """Scale the learning rate down on trouble and let it recover after a quiet period.
+
+    Attributes:
+        on: detectors whose findings back the LR off.
+        severity: the least severity that backs off.
+        factor: multiplier per back-off.
+        min_scale: the scale never goes below this.
+        cooldown: steps between two back-offs.
+        quiet_steps: steps without trouble before each recovery step.
+        recover_factor: multiplier per recovery step (capped at 1).
+    """
+
+    name = "lr_backoff"
+    summary = "LR x0.5 on warn from KL/grad/mismatch/clip detectors (>= 10 steps apart); x2 after 20 quiet steps"
+
+    on: tuple[str, ...] = (
+        "grad_norm_spike",
+        "grad_norm_explosion",
+        "kl_ref_blowup",
+        "kl_old_blowup",
+        "clip_frac_burst",
+        "mismatch_growth",
+        "ratio_explosion",
+        "length_explosion",
+    )
+    severity: Severity = "warn"
+    factor: float = 0.5
+    min_scale: float = 0.05
+    cooldown: int = 10
+    quiet_steps: int = 20
+    recover_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.factor < 1 or not 0 < self.min_scale <= 1 or self.recover_factor <= 1:
+            raise ValueError("lr_backoff needs 0 < factor < 1, 0 < min_scale <= 1 and recover_factor > 1.")
+        self._s_scale = 1.0
+        self._s_last_backoff: int | None = None
+        self._s_last_trouble: int | None = None
+        self._s_last_recover: int | None = None
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        hits = _hits(ctx.findings, self.on, self.severity)
+        if hits:
+            self._s_last_trouble = ctx.step
+            ready = self._s_last_backoff is None or ctx.step - self._s_last_backoff >= self.cooldown
+            if ready and self._s_scale > self.min_scale:
+                self._s_scale = max(self._s_scale * self.factor, self.min_scale)
+                self._s_last_backoff = ctx.step
+                return Proposal("scale_lr", f"LR x{self._s_scale:.3g} ({', '.join(hits)})", lr_scale=self._s_scale)
+            return Proposal("continue", lr_scale=self._s_scale)
+        if self._s_scale < 1.0:
+            since = [s for s in (self._s_last_trouble, self._s_last_recover) if s is not None]
+            if not since or ctx.step - max(since) >= self.quiet_steps:
+                self._s_scale = min(self._s_scale * self.recover_factor, 1.0)
+                self._s_last_recover = ctx.step
+                return Proposal("scale_lr", f"LR recovering to x{self._s_scale:.3g}", lr_scale=self._s_scale)
+        return Proposal("continue", lr_scale=self._s_scale)
+
+
+@dataclass(kw_only=True)
+class ClipController(Intervention):
+    """The dynamic stability boundary: scale the clip range so that ``metric`` stays near ``target``, the way
+    PPO's adaptive KL coefficient keeps the KL near its target (Schulman et al. 2017, sec. 4):
+    ``scale /= factor`` when ``metric > target * tolerance``, ``scale *= factor`` when
+    ``metric < target / tolerance``, within ``[min_scale, max_scale]``.
+
+    Attributes:
+        metric: the divergence to control (``kl_old``: KL from the behaviour policy).
+        target: its target value.
+        tolerance: the band ``[target / tolerance, target * tolerance]`` leaves the scale alone.
+        factor: multiplicative step of the scale.
+        min_scale: tightest scale (of the objective's configured clip range).
+        max_scale: widest scale; 1.0 never widens beyond the configured range.
+    """
+
+    name = "clip_controller"
+    summary = "clip range x1/1.5 when kl_old > 1.5 x target (0.02), x1.5 back when < target/1.5; scale in [0.25, 1]"
+
+    metric: str = "kl_old"
+    target: float = 0.02
+    tolerance: float = 1.5
+    factor: float = 1.5
+    min_scale: float = 0.25
+    max_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.target <= 0 or self.tolerance <= 1 or self.factor <= 1 or not 0 < self.min_scale <= self.max_scale:
+            raise ValueError("clip_controller needs target > 0, tolerance > 1, factor > 1, 0 < min_scale <= max_scale.")
+        self._s_scale = 1.0
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        value = ctx.stats.get(self.metric)
+        if value is None or value != value:
+            return Proposal("continue", clip_scale=self._s_scale)
+        old = self._s_scale
+        if value > self.target * self.tolerance:
+            self._s_scale = max(old / self.factor, self.min_scale)
+        elif value < self.target / self.tolerance:
+            self._s_scale = min(old * self.factor, self.max_scale)
+        if self._s_scale != old:
+            verb = "tighten" if self._s_scale < old else "relax"
+            return Proposal(
+                "set_clip",
+                f"{verb} clip range to x{self._s_scale:.3g} ({self.metric}={value:.3g}, target {self.target:g})",
+                clip_scale=self._s_scale,
+            )
+        return Proposal("continue", clip_scale=self._s_scale)
+
+
+@dataclass(kw_only=True)
+class Rollback(Intervention):
+    """Roll model and optimizer back to the last healthy snapshot on a critical alarm of a slow failure
+    (collapse cannot be undone by skipping a step), or after too many skipped steps in a row.
+
+    Attributes:
+        on: detectors whose critical alarm rolls back.
+        max_consecutive_skips: skipped steps in a row that also roll back.
+        max_rollbacks: after this many rollbacks the guard halts instead.
+    """
+
+    name = "rollback"
+    summary = "roll back on critical entropy/reward collapse, KL blow-up or repetition, or 3 skips in a row"
+
+    on: tuple[str, ...] = ("entropy_collapse", "reward_collapse", "kl_ref_blowup", "repetition", "mismatch_growth")
+    max_consecutive_skips: int = 3
+    max_rollbacks: int = 3
+
+    def __post_init__(self) -> None:
+        self._s_rollbacks = 0
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        critical = [n for n in self.on if ctx.alarms.get(n) == "critical"]
+        skips = ctx.consecutive_skips >= self.max_consecutive_skips
+        if not critical and not skips:
+            return None
+        why = ", ".join(critical) if critical else f"{ctx.consecutive_skips} skipped steps in a row"
+        if self._s_rollbacks >= self.max_rollbacks:
+            return Proposal("halt", f"{why}; {self._s_rollbacks} rollbacks did not help")
+        if ctx.last_healthy_step is None:
+            return Proposal("halt", f"{why}; no healthy snapshot to roll back to")
+        self._s_rollbacks += 1
+        return Proposal("rollback", why, rollback_to=ctx.last_healthy_step)
+
+
+@dataclass(kw_only=True)
+class Halt(Intervention):
+    """Stop the run with a report when a critical alarm persists despite the other interventions.
+
+    Attributes:
+        critical_steps: steps a critical alarm may last before the run halts.
+        ignore: detectors whose persistent alarms do not halt (data-side problems such as easy prompts).
+    """
+
+    name = "halt"
+    summary = "halt when any critical alarm persists 25 steps (zero_variance_groups and truncation excepted)"
+
+    critical_steps: int = 25
+    ignore: tuple[str, ...] = ("zero_variance_groups", "truncation")
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        stuck = [n for n, age in ctx.alarm_age.items() if age >= self.critical_steps and n not in self.ignore]
+        return Proposal("halt", f"critical for {self.critical_steps}+ steps: {', '.join(stuck)}") if stuck else None
+
+
+BUILTIN_INTERVENTIONS: tuple[type[Intervention], ...] = (SkipStep, LRBackoff, ClipController, Rollback, Halt)

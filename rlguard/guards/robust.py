@@ -1,0 +1,79 @@
+"""Robust statistics for detectors: rolling median/MAD, CUSUM and the Mann-Kendall trend test."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+#: MAD * 1.4826 estimates the standard deviation of a normal distribution.
+MAD_TO_SIGMA = 1.4826
+
+
+def _median(values: Iterable[float]) -> float:
+    # pure Python: for the window sizes used here (<= a few hundred) sorted() beats numpy's call overhead
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return math.nan
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+class RollingWindow:
+    """The last ``size`` values, with robust location and scale (cached until the next push)."""
+
+    def __init__(self, size: int, values: Iterable[float] = ()) -> None:
+        if size < 1:
+            raise ValueError(f"window size must be >= 1; got {size}.")
+        self.values: deque[float] = deque(values, maxlen=size)
+        self._cache: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def push(self, value: float) -> None:
+        """Append ``value`` (finite values only; others are ignored)."""
+        if math.isfinite(value):
+            self.values.append(value)
+            self._cache = None
+
+    def _stats(self) -> tuple[float, float]:
+        if self._cache is None:
+            med = _median(self.values)
+            self._cache = (med, MAD_TO_SIGMA * _median(abs(v - med) for v in self.values))
+        return self._cache
+
+    def median(self) -> float:
+        """Median of the window (NaN when empty)."""
+        return self._stats()[0]
+
+    def sigma(self, floor: float = 0.0) -> float:
+        """Robust standard deviation ``1.4826 * MAD``, at least ``floor``."""
+        if not self.values:
+            return floor
+        return max(self._stats()[1], floor)
+
+    def robust_z(self, value: float, floor: float) -> float:
+        """``(value - median) / max(sigma, floor)``."""
+        return (value - self.median()) / self.sigma(floor)
+
+
+def mann_kendall_z(values: Sequence[float]) -> float:
+    """Mann-Kendall trend statistic (normal approximation, no tie correction): > 2 means a rising trend at about
+    the 5% level, < -2 a falling one (Mann 1945; Kendall 1975). 0 for fewer than 3 values."""
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return 0.0
+    s = float(np.sign(x[None, :] - x[:, None])[np.triu_indices(n, 1)].sum())
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    if s == 0:
+        return 0.0
+    return (s - math.copysign(1.0, s)) / math.sqrt(var)
+
+
+def cusum_step(statistic: float, z: float, slack: float) -> float:
+    """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)``."""
+    return max(0.0, statistic + z - slack)

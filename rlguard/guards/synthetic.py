@@ -1,0 +1,169 @@
+"""Synthetic metric streams with known failure onsets, for testing and calibrating detectors.
+
+A healthy run of a given ``shape`` (``rising``, ``plateau``, ``slow``, ``noisy``) has per-step canonical stats
+with realistic noise: lognormal gradient norms, rewards rising or flat, entropy decaying gently at the run's own
+level (drawn between 0.15 and 2 nats: LLM per-token entropy is often below 1), a slowly growing KL to the
+reference. A failure mode rewrites the stream from ``onset`` on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal, get_args
+
+import numpy as np
+
+Shape = Literal["rising", "plateau", "slow", "noisy"]
+SHAPES: tuple[str, ...] = get_args(Shape)
+Stream = list[dict[str, float]]
+
+
+def healthy_stream(steps: int, seed: int, shape: Shape = "rising") -> Stream:
+    """``steps`` dicts of canonical stats of a healthy run."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {list(SHAPES)}; got {shape!r}.")
+    rng = np.random.default_rng(seed)
+    noise = 2.0 if shape == "noisy" else 1.0
+    t = np.arange(steps) / max(steps - 1, 1)
+    e0 = float(rng.uniform(0.15, 2.0))
+    g0 = float(rng.uniform(0.3, 5.0))
+    if shape == "plateau":
+        reward = np.full(steps, rng.uniform(0.3, 0.6))
+        entropy = np.full(steps, e0)
+    elif shape == "slow":
+        reward = 0.3 + 0.15 * t
+        entropy = e0 * (1 - 0.2 * t)
+    else:
+        reward = 0.2 + 0.6 / (1 + np.exp(-8 * (t - 0.4)))
+        entropy = e0 * (1 - 0.4 * t)
+    lengths = rng.uniform(50, 300) * (1 + 0.3 * t)
+    out: Stream = []
+    for i in range(steps):
+        ln = rng.normal
+        out.append(
+            {
+                "loss": float(ln(0, 0.05 * noise)),
+                "reward_mean": float(reward[i] + ln(0, 0.04 * noise)),
+                "reward_std": float(abs(0.3 + ln(0, 0.02))),
+                "entropy": float(entropy[i] * math.exp(ln(0, 0.04 * noise))),
+                "grad_norm": float(g0 * (1 + 0.3 * t[i]) * math.exp(ln(0, 0.25 * noise))),
+                "kl_ref": float((1e-3 + 0.03 * t[i]) * math.exp(ln(0, 0.2 * noise))),
+                "kl_old": float(2e-3 * math.exp(ln(0, 0.3 * noise))),
+                "ratio_max": float(1.0 + 0.5 * math.exp(ln(0, 0.4 * noise))),
+                "clip_frac": float(0.03 * math.exp(ln(0, 0.3 * noise))),
+                "mismatch_kl": float(3e-4 * math.exp(ln(0, 0.3 * noise))),
+                "length_mean": float(lengths[i] * math.exp(ln(0, 0.05 * noise))),
+                "truncated_frac": float(rng.binomial(64, 0.02) / 64),
+                "repetition_rate": float(rng.binomial(64, 0.01) / 64),
+                "frac_zero_std_groups": float(rng.binomial(16, 0.15) / 16),
+                "frac_zero_std_solved": float(rng.binomial(16, 0.05) / 16),
+                "nonfinite": 0.0,
+                "lr": 1e-6,
+            }
+        )
+    return out
+
+
+def _ramp(i: int, onset: int, length: int) -> float:
+    """0 before ``onset``, rising linearly to 1 over ``length`` steps."""
+    return min(max((i - onset) / length, 0.0), 1.0)
+
+
+def _entropy_collapse(s: dict[str, float], i: int, onset: int) -> None:
+    k = _ramp(i, onset, 20)
+    s["entropy"] *= 1 - 0.97 * k
+    s["reward_mean"] -= 0.1 * k
+
+
+def _reward_collapse(s: dict[str, float], i: int, onset: int) -> None:
+    s["reward_mean"] -= 0.5 * _ramp(i, onset, 15)
+
+
+def _grad_spike(s: dict[str, float], i: int, onset: int) -> None:
+    if i == onset:
+        s["grad_norm"] *= 200.0
+
+
+def _grad_explosion(s: dict[str, float], i: int, onset: int) -> None:
+    s["grad_norm"] *= 1.15 ** max(i - onset, 0)
+
+
+def _nonfinite(s: dict[str, float], i: int, onset: int) -> None:
+    if i == onset:
+        s["loss"] = math.nan
+        s["nonfinite"] = 12.0
+
+
+def _kl_ref_blowup(s: dict[str, float], i: int, onset: int) -> None:
+    s["kl_ref"] *= 1.4 ** max(i - onset, 0)
+
+
+def _kl_old_blowup(s: dict[str, float], i: int, onset: int) -> None:
+    if i >= onset:
+        s["kl_old"] *= 300.0
+
+
+def _ratio_explosion(s: dict[str, float], i: int, onset: int) -> None:
+    if i == onset:
+        s["ratio_max"] = 5e3
+
+
+def _clip_burst(s: dict[str, float], i: int, onset: int) -> None:
+    if i >= onset:
+        s["clip_frac"] = 0.6
+
+
+def _mismatch_growth(s: dict[str, float], i: int, onset: int) -> None:
+    s["mismatch_kl"] *= 1.2 ** max(i - onset, 0)
+
+
+def _length_explosion(s: dict[str, float], i: int, onset: int) -> None:
+    k = _ramp(i, onset, 30)
+    s["length_mean"] *= 1 + 3 * k
+    s["truncated_frac"] = max(s["truncated_frac"], 0.8 * k)
+
+
+def _repetition(s: dict[str, float], i: int, onset: int) -> None:
+    s["repetition_rate"] = max(s["repetition_rate"], 0.5 * _ramp(i, onset, 5))
+
+
+def _too_easy(s: dict[str, float], i: int, onset: int) -> None:
+    if i >= onset:
+        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = 0.95, 0.9
+
+
+def _too_hard(s: dict[str, float], i: int, onset: int) -> None:
+    if i >= onset:
+        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = 0.95, 0.0
+
+
+#: failure mode -> (how it rewrites the stream, the detector expected to catch it)
+FAILURES: dict[str, tuple[Callable[[dict[str, float], int, int], None], str]] = {
+    "entropy_collapse": (_entropy_collapse, "entropy_collapse"),
+    "reward_collapse": (_reward_collapse, "reward_collapse"),
+    "grad_spike": (_grad_spike, "grad_norm_spike"),
+    "grad_explosion": (_grad_explosion, "grad_norm_explosion"),
+    "nonfinite": (_nonfinite, "nonfinite"),
+    "kl_ref_blowup": (_kl_ref_blowup, "kl_ref_blowup"),
+    "kl_old_blowup": (_kl_old_blowup, "kl_old_blowup"),
+    "ratio_explosion": (_ratio_explosion, "ratio_explosion"),
+    "clip_burst": (_clip_burst, "clip_frac_burst"),
+    "mismatch_growth": (_mismatch_growth, "mismatch_growth"),
+    "length_explosion": (_length_explosion, "length_explosion"),
+    "truncation": (_length_explosion, "truncation"),
+    "repetition": (_repetition, "repetition"),
+    "too_easy": (_too_easy, "zero_variance_groups"),
+    "too_hard": (_too_hard, "zero_variance_groups"),
+}
+
+
+def failing_stream(mode: str, steps: int, onset: int, seed: int, shape: Shape = "rising") -> Stream:
+    """A healthy stream of ``shape`` with failure ``mode`` (a key of :data:`FAILURES`) from step ``onset``."""
+    if mode not in FAILURES:
+        raise ValueError(f"unknown failure mode {mode!r}; modes: {', '.join(FAILURES)}.")
+    stream = healthy_stream(steps, seed, shape)
+    inject, _ = FAILURES[mode]
+    for i, s in enumerate(stream):
+        inject(s, i, onset)
+    return stream

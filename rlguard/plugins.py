@@ -68,12 +68,12 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, base: type, kind: str) ->
         plugin = impl.plugin_name
         returned = cast("Iterable[object]", impl.function())
         for cls in returned:
-            if not (isinstance(cls, type) and issubclass(cls, base) and str(getattr(cls, "name", ""))):
+            name = str(getattr(cls, "name", ""))
+            if not (isinstance(cls, type) and issubclass(cls, base) and name):
                 raise TypeError(
                     f"plugin {plugin!r} returned {cls!r} from {hook_name}; expected a subclass of "
                     f"{base.__module__}.{base.__qualname__} with a non-empty class attribute `name`."
                 )
-            name = str(cls.name)
             if name in found and found[name][0] is not cls:
                 raise ValueError(
                     f"{kind} name {name!r} is registered twice: by plugin {found[name][1]!r} "

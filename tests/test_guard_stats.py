@@ -1,0 +1,111 @@
+"""Monitors: exact reductions, the mismatch correlation, repetition loops, and stats from a real batch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlguard.core_losses import PolicyBatch, get_objective
+from rlguard.guards import StepStats, collect_step_stats, repetition_flags
+from rlguard.guards.stats import _combine
+
+
+def test_weighted_mean_sum_max_min_combine_like_the_concatenated_data() -> None:
+    a, b = StepStats(), StepStats()
+    a.add("entropy", 0.5, weight=10)
+    b.add("entropy", 0.8, weight=30)
+    a.add("ratio_max", 1.5)
+    b.add("ratio_max", 3.0)
+    a.add("ratio_min", 0.7)
+    b.add("ratio_min", 0.9)
+    a.add("nonfinite", 2)
+    b.add("nonfinite", 3)
+    parts = np.stack([a._packed().numpy(), b._packed().numpy()])
+    out = _combine(parts)
+    assert out["entropy"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40, rel=1e-15)
+    assert (out["ratio_max"], out["ratio_min"], out["nonfinite"]) == (3.0, 0.7, 5.0)
+    assert "kl_ref" not in out  # never added on any rank -> absent, not 0
+
+
+def test_max_propagates_nan_and_unknown_names_raise() -> None:
+    st = StepStats()
+    st.add("grad_norm", 1.0)
+    st.add("grad_norm", math.nan)
+    st.add("grad_norm", 2.0)
+    assert math.isnan(st.reduce()["grad_norm"])
+    with pytest.raises(ValueError, match="unknown stat 'gradnorm'; known stats: loss, entropy"):
+        st.add("gradnorm", 1.0)
+
+
+def test_reward_std_and_probability_correlation_are_exact() -> None:
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(12, generator=g, dtype=torch.float64)
+    old = -torch.rand(3, 5, generator=g, dtype=torch.float64) * 3
+    engine = old + 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 5, dtype=torch.float64)
+    mask[2, 3:] = 0
+    batch = PolicyBatch(
+        logprobs=old.clone(),
+        advantages=torch.zeros(3, dtype=torch.float64),
+        mask=mask,
+        old_logprobs=old,
+        rollout_logprobs=engine,
+    )
+    out = collect_step_stats(batch=batch, rewards=rewards).reduce()
+    assert out["reward_std"] == pytest.approx(float(rewards.std(unbiased=False)), rel=1e-12)
+    keep = mask.bool()
+    expected = np.corrcoef(old[keep].exp().numpy(), engine[keep].exp().numpy())[0, 1]
+    assert out["mismatch_prob_corr"] == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_objective_metrics_are_token_weighted_across_micro_batches() -> None:
+    g = torch.Generator().manual_seed(1)
+    lp = -torch.rand(6, 7, generator=g, dtype=torch.float64)
+    old = lp + 0.3 * torch.randn(6, 7, generator=g, dtype=torch.float64)
+    mask = (torch.rand(6, 7, generator=g) > 0.3).double()
+    mask[:, 0] = 1
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    obj = get_objective("dapo")
+    whole = PolicyBatch(logprobs=lp, advantages=adv, mask=mask, old_logprobs=old)
+    st = StepStats()
+    for rows in (slice(0, 2), slice(2, 6)):
+        part = PolicyBatch(logprobs=lp[rows], advantages=adv[rows], mask=mask[rows], old_logprobs=old[rows])
+        collect_step_stats(batch=part, output=obj(part), stats=st)
+    combined, full = st.reduce(), obj(whole).metrics
+    for name in ("clip_frac", "clip_frac_high", "kl_old", "ratio_mean", "ratio_max", "ratio_min"):
+        assert combined[name] == pytest.approx(float(full[name]), rel=1e-12), name
+
+
+def test_lengths_truncation_grad_norm_and_nonfinite() -> None:
+    out = collect_step_stats(
+        lengths=torch.tensor([3, 5, 10]),
+        truncated=torch.tensor([False, False, True]),
+        grad_norm=torch.tensor(math.inf),
+        lr=1e-6,
+    ).reduce()
+    assert out["length_mean"] == 6.0 and out["length_max"] == 10.0
+    assert out["truncated_frac"] == pytest.approx(1 / 3) and out["lr"] == 1e-6
+    assert out["nonfinite"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("ids", "looping"),
+    [
+        ([5] * 12, True),  # "the the the ..."
+        ([1, 2, 3] * 5, True),  # period 3, 15 tokens
+        ([9, 8, 7, 6, *([1, 2, 3, 4] * 3)], True),  # loop at the end only
+        (list(range(30)), False),
+        ([1, 2, 3] * 3, False),  # 9 tokens: shorter than the minimum span of 12
+        ([1, 2] * 6 + [7], False),  # the loop was broken at the end
+    ],
+)
+def test_repetition_flags(ids: list[int], looping: bool) -> None:
+    assert repetition_flags([ids]) == [looping]
+
+
+def test_repetition_rate_from_completions() -> None:
+    out = collect_step_stats(completion_ids=[[4] * 20, list(range(20)), [1, 2] * 10, [3, 1, 4]]).reduce()
+    assert out["repetition_rate"] == 0.5

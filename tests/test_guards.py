@@ -1,0 +1,233 @@
+"""Guard: detection delay on synthetic failures, silence on healthy runs, interventions, schedules, state."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlguard.guards import (
+    Constant,
+    Cosine,
+    Guard,
+    GuardConfig,
+    Linear,
+    Piecewise,
+    Stages,
+)
+from rlguard.guards.interventions import ClipController, LRBackoff, StepContext
+from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
+
+ONSET = 120
+STEPS = 220
+#: largest delay (steps after onset) allowed before the expected detector raises its first event
+MAX_DELAY = 25
+
+
+@pytest.mark.parametrize("mode", sorted(FAILURES))
+def test_each_detector_fires_soon_after_its_onset(mode: str) -> None:
+    _, detector = FAILURES[mode]
+    for seed in range(3):
+        guard = Guard(GuardConfig.preset("monitor"))
+        first = None
+        for step, stats in enumerate(failing_stream(mode, STEPS, ONSET, seed)):
+            decision = guard.observe(step, stats)
+            if first is None and any(e.detector == detector for e in decision.events):
+                first = step
+        assert first is not None, f"{detector} never fired on {mode} (seed {seed})"
+        assert ONSET <= first <= ONSET + MAX_DELAY, f"{detector} fired at {first}, onset {ONSET} (seed {seed})"
+        # a clear failure ends critical, not just a warning
+        assert any(e.detector == detector and e.severity == "critical" for e in guard.events), (mode, seed)
+
+
+def test_default_preset_raises_no_critical_event_on_healthy_runs() -> None:
+    """20 seeds of each healthy shape, 300 steps each: no critical event, never skip/rollback/halt."""
+    for shape in SHAPES:
+        for seed in range(20):
+            guard = Guard(GuardConfig.preset("default"))
+            actions = {guard.observe(step, s).action for step, s in enumerate(healthy_stream(300, seed, shape))}
+            critical = [e for e in guard.events if e.severity == "critical"]
+            assert not critical, (shape, seed, critical[:3])
+            assert actions <= {"continue", "scale_lr", "set_clip"}, (shape, seed, actions)
+
+
+def test_zero_variance_groups_tells_too_easy_from_too_hard() -> None:
+    for mode, word in (("too_easy", "too easy"), ("too_hard", "too hard")):
+        guard = Guard(GuardConfig.preset("monitor"))
+        for step, stats in enumerate(failing_stream(mode, 160, ONSET, seed=0)):
+            guard.observe(step, stats)
+        messages = [e.message for e in guard.events if e.detector == "zero_variance_groups"]
+        assert messages and all(word in m for m in messages), (mode, messages)
+
+
+def test_entropy_falling_while_reward_rises_is_not_collapse() -> None:
+    """Sharpening: entropy to 30% of its baseline while reward climbs steadily -> no entropy alarm."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(200, seed=1, shape="rising")):
+        stats["entropy"] = 1.0 * (1 - 0.7 * min(step / 150, 1.0))
+        stats["reward_mean"] = 0.1 + 0.004 * step
+        guard.observe(step, stats)
+    assert not [e for e in guard.events if e.detector == "entropy_collapse"]
+
+
+def test_nonfinite_step_is_skipped_and_three_in_a_row_roll_back() -> None:
+    guard = Guard(GuardConfig.preset("default"))
+    stream = healthy_stream(60, seed=2)
+    for step, stats in enumerate(stream[:50]):
+        assert guard.observe(step, stats).action in ("continue", "scale_lr")
+    healthy = guard.last_healthy_step
+    assert healthy == 49
+    bad = dict(stream[50], loss=math.nan, nonfinite=5.0)
+    actions = [guard.observe(50 + k, bad).action for k in range(4)]
+    assert actions == ["skip_step", "skip_step", "skip_step", "rollback"]
+    assert guard.events[-1].detector == "action:rollback"
+
+
+def test_rollbacks_are_limited_then_the_guard_halts() -> None:
+    guard = Guard(GuardConfig.preset("default", interventions={"rollback": {"max_rollbacks": 1}}))
+    stream = healthy_stream(40, seed=3)
+    for step, stats in enumerate(stream[:30]):
+        guard.observe(step, stats)
+    bad = dict(stream[30], nonfinite=1.0)
+    actions = [guard.observe(30 + k, bad).action for k in range(8)]
+    assert actions[:4] == ["skip_step", "skip_step", "skip_step", "rollback"]
+    assert "halt" in actions[4:]
+    assert "rollbacks did not help" in guard.report() or any(e.detector == "action:halt" for e in guard.events)
+
+
+def _ctx(step: int, stats: dict[str, float], findings: dict | None = None) -> StepContext:  # type: ignore[type-arg]
+    return StepContext(step, stats, findings or {}, {}, {}, 0, None)
+
+
+def test_lr_backoff_halves_then_recovers_after_a_quiet_period() -> None:
+    from rlguard.guards.events import Finding
+
+    lr = LRBackoff(factor=0.5, cooldown=10, quiet_steps=20, recover_factor=2.0)
+    trouble = {"kl_old_blowup": Finding("warn", 1.0, 0.5, "x")}
+    scales = []
+    for step in range(100):
+        p = lr.propose(_ctx(step, {}, trouble if step in (5, 8, 16) else None))
+        assert p is not None and p.lr_scale is not None
+        scales.append(p.lr_scale)
+    # backoff at 5 (x0.5), 8 is inside the cooldown, 16 backs off again (x0.25)
+    assert scales[5] == 0.5 and scales[8] == 0.5 and scales[16] == 0.25
+    # recovery: 20 quiet steps after the last trouble (16) -> 0.5 at 36, then 1.0 at 56, and stays
+    assert scales[35] == 0.25 and scales[36] == 0.5 and scales[55] == 0.5 and scales[56] == 1.0
+    assert scales[-1] == 1.0
+
+
+def test_clip_controller_converges_to_its_target_on_a_synthetic_ratio_process() -> None:
+    """kl_old grows with the clip range: kl = 0.8 * eps^2 * noise; eps = 0.3 * scale. The controller must bring
+    kl into [target / tol, target * tol] and keep it there."""
+    import random
+
+    rng = random.Random(0)
+    ctl = ClipController(metric="kl_old", target=0.01, tolerance=1.5, factor=1.2, min_scale=0.05, max_scale=2.0)
+    scale, kls = 1.0, []
+    for step in range(300):
+        eps = 0.3 * scale
+        kl = 0.8 * eps**2 * math.exp(rng.gauss(0, 0.1))
+        kls.append(kl)
+        p = ctl.propose(_ctx(step, {"kl_old": kl}))
+        assert p is not None and p.clip_scale is not None
+        scale = p.clip_scale
+    assert kls[0] > 0.01 * 1.5  # it starts outside the band
+    tail = kls[-100:]
+    inside = sum(0.01 / 1.5 / 1.3 <= k <= 0.01 * 1.5 * 1.3 for k in tail) / len(tail)
+    assert inside >= 0.95, inside
+    # the fixed point of 0.8 (0.3 s)^2 = 0.01 is s = 0.373
+    assert 0.25 < scale < 0.55
+
+
+def test_schedules_values() -> None:
+    assert [Piecewise((10, 20), (0.2, 0.1, 0.05))(s) for s in (0, 9, 10, 19, 20, 99)] == [
+        0.2,
+        0.2,
+        0.1,
+        0.1,
+        0.05,
+        0.05,
+    ]
+    lin = Linear(((0, 0.0), (10, 1.0)))
+    assert (lin(-5), lin(5), lin(10), lin(50)) == (0.0, 0.5, 1.0, 1.0)
+    cos = Cosine(start=1.0, end=0.0, total_steps=100, warmup_steps=10)
+    assert cos(0) == pytest.approx(0.1) and cos(9) == pytest.approx(1.0)
+    assert cos(10) == pytest.approx(1.0) and cos(55) == pytest.approx(0.5) and cos(100) == pytest.approx(0.0)
+    stages = Stages(((0, Constant(0.2)), (50, Linear(((0, 0.2), (50, 0.1))))))
+    assert (stages(49), stages(50), stages(75), stages(200)) == (0.2, 0.2, pytest.approx(0.15), 0.1)
+    with pytest.raises(ValueError, match="len\\(values\\) == len\\(boundaries\\) \\+ 1"):
+        Piecewise((10,), (1.0,))
+    with pytest.raises(ValueError, match="total_steps > warmup_steps"):
+        Cosine(1.0, 0.0, total_steps=5, warmup_steps=5)
+
+
+def test_schedules_reach_the_decision_and_multiply_the_lr_scale() -> None:
+    config = GuardConfig.preset(
+        "default", schedules={"clip_high": Piecewise((100,), (0.28, 0.2)), "lr_scale": Constant(0.5)}
+    )
+    guard = Guard(config)
+    stream = healthy_stream(120, seed=4)
+    decisions = [guard.observe(step, s) for step, s in enumerate(stream)]
+    assert decisions[99].clip_high == 0.28 and decisions[100].clip_high == 0.2
+    assert decisions[0].clip_low is None and all(d.lr_scale == 0.5 for d in decisions[:10])
+    with pytest.raises(ValueError, match="schedules may set"):
+        GuardConfig(schedules={"temperature": Constant(1.0)})
+
+
+def test_state_round_trip_continues_with_identical_decisions(tmp_path: Path) -> None:
+    stream = failing_stream("entropy_collapse", 200, 110, seed=5)
+    whole = Guard(GuardConfig.preset("default"))
+    expected = [whole.observe(step, s) for step, s in enumerate(stream)]
+
+    first = Guard(GuardConfig.preset("default"))
+    for step, s in enumerate(stream[:100]):
+        first.observe(step, s)
+    saved = json.loads(json.dumps(first.state_dict()))  # must survive JSON, as in a checkpoint
+    resumed = Guard(GuardConfig.preset("default"))
+    resumed.load_state_dict(saved)
+    got = [resumed.observe(step, s) for step, s in enumerate(stream[100:], start=100)]
+    assert got == expected[100:]
+    assert [e.to_dict() for e in resumed.events] == [e.to_dict() for e in whole.events]
+    assert any(d.action != "continue" for d in got)  # the tail is not trivially quiet
+
+
+def test_events_are_appended_to_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "events.jsonl"
+    guard = Guard(GuardConfig.preset("default", events_path=str(path)))
+    for step, s in enumerate(failing_stream("grad_spike", 60, 40, seed=6)):
+        guard.observe(step, s)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines == [e.to_dict() for e in guard.events]
+    assert any(r["detector"] == "grad_norm_spike" and r["severity"] == "critical" and r["step"] == 40 for r in lines)
+
+
+def test_monitor_preset_never_acts() -> None:
+    guard = Guard(GuardConfig.preset("monitor"))
+    actions = {guard.observe(step, s).action for step, s in enumerate(failing_stream("nonfinite", 50, 30, seed=0))}
+    assert actions == {"continue"}
+    assert any(e.detector == "nonfinite" for e in guard.events)
+
+
+def test_bad_config_names_what_is_accepted() -> None:
+    with pytest.raises(ValueError, match="unknown guard preset 'lenient'; presets: monitor, default, strict"):
+        GuardConfig.preset("lenient")
+    with pytest.raises(ValueError, match=r"unknown detector\(s\) \['entropy'\]; registered: .*entropy_collapse"):
+        Guard(GuardConfig(detectors={"entropy": {}}))
+    with pytest.raises(ValueError, match=r"bad parameters for detector 'grad_norm_spike'.*warn_factr"):
+        Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factr": 2.0}}))
+    with pytest.raises(ValueError, match="need 1 < warn_factor <= critical_factor"):
+        Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factor": 30.0}}))
+    guard = Guard(GuardConfig.preset("default"))
+    guard.observe(5, {})
+    with pytest.raises(ValueError, match="step must increase: got 5 after 5"):
+        guard.observe(5, {})
+
+
+def test_detectors_can_be_switched_off() -> None:
+    guard = Guard(GuardConfig(detectors={"nonfinite": None}))
+    assert "nonfinite" not in guard.detectors
+    for step, s in enumerate(failing_stream("nonfinite", 40, 30, seed=0)):
+        guard.observe(step, s)
+    assert not any(e.detector == "nonfinite" for e in guard.events)

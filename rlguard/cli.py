@@ -71,6 +71,35 @@ def losses(
 
 
 @app.command()
+def detectors(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """List the guard's detectors and interventions with their default thresholds and sources."""
+    from rlguard.plugins import detector_registry, intervention_registry
+
+    rows = [
+        {"name": n, "summary": c.summary, "source": c.source, "defaults": c.defaults()}
+        for n, c in detector_registry().items()
+    ]
+    acts = [{"name": n, "summary": c.summary, "defaults": c.defaults()} for n, c in intervention_registry().items()]
+    if as_json:
+        typer.echo(json.dumps({"detectors": rows, "interventions": acts}, indent=2, default=str))
+        return
+    table = Table(title="rlguard detectors (default preset)")
+    for col in ("detector", "fires when", "source"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], escape(r["summary"]), escape(r["source"]))
+    console.print(table)
+    table = Table(title="rlguard interventions")
+    table.add_column("intervention")
+    table.add_column("what it does")
+    for r in acts:
+        table.add_row(r["name"], escape(r["summary"]))
+    console.print(table)
+
+
+@app.command()
 def demo(
     seed: Annotated[int, typer.Option(help="Seed of the tiny model and the sampled batch.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,

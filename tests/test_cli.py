@@ -48,3 +48,15 @@ def test_demo_table_runs() -> None:
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 0, result.output
     assert "gspo_token" in result.output and "clip_frac" in result.output
+
+
+def test_detectors_lists_every_registered_detector_and_intervention() -> None:
+    from rlguard.plugins import detector_registry, intervention_registry
+
+    result = runner.invoke(app, ["detectors", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert [r["name"] for r in data["detectors"]] == list(detector_registry())
+    assert [r["name"] for r in data["interventions"]] == list(intervention_registry())
+    table = runner.invoke(app, ["detectors"])
+    assert table.exit_code == 0 and "entropy_collapse" in table.output and "rollback" in table.output

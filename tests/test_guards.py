@@ -231,3 +231,15 @@ def test_detectors_can_be_switched_off() -> None:
     for step, s in enumerate(failing_stream("nonfinite", 40, 30, seed=0)):
         guard.observe(step, s)
     assert not any(e.detector == "nonfinite" for e in guard.events)
+
+
+def test_detector_summaries_state_their_default_thresholds() -> None:
+    """The one-line summaries (README, `rlguard detectors`) must not drift from the defaults."""
+    from rlguard.plugins import detector_registry
+
+    keys = ("warn_factor", "critical_factor", "warn", "critical", "warn_ratio", "critical_ratio", "floor_ratio")
+    keys += ("warn_h", "critical_h", "warn_drop", "critical_drop", "warn_above", "critical_above", "margin")
+    for name, cls in detector_registry().items():
+        for key, value in cls.defaults().items():
+            if key in keys and isinstance(value, float | int) and value:
+                assert f"{value:g}" in cls.summary, (name, key, value, cls.summary)

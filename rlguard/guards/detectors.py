@@ -514,7 +514,7 @@ class ClipFracBurst(SpikeDetector):
 class MismatchGrowth(CusumDetector):
     name = "mismatch_growth"
     source = "Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'; IcePop"
-    summary = "train-inference k3 KL rising (CUSUM >= 15/40) or >= 5e-3 (warn) / 2e-2 (critical)"
+    summary = "train-inference k3 KL rising (CUSUM >= 15 / 40) or >= 0.005 (warn) / 0.02 (critical)"
     metric: str = "mismatch_kl"
     floor: float = 1e-7
     min_sigma: float = 0.1

@@ -28,8 +28,8 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check rlguard tests
-	$(VENV)/bin/ruff format --check rlguard tests
+	$(VENV)/bin/ruff check rlguard tests benchmarks
+	$(VENV)/bin/ruff format --check rlguard tests benchmarks
 	$(VENV)/bin/mypy
 
 format: setup

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +15,7 @@ from strategies import BatchData, batch_data, objective_kwargs
 from rlguard.core_losses import LossOutput, PolicyBatch, get_objective, list_objectives
 
 OBJECTIVES = list_objectives()
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def run(name: str, kwargs: dict, batch: PolicyBatch, **normalisers: object) -> LossOutput:

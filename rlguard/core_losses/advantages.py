@@ -45,8 +45,10 @@ def group_advantages(
     - ``"rloo"``: RLOO, ``r - mean of the other completions of the group`` = ``G/(G-1) (r - mean_g)``
       (Ahmadian et al., arXiv 2402.14740).
 
-    Groups of one completion get advantage 0 (no baseline exists).
+    Groups of one completion and groups whose rewards are all equal get exactly 0.
     """
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0 (it keeps (r - mean) / (std + eps) finite); got {eps!r}.")
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale must be one of {list(ADVANTAGE_SCALES)}; got {scale!r}.")
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
@@ -80,7 +82,8 @@ def group_advantages(
         adv = centred
     else:
         adv = centred * n / (n - 1).clamp(min=1)
-    adv = torch.where(n > 1, adv, torch.zeros_like(adv))
+    # all-equal groups carry no signal: exactly 0, not the rounding error of the mean divided by eps
+    adv = torch.where((n > 1) & ~zero_std_group[inverse], adv, torch.zeros_like(adv))
     solved = zero_std_group & (g_max == r.max()) if r.numel() else zero_std_group
     return GroupAdvantages(
         advantages=adv,

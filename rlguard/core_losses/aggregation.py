@@ -99,8 +99,8 @@ def aggregate(
         mask: ``(B, T)`` float 0/1, tokens whose terms are summed.
         aggregation: one of :data:`AGGREGATIONS`.
         count_mask: ``(B, T)`` tokens that define the default counts and per-sequence lengths; defaults to
-            ``mask``. Objectives pass the caller's mask here so that tokens dropped by a correction lower the
-            sum but not the normaliser, as with externally given global counts.
+            ``mask``. Objectives pass the mask before rollout corrections here, so that tokens dropped by a
+            correction lower the sum but not the normaliser, as with externally given global counts.
         num_tokens: normaliser of ``token-mean``; default ``count_mask.sum()``.
         num_sequences: normaliser of the ``seq-mean-*`` modes; default the number of non-empty rows.
         max_length: the constant of ``seq-mean-token-sum-norm``; default ``T``.

@@ -130,15 +130,14 @@ def _check_mask_values(mask: Tensor) -> None:
 class PreparedBatch:
     """A validated batch in the compute dtype with non-finite and padded entries replaced by 0.
 
-    ``mask`` is the float mask of tokens that count after dropping non-finite ones; ``input_mask`` is the
-    caller's mask (the normalisers' default counts); ``advantages`` is broadcast to ``(B, T)``.
+    ``mask`` is the float mask of the caller's tokens less those dropped for non-finite values (they leave the
+    sums and the default counts alike, as if masked by the caller); ``advantages`` is broadcast to ``(B, T)``.
     """
 
     logprobs: Tensor  # (B, T)
     old_logprobs: Tensor  # (B, T), detached
     advantages: Tensor  # (B, T)
     mask: Tensor  # (B, T) float, 0/1
-    input_mask: Tensor  # (B, T) float, 0/1
     ref_logprobs: Tensor | None  # (B, T)
     rollout_logprobs: Tensor | None  # (B, T), detached
     entropies: Tensor | None  # (B, T)
@@ -160,7 +159,6 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
     if on_nonfinite not in NONFINITE_POLICIES:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE_POLICIES}; got {on_nonfinite!r}.")
     dtype = compute_dtype(batch.logprobs.dtype)
-    input_mask = batch.mask.to(dtype)  # (B, T)
     keep = batch.mask.bool()  # (B, T)
     seq_level = batch.sequence_level_advantages
     adv = batch.advantages.to(dtype)
@@ -178,7 +176,11 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
             continue
         bad = ~torch.isfinite(value.detach()) & keep
         if on_nonfinite == "raise":
-            _raise_if_nonfinite(name, value, bad)
+            # report positions in the tensor the caller gave: a per-sequence advantage is one value per row
+            given, given_bad = (
+                (batch.advantages.reshape(-1), bad.any(dim=-1)) if name == "advantages" and seq_level else (value, bad)
+            )
+            _raise_if_nonfinite(name, given, given_bad)
         finite = finite & ~bad
         # a per-sequence advantage is one value, however many tokens it was broadcast to
         counted = bad.any(dim=-1) if name == "advantages" and seq_level else bad
@@ -203,7 +205,6 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
         old_logprobs=old_clean,
         advantages=adv_clean,
         mask=mask,
-        input_mask=input_mask,
         ref_logprobs=clean(tensors["ref_logprobs"]),
         rollout_logprobs=None if rollout is None else clean(rollout.detach()),
         entropies=clean(tensors["entropies"]),

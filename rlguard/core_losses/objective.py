@@ -152,7 +152,7 @@ class Objective:
             per_token,
             mask,
             self.aggregation,
-            count_mask=p.input_mask,
+            count_mask=p.mask,
             num_tokens=num_tokens,
             num_sequences=num_sequences,
             max_length=self.max_length,

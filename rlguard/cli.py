@@ -77,25 +77,27 @@ def detectors(
     """List the guard's detectors and interventions with their default thresholds and sources."""
     from rlguard.plugins import detector_registry, intervention_registry
 
-    rows = [
-        {"name": n, "summary": c.summary, "source": c.source, "defaults": c.defaults()}
-        for n, c in detector_registry().items()
-    ]
-    acts = [{"name": n, "summary": c.summary, "defaults": c.defaults()} for n, c in intervention_registry().items()]
+    dets, acts = detector_registry(), intervention_registry()
     if as_json:
-        typer.echo(json.dumps({"detectors": rows, "interventions": acts}, indent=2, default=str))
+        data = {
+            "detectors": [
+                {"name": n, "summary": c.summary, "source": c.source, "defaults": c.defaults()} for n, c in dets.items()
+            ],
+            "interventions": [{"name": n, "summary": c.summary, "defaults": c.defaults()} for n, c in acts.items()],
+        }
+        typer.echo(json.dumps(data, indent=2, default=str))
         return
     table = Table(title="rlguard detectors (default preset)")
     for col in ("detector", "fires when", "source"):
         table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], escape(r["summary"]), escape(r["source"]))
+    for n, det in dets.items():
+        table.add_row(n, escape(det.summary), escape(det.source))
     console.print(table)
     table = Table(title="rlguard interventions")
     table.add_column("intervention")
     table.add_column("what it does")
-    for r in acts:
-        table.add_row(r["name"], escape(r["summary"]))
+    for n, act in acts.items():
+        table.add_row(n, escape(act.summary))
     console.print(table)
 
 

@@ -10,12 +10,19 @@ import functools
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import pluggy
 
 from rlguard import hookspecs
 from rlguard.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from rlguard.core_losses.objective import Objective
+    from rlguard.guards.detectors import Detector
+    from rlguard.guards.interventions import Intervention
+
+T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "rlguard"
 DISABLE_AUTOLOAD_ENV = "RLGUARD_DISABLE_PLUGIN_AUTOLOAD"
@@ -61,9 +68,9 @@ def plugin_manager() -> pluggy.PluginManager:
     return make_plugin_manager()
 
 
-def _collect(pm: pluggy.PluginManager, hook_name: str, base: type, kind: str) -> Mapping[str, type]:
+def _collect(pm: pluggy.PluginManager, hook_name: str, base: type[T], kind: str) -> Mapping[str, type[T]]:
     """``{name: class}`` from every plugin's implementation of ``hook_name``; duplicates and non-subclasses raise."""
-    found: dict[str, tuple[type, str]] = {}
+    found: dict[str, tuple[type[T], str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin = impl.plugin_name
         returned = cast("Iterable[object]", impl.function())
@@ -84,21 +91,21 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, base: type, kind: str) ->
     return MappingProxyType({name: cls for name, (cls, _) in sorted(found.items())})
 
 
-def collect_objectives(pm: pluggy.PluginManager) -> Mapping[str, type]:
+def collect_objectives(pm: pluggy.PluginManager) -> Mapping[str, type[Objective]]:
     """``{name: Objective subclass}`` from every plugin's ``rlguard_add_objectives``; duplicates raise."""
     from rlguard.core_losses.objective import Objective
 
     return _collect(pm, "rlguard_add_objectives", Objective, "objective")
 
 
-def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type]:
+def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type[Detector]]:
     """``{name: Detector subclass}`` from every plugin's ``rlguard_add_detectors``; duplicates raise."""
     from rlguard.guards.detectors import Detector
 
     return _collect(pm, "rlguard_add_detectors", Detector, "detector")
 
 
-def collect_interventions(pm: pluggy.PluginManager) -> Mapping[str, type]:
+def collect_interventions(pm: pluggy.PluginManager) -> Mapping[str, type[Intervention]]:
     """``{name: Intervention subclass}`` from every plugin's ``rlguard_add_interventions``; duplicates raise."""
     from rlguard.guards.interventions import Intervention
 
@@ -106,19 +113,19 @@ def collect_interventions(pm: pluggy.PluginManager) -> Mapping[str, type]:
 
 
 @functools.cache
-def objective_registry() -> Mapping[str, type]:
+def objective_registry() -> Mapping[str, type[Objective]]:
     """The objectives of :func:`plugin_manager`, collected once per process."""
     return collect_objectives(plugin_manager())
 
 
 @functools.cache
-def detector_registry() -> Mapping[str, type]:
+def detector_registry() -> Mapping[str, type[Detector]]:
     """The detectors of :func:`plugin_manager`, collected once per process."""
     return collect_detectors(plugin_manager())
 
 
 @functools.cache
-def intervention_registry() -> Mapping[str, type]:
+def intervention_registry() -> Mapping[str, type[Intervention]]:
     """The interventions of :func:`plugin_manager`, collected once per process."""
     return collect_interventions(plugin_manager())
 

@@ -14,7 +14,7 @@ from rlguard.core_losses.aggregation import (
 )
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
-from rlguard.core_losses.logprobs import logprobs_from_logits
+from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
 from rlguard.core_losses.objective import Objective
 from rlguard.core_losses.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, DrGRPO, GSPOToken
 from rlguard.core_losses.registry import get_objective, list_objectives, objective_class
@@ -42,6 +42,7 @@ __all__ = [
     "group_advantages",
     "kl_estimate",
     "list_objectives",
+    "logprobs_from_hidden",
     "logprobs_from_logits",
     "masked_mean",
     "objective_class",

@@ -6,13 +6,13 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint format clean
+.PHONY: setup demo test test-fast test-integration lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,trl]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -24,17 +24,21 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# real TRL runs on CPU with a tiny model: several steps per objective, and under torchrun with 2 processes
+test-integration: setup
+	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
+
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check rlguard tests benchmarks
-	$(VENV)/bin/ruff format --check rlguard tests benchmarks
+	$(VENV)/bin/ruff check rlguard tests benchmarks integration_tests
+	$(VENV)/bin/ruff format --check rlguard tests benchmarks integration_tests
 	$(VENV)/bin/mypy
 
 format: setup
-	$(VENV)/bin/ruff format rlguard tests
-	$(VENV)/bin/ruff check --fix rlguard tests
+	$(VENV)/bin/ruff format rlguard tests benchmarks integration_tests
+	$(VENV)/bin/ruff check --fix rlguard tests benchmarks integration_tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

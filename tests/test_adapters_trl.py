@@ -1,0 +1,724 @@
+"""The TRL adapter: exact parity with TRL's own ``GRPOTrainer._compute_loss``, config mapping, errors, callback.
+
+Parity calls TRL's real code: a ``GuardedGRPOTrainer`` is built from a real config (so TRL's ``__init__`` sets
+every attribute its loss reads), and on the same float64 inputs ``GRPOTrainer._compute_loss(trainer, ...)`` (stock
+TRL) is compared with ``trainer._compute_loss(...)`` (rlguard), losses and gradients at rtol 1e-6. The only stub
+is ``_get_per_token_logps_and_entropies``, which both share: it returns log-probs and entropies that are functions
+of one float64 leaf ``theta``, so that the gradient of each loss with respect to ``theta`` can be compared. One
+test (``test_parity_through_the_real_model``) keeps TRL's real log-prob computation on the tiny Llama (float32,
+TRL's kernel precision).
+
+Every batch mixes a full row, a one-token row, an empty row and rows of other lengths; log-ratios have per-row
+scales from 0.02 to 1.2, towards the advantage's sign or away from it, so that clipping is active on some tokens
+and not on others, which each comparison asserts from TRL's own clip metrics. Gradient accumulation is 2 and
+``steps_per_generation`` 4, so that every normaliser's GA and generation-batch factors matter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("trl")
+
+from transformers import HfArgumentParser, TrainerControl, TrainerState
+from trl.trainer.grpo_config import GRPOConfig
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+from rlguard.adapters.trl import (
+    SUPPORTED_TRL,
+    GuardedGRPOConfig,
+    GuardedGRPOTrainer,
+    StabilityCallback,
+    canonical_stats,
+    check_trl_compatibility,
+    map_trl_config,
+)
+from rlguard.tasks.hf import addition_dataset, addition_reward, save_tiny_llama
+
+RTOL, ATOL = 1e-6, 1e-12
+B, T, P = 8, 6, 3
+# per row: completion length, advantage sign, log-ratio scale, and whether the ratio moves towards sign(A) (where the
+# clip binds) or away from it (the unclipped branch, and the dual clip for A < 0)
+LENGTHS = (T, 1, 0, 4, T, 2, 5, 3)  # full, one token, empty, ...
+ADV_SIGNS = (1, 1, 1, -1, -1, -1, -1, 1)
+SCALES = (0.5, 0.05, 0.3, 0.5, 0.02, 1.2, 0.3, 0.25)
+TOWARDS = (1, 1, 1, -1, 1, 1, -1, 1)
+GA, SPG = 2, 4
+SEQUENCE_WARNING = "trl#3823"
+TOKEN_SUMMED = ("bnpo", "dr_grpo", "dapo")
+
+BASE: dict[str, Any] = {
+    "use_cpu": True,
+    "bf16": False,
+    "activation_checkpointing": False,
+    "report_to": "none",
+    "use_vllm": False,
+    "per_device_train_batch_size": B,
+    "num_generations": 2,
+    "max_completion_length": T + 2,  # the generation budget exceeds the padded width, as it does in TRL batches
+    "gradient_accumulation_steps": GA,
+    "steps_per_generation": SPG,
+    "save_strategy": "no",
+    "disable_tqdm": True,
+}
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def config(tmp: Path | str = "unused", *, expect: tuple[str, ...] = (), **overrides: Any) -> GuardedGRPOConfig:
+    """A config; the UserWarnings it emits must match ``expect`` (regexes), one each, in any order."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = GuardedGRPOConfig(output_dir=str(tmp), **{**BASE, **overrides})
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    unexpected = [m for m in messages if not any(_search(p, m) for p in expect)]
+    missing = [p for p in expect if not any(_search(p, m) for m in messages)]
+    assert not unexpected and not missing, f"unexpected warnings {unexpected}, missing {missing}"
+    return args
+
+
+def _search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None
+
+
+_TRAINERS: dict[tuple[Any, ...], GuardedGRPOTrainer] = {}
+
+
+def trainer_for(model_dir: Path, expect: tuple[str, ...] = (), **overrides: Any) -> GuardedGRPOTrainer:
+    """A GuardedGRPOTrainer on the tiny model (cached per config), in training mode, GA set as Trainer does."""
+    key = (str(model_dir), tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+    if key not in _TRAINERS:
+        args = config(model_dir.parent / "out", expect=expect, **overrides)
+        _TRAINERS[key] = GuardedGRPOTrainer(
+            model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8)
+        )
+    trainer = _TRAINERS[key]
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = GA  # set by Trainer's training loop
+    for mode in ("train", "eval"):
+        trainer._metrics[mode].clear()
+    return trainer
+
+
+# ---------------------------------------------------------------- data
+def make_inputs(
+    seed: int,
+    *,
+    old: bool = True,
+    ref: bool = True,
+    sampling: bool = False,
+    token_adv: bool = False,
+    tool_mask: bool = False,
+) -> tuple[torch.Tensor, dict[str, Any], Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    """``(theta, inputs, policy)``: ``policy()`` returns fresh ``(logprobs, entropies)`` (B, T) from ``theta``."""
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(B, T, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def policy() -> tuple[torch.Tensor, torch.Tensor]:
+        return -F.softplus(theta) - 0.05, 1.5 * torch.sigmoid(theta)
+
+    logprobs = policy()[0].detach()
+    completion_mask = (torch.arange(T).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()  # (B, T)
+    signs = torch.tensor(ADV_SIGNS, dtype=torch.float64).unsqueeze(1)  # (B, 1)
+    drift = (torch.tensor(SCALES, dtype=torch.float64) * torch.tensor(TOWARDS)).unsqueeze(1) * signs  # (B, 1)
+    log_ratio = drift * (0.5 + torch.rand(B, T, generator=g, dtype=torch.float64))  # (B, T) log pi/pi_old
+    advantages = signs * (0.5 + torch.rand(B, T if token_adv else 1, generator=g, dtype=torch.float64))
+    advantages = advantages if token_adv else advantages.squeeze(-1)
+    inputs: dict[str, Any] = {
+        "prompt_ids": torch.randint(3, 15, (B, P), generator=g),
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": torch.randint(3, 15, (B, T), generator=g),
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        # the generation batch holds SPG micro-batches on every process: more tokens than this one
+        "num_items_in_batch": completion_mask.sum() * SPG + 3,
+    }
+    if old:
+        inputs["old_per_token_logps"] = logprobs - log_ratio
+    if ref:
+        inputs["ref_per_token_logps"] = logprobs + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    if sampling:
+        base = inputs.get("old_per_token_logps", logprobs)
+        inputs["sampling_per_token_logps"] = base + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    if tool_mask:
+        inputs["tool_mask"] = (torch.rand(B, T, generator=g) > 0.3).long()
+    return theta, inputs, policy
+
+
+def run(
+    trainer: GuardedGRPOTrainer,
+    fn: Callable[..., torch.Tensor],
+    theta: torch.Tensor,
+    inputs: dict[str, Any],
+    policy: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    aux: Callable[[], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, d loss / d theta)`` of ``fn(trainer, model, inputs)`` with the shared log-prob stub."""
+
+    def stub(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        logprobs, entropies = policy()
+        return logprobs, entropies, None if aux is None else aux()
+
+    trainer._get_per_token_logps_and_entropies = stub
+    try:
+        loss = fn(trainer, trainer.model, inputs)
+        (grad,) = torch.autograd.grad(loss, theta)
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+    return loss.detach(), grad
+
+
+def assert_parity(
+    trainer: GuardedGRPOTrainer, seed: int = 0, **input_options: Any
+) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """Stock TRL and rlguard on the same inputs: equal loss and gradient. Returns TRL's loss and metrics."""
+    theta, inputs, policy = make_inputs(seed, **input_options)
+    trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
+    mode = "train" if trainer.model.training else "eval"
+    trl_metrics = {k: list(v) for k, v in trainer._metrics[mode].items()}
+    trainer._metrics[mode].clear()
+    ours_loss, ours_grad = run(trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    assert trl_loss.dtype == torch.float64
+    assert trl_grad.abs().sum() > 0, "degenerate case: TRL's gradient is zero"
+    torch.testing.assert_close(ours_loss, trl_loss.to(ours_loss.dtype), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(ours_grad, trl_grad, rtol=RTOL, atol=ATOL)
+    return trl_loss, trl_metrics
+
+
+def assert_some_clipped(metrics: dict[str, list[float]], key: str = "clip_ratio/region_mean") -> None:
+    (value,) = metrics[key]
+    assert 0.0 < value < 1.0, f"{key}={value}: the clip range should bind on some tokens and not on others"
+
+
+# ---------------------------------------------------------------- parity: loss_type x importance_sampling_level
+CASES = [(lt, lvl) for lt in ("grpo", "bnpo", "dr_grpo", "dapo") for lvl in ("token", "sequence")]
+CASES += [("cispo", "token"), ("sapo", "token")]
+LOSS_OPTIONS: dict[str, dict[str, Any]] = {
+    "cispo": {"epsilon_high": 1.3},  # an absolute cap that binds here
+    # TRL builds its temperatures with torch.where from Python floats, a float32 tensor: 1.05 becomes 1.0499999523.
+    # rlguard keeps the configured value, so the test uses temperatures that float32 holds exactly.
+    "sapo": {"sapo_temperature_pos": 0.875, "sapo_temperature_neg": 1.125},
+}
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize(("loss_type", "level"), CASES)
+def test_loss_and_gradient_equal_trl(model_dir: Path, loss_type: str, level: str, beta: float) -> None:
+    expect = (SEQUENCE_WARNING,) if level == "sequence" and loss_type in TOKEN_SUMMED else ()
+    trainer = trainer_for(
+        model_dir,
+        expect,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=beta,
+        # TRL weights the sequence-level KL by the sequence ratio (see the xfail below); the plain k3 term is shared
+        use_bias_correction_kl=level == "token",
+        **LOSS_OPTIONS.get(loss_type, {}),
+    )
+    expected_objective = {"bnpo": "grpo"}.get(loss_type, loss_type) if level == "token" else "gspo"
+    assert trainer.rlguard_mapping.objective == expected_objective
+    _, metrics = assert_parity(trainer, seed=zlib.crc32(repr((loss_type, level, beta)).encode()), ref=beta > 0)
+    if loss_type == "cispo":
+        assert_some_clipped(metrics, "cispo_clip_ratio")
+    elif loss_type != "sapo":
+        assert_some_clipped(metrics)
+    if beta > 0:
+        assert metrics["kl"][0] > 0
+
+
+def test_the_comparison_tells_loss_types_apart(model_dir: Path) -> None:
+    """The same inputs give different TRL losses per loss_type: a wrong mapping could not pass the test above."""
+    losses = {}
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        trainer = trainer_for(model_dir, loss_type=loss_type, beta=0.0)
+        theta, inputs, policy = make_inputs(7)
+        losses[loss_type] = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)[0].item()
+    assert len({round(v, 9) for v in losses.values()}) == len(losses), losses
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
+def test_evaluation_mode_uses_trl_eval_normalisers(model_dir: Path, loss_type: str) -> None:
+    trainer = trainer_for(model_dir, loss_type=loss_type, beta=0.0, **LOSS_OPTIONS.get(loss_type, {}))
+    trainer.model.eval()
+    assert_parity(trainer, seed=3, ref=False)
+
+
+@pytest.mark.parametrize(("loss_type", "level"), [("grpo", "token"), ("dapo", "token"), ("grpo", "sequence")])
+def test_on_policy_without_old_logprobs(model_dir: Path, loss_type: str, level: str) -> None:
+    trainer = trainer_for(
+        model_dir,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=0.04,
+        use_bias_correction_kl=level == "token",
+    )
+    assert_parity(trainer, seed=4, old=False)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_token_level_advantages_and_tool_mask(model_dir: Path, loss_type: str) -> None:
+    trainer = trainer_for(model_dir, loss_type=loss_type, beta=0.04)
+    assert_parity(trainer, seed=5, token_adv=True, tool_mask=True)
+
+
+def test_gradient_accumulation_of_one_and_other_generation_batches(model_dir: Path) -> None:
+    trainer = trainer_for(model_dir, loss_type="dapo", beta=0.0)
+    for ga in (1, 3):
+        trainer.current_gradient_accumulation_steps = ga
+        assert_parity(trainer, seed=6, ref=False)
+
+
+# ---------------------------------------------------------------- parity: dual clip, masks, IS, entropy, aux loss
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_delta_is_the_dual_clip(model_dir: Path, level: str) -> None:
+    trainer = trainer_for(model_dir, loss_type="grpo", importance_sampling_level=level, delta=1.3, beta=0.0)
+    assert trainer.rlguard_objective.clip_c == 1.3  # type: ignore[attr-defined]
+    _, inputs, policy = make_inputs(8, ref=False)
+    ratio = torch.exp(policy()[0].detach() - inputs["old_per_token_logps"])
+    dual = (ratio > 1.3) & (inputs["advantages"].unsqueeze(1) < 0) & inputs["completion_mask"].bool()
+    assert level == "sequence" or dual.any(), "the dual clip must bind on some token"
+    assert_parity(trainer, seed=8, ref=False)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_off_policy_mask_threshold(model_dir: Path, level: str) -> None:
+    trainer = trainer_for(
+        model_dir, loss_type="grpo", importance_sampling_level=level, off_policy_mask_threshold=0.2, beta=0.0
+    )
+    assert trainer.rlguard_objective.off_policy_mask_delta == 0.2
+    _, inputs, policy = make_inputs(9, ref=False)
+    keep = GRPOTrainer.get_off_policy_mask(
+        inputs["advantages"].unsqueeze(1),
+        policy()[0],
+        inputs["old_per_token_logps"],
+        inputs["completion_mask"],
+        0.2,
+    )
+    assert 0 < keep.sum() < B, "some sequences must be dropped, not all"
+    assert_parity(trainer, seed=9, ref=False)
+
+
+VLLM_FIELDS = (
+    "use_vllm",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+)
+VLLM_MODES = [
+    ("token_truncate", None, 1.5),
+    ("sequence_truncate", None, 1.5),
+    ("token_mask", 0.7, 1.5),
+    ("token_mask", None, 1.5),
+    ("sequence_mask", 0.5, 2.0),
+]
+
+
+def trl_importance_sampling_ratio(inputs: dict[str, Any], mode: str, c_min: float | None, c_max: float) -> torch.Tensor:
+    """The ratio TRL computes at generation time (grpo_trainer.py, ``_generate_and_score_completions``): TRL's
+    ``_compute_loss`` receives it as an input. Computing it needs vLLM in TRL, so it is written out here."""
+    diff = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]) * inputs["completion_mask"]
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=c_min, max=c_max)
+    low = -math.inf if c_min is None else c_min
+    return ratio.masked_fill((ratio < low) | (ratio > c_max), 0.0)
+
+
+def vllm_case(
+    trainer: GuardedGRPOTrainer, mode: str, c_min: float | None, c_max: float, seed: int = 10
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """Switch ``trainer`` to vLLM importance sampling as TRL's ``__init__`` would (vLLM is not installed here) and
+    return inputs with TRL's ratio, and the tokens the correction changes."""
+    vllm = dict(zip(VLLM_FIELDS, (True, True, mode, c_min, c_max), strict=True))
+    for name, value in vllm.items():
+        setattr(trainer, name, value)
+        setattr(trainer.args, name, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # test_vllm_warnings checks them
+        trainer.rlguard_mapping = map_trl_config(trainer.args)
+    trainer.rlguard_objective = trainer.rlguard_mapping.build()
+    _, inputs, _ = make_inputs(seed, ref=False, sampling=True)
+    inputs["importance_sampling_ratio"] = ratio = trl_importance_sampling_ratio(inputs, mode, c_min, c_max)
+    changed = (ratio == 0) if mode.endswith("mask") else (ratio == c_max)
+    return inputs, changed
+
+
+@pytest.fixture
+def vllm_trainer(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[GuardedGRPOTrainer]:
+    trainer = trainer_for(model_dir, loss_type="grpo", importance_sampling_level=request.param, beta=0.0)
+    saved = {name: (getattr(trainer, name), getattr(trainer.args, name)) for name in VLLM_FIELDS}
+    yield trainer
+    for name, (value, arg) in saved.items():
+        setattr(trainer, name, value)
+        setattr(trainer.args, name, arg)
+    trainer.rlguard_mapping = map_trl_config(trainer.args, warn=False)
+    trainer.rlguard_objective = trainer.rlguard_mapping.build()
+
+
+def assert_parity_on(trainer: GuardedGRPOTrainer, seed: int, inputs: dict[str, Any]) -> None:
+    theta, _, policy = make_inputs(seed, ref=False, sampling=True)
+    trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
+    ours_loss, ours_grad = run(trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    torch.testing.assert_close(ours_loss, trl_loss, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(ours_grad, trl_grad, rtol=RTOL, atol=ATOL)
+
+
+# token-level masks with a sequence-level ratio: see test_known_difference_token_mask_in_sequence_ratio
+VLLM_CASES = [
+    (lvl, *m) for lvl in ("token", "sequence") for m in VLLM_MODES if (lvl, m[0]) != ("sequence", "token_mask")
+]
+
+
+@pytest.mark.parametrize(("vllm_trainer", "mode", "c_min", "c_max"), VLLM_CASES, indirect=["vllm_trainer"])
+def test_vllm_importance_sampling_modes(
+    vllm_trainer: GuardedGRPOTrainer, mode: str, c_min: float | None, c_max: float
+) -> None:
+    inputs, changed = vllm_case(vllm_trainer, mode, c_min, c_max)
+    assert changed.any() and not changed.all(), "the correction must bind on some tokens and not on others"
+    assert_parity_on(vllm_trainer, 10, inputs)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_entropy_bonus(model_dir: Path, loss_type: str) -> None:
+    trainer = trainer_for(model_dir, loss_type=loss_type, entropy_coef=0.05, beta=0.0)
+    _, metrics = assert_parity(trainer, seed=11, ref=False)
+    assert "policy_loss" in metrics and "entropy_coef" in metrics
+
+
+def test_moe_auxiliary_loss(model_dir: Path) -> None:
+    trainer = trainer_for(model_dir, loss_type="dapo", beta=0.0)
+    trainer.aux_loss_enabled, trainer.router_aux_loss_coef = True, 0.02
+    try:
+        theta, inputs, policy = make_inputs(12, ref=False)
+
+        def aux() -> torch.Tensor:
+            return (theta**2).mean()
+
+        trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy, aux)
+        ours_loss, ours_grad = run(trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy, aux)
+    finally:
+        trainer.aux_loss_enabled = False
+    torch.testing.assert_close(ours_loss, trl_loss, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(ours_grad, trl_grad, rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------- known differences (strict xfail: they must differ)
+@pytest.mark.xfail(
+    raises=AssertionError, reason="TRL weights the KL by the sequence ratio at importance_sampling_level='sequence'"
+)
+def test_known_difference_sequence_level_kl_correction(model_dir: Path) -> None:
+    trainer = trainer_for(
+        model_dir,
+        ("trl#3823|sequence ratio",),
+        loss_type="grpo",
+        importance_sampling_level="sequence",
+        beta=0.04,
+        use_bias_correction_kl=True,
+    )
+    assert_parity(trainer, seed=13)
+
+
+@pytest.mark.xfail(
+    raises=AssertionError, reason="TRL keeps the KL term of sequences removed by off-policy masking; rlguard drops it"
+)
+def test_known_difference_kl_of_masked_sequences(model_dir: Path) -> None:
+    trainer = trainer_for(
+        model_dir, ("lose their KL term",), loss_type="grpo", off_policy_mask_threshold=0.2, beta=0.04
+    )
+    assert_parity(trainer, seed=9)
+
+
+@pytest.mark.xfail(
+    raises=AssertionError, reason="rlguard drops tokens removed by token-level masked IS from log s_i; TRL keeps them"
+)
+@pytest.mark.parametrize("vllm_trainer", ["sequence"], indirect=True)
+def test_known_difference_token_mask_in_sequence_ratio(vllm_trainer: GuardedGRPOTrainer) -> None:
+    inputs, changed = vllm_case(vllm_trainer, "token_mask", 0.7, 1.5)
+    assert changed.any()
+    assert_parity_on(vllm_trainer, 10, inputs)
+
+
+# ---------------------------------------------------------------- parity through TRL's real log-prob computation
+@pytest.mark.parametrize(("loss_type", "level"), [("dapo", "token"), ("grpo", "sequence")])
+def test_parity_through_the_real_model(model_dir: Path, loss_type: str, level: str) -> None:
+    """No stub: TRL's fused LM head computes the log-probs of the tiny Llama; gradients w.r.t. its weights.
+
+    TRL's chunked log-prob kernel accumulates in float32 and returns float32 log-probs whatever the model's dtype,
+    so this comparison is in float32: both losses are float32 computations in a different order, compared at
+    rtol 1e-5, and the weight gradients at 1e-5 of the largest gradient entry.
+    """
+    trainer = trainer_for(
+        model_dir, loss_type=loss_type, importance_sampling_level=level, beta=0.04, use_bias_correction_kl=False
+    )
+    _, inputs, _ = make_inputs(14)
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def loss_and_grads(fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        loss = fn(trainer, trainer.model, inputs)
+        return loss.detach(), list(torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True))
+
+    trl_loss, trl_grads = loss_and_grads(GRPOTrainer._compute_loss)
+    ours_loss, ours_grads = loss_and_grads(GuardedGRPOTrainer._compute_loss)
+    assert trl_loss.dtype == ours_loss.dtype == torch.float32
+    scale = max(g.abs().max().item() for g in trl_grads)
+    assert scale > 0
+    torch.testing.assert_close(ours_loss, trl_loss, rtol=1e-5, atol=0.0)
+    for ours, theirs in zip(ours_grads, trl_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0.0, atol=1e-5 * scale)
+
+
+# ---------------------------------------------------------------- config mapping
+@pytest.mark.parametrize(
+    ("loss_type", "objective", "aggregation", "normaliser"),
+    [
+        ("grpo", "grpo", "seq-mean-token-mean", "sequences"),
+        ("bnpo", "grpo", "token-mean", "local_tokens"),
+        ("dr_grpo", "dr_grpo", "seq-mean-token-sum-norm", "sequences"),
+        ("dapo", "dapo", "token-mean", "global_tokens"),
+        ("cispo", "cispo", "token-mean", "global_tokens"),
+        ("sapo", "sapo", "seq-mean-token-mean", "sequences"),
+    ],
+)
+def test_loss_type_mapping(loss_type: str, objective: str, aggregation: str, normaliser: str) -> None:
+    mapping = config(loss_type=loss_type, epsilon_high=5.0 if loss_type == "cispo" else None).objective_mapping()
+    assert (mapping.objective, mapping.kwargs["aggregation"], mapping.normaliser) == (
+        objective,
+        aggregation,
+        normaliser,
+    )
+    assert mapping.kwargs["max_length"] == BASE["max_completion_length"]
+
+
+def test_trl_settings_map_to_objective_arguments() -> None:
+    kw = config(loss_type="grpo", epsilon=0.1, epsilon_high=0.25, delta=1.5, beta=0.01).objective_mapping().kwargs
+    assert (kw["clip_low"], kw["clip_high"], kw["clip_c"], kw["beta"], kw["kl_estimator"], kw["kl_unbiased"]) == (
+        0.1,
+        0.25,
+        1.5,
+        0.01,
+        "k3",
+        True,
+    )
+    kw = config(loss_type="grpo", use_bias_correction_kl=False).objective_mapping().kwargs
+    assert (kw["clip_low"], kw["clip_high"], kw["clip_c"], kw["kl_unbiased"]) == (0.2, 0.2, None, False)
+    kw = config(loss_type="cispo", epsilon_high=5.0).objective_mapping().kwargs
+    assert (kw["bounds"], kw["clip_low"], kw["clip_high"]) == ("absolute", None, 5.0)
+    kw = config(loss_type="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.2).objective_mapping().kwargs
+    assert (kw["tau_pos"], kw["tau_neg"]) == (0.9, 1.2)
+    kw = config(loss_type="grpo", off_policy_mask_threshold=0.5).objective_mapping().kwargs
+    assert kw["off_policy_mask_delta"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("mode", "c_min", "c_max", "expected"),
+    [
+        ("token_truncate", None, 2.0, {"rollout_is": "token", "rollout_is_cap": 2.0}),
+        ("sequence_truncate", None, 3.0, {"rollout_is": "sequence", "rollout_is_cap": 3.0}),
+        (
+            "token_mask",
+            0.5,
+            2.0,
+            {"rollout_is": "token", "rollout_mask": "token", "rollout_mask_low": 0.5, "rollout_mask_high": 2.0},
+        ),
+        (
+            "sequence_mask",
+            None,
+            None,
+            {"rollout_is": "sequence", "rollout_mask": "sequence", "rollout_mask_low": 0.0},
+        ),
+    ],
+)
+def test_vllm_importance_sampling_mapping(
+    mode: str, c_min: float | None, c_max: float | None, expected: dict[str, Any]
+) -> None:
+    args = config(
+        loss_type="grpo",
+        use_vllm=True,
+        vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_min=c_min,
+        vllm_importance_sampling_clip_max=c_max,
+    )
+    kw = args.objective_mapping().kwargs
+    assert {k: kw[k] for k in expected} == expected
+    cap = math.inf if c_max is None else c_max
+    assert kw["rollout_is_cap"] == cap and kw.get("rollout_mask_high", cap) == cap
+    assert "rollout_is" not in config(loss_type="grpo", use_vllm=False).objective_mapping().kwargs
+
+
+def test_sequence_level_means_gspo_and_named_objectives_follow_trl_settings() -> None:
+    assert config(loss_type="grpo", importance_sampling_level="sequence").objective_mapping().objective == "gspo"
+    mapping = config(objective="grpo", loss_type="grpo", importance_sampling_level="sequence").objective_mapping()
+    assert mapping.objective == "gspo"
+    mapping = config(objective="gspo", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4).objective_mapping()
+    assert (mapping.objective, mapping.kwargs["clip_low"], mapping.kwargs["clip_high"]) == ("gspo", 3e-4, 4e-4)
+    mapping = config(objective="gmpo", loss_type="grpo").objective_mapping()
+    assert "clip_low" not in mapping.kwargs  # GMPO clips in log space: TRL's epsilon does not carry over
+
+
+def test_objective_kwargs_override_and_choose_the_normaliser() -> None:
+    mapping = config(
+        objective="dapo", loss_type="bnpo", objective_kwargs={"aggregation": "token-mean", "clip_high": 0.3}
+    ).objective_mapping()
+    assert (mapping.kwargs["clip_high"], mapping.normaliser) == (0.3, "global_tokens")  # named: the exact global count
+    parsed = config(objective_kwargs='{"aggregation": "seq-mean-token-sum"}', loss_type="grpo")
+    assert parsed.objective_kwargs == {"aggregation": "seq-mean-token-sum"}
+    assert config(loss_type="grpo").objective_kwargs == {}
+
+
+def test_command_line_parsing() -> None:
+    argv = ["--output_dir", "unused", "--use_cpu", "--bf16", "False", "--activation_checkpointing", "False"]
+    argv += ["--objective", "gspo", "--loss_type", "grpo", "--objective_kwargs", '{"clip_high": 0.001}']
+    (args,) = HfArgumentParser((GuardedGRPOConfig,)).parse_args_into_dataclasses(argv)
+    assert (args.objective, args.objective_kwargs) == ("gspo", {"clip_high": 0.001})
+    assert args.objective_mapping().kwargs["clip_high"] == 0.001
+
+
+def test_sequence_ratio_with_token_sums_warns() -> None:
+    config(objective="gspo", expect=(SEQUENCE_WARNING,))  # TRL's default loss_type is dapo: token-mean
+    config(objective="gmpo", loss_type="dr_grpo", expect=(SEQUENCE_WARNING,))
+    config(objective="gspo", loss_type="grpo")  # no warning
+    config(objective="gspo", objective_kwargs={"aggregation": "seq-mean-token-mean"})  # no warning
+
+
+def test_other_warnings() -> None:
+    config(loss_type="sapo", delta=2.0, expect=("delta=2.0 is ignored",))
+    vllm = {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}
+    config(loss_type="grpo", importance_sampling_level="sequence", **vllm, expect=("token-level masked IS",))
+    config(loss_type="grpo", **vllm)  # token-level ratio: no warning
+    config(loss_type="cispo", expect=("epsilon_high=0.2",))
+    config(loss_type="grpo", beta=0.1, off_policy_mask_threshold=0.5, expect=("lose their KL term",))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        ({"guard": "default"}, ValueError, "guard must be None"),
+        ({"objective": "nope"}, ValueError, "unknown objective 'nope'.*grpo"),
+        ({"objective_kwargs": {"beta": 0.1}}, ValueError, "must not set beta"),
+        ({"objective_kwargs": {"tau": 1.0}}, ValueError, "does not take 'tau'"),
+        ({"objective_kwargs": "kwargs.json"}, ValueError, "objective_kwargs must be a dict"),
+        ({"loss_type": "grpo", "delta": 1.1}, ValueError, "delta=1.1 is below 1 \\+ epsilon_high"),
+        ({"loss_type": "luspo"}, NotImplementedError, "loss_type='luspo' has no rlguard objective"),
+        ({"loss_type": "vespo"}, NotImplementedError, "loss_type='vespo'"),
+        ({"objective": "grpo", "loss_type": "luspo"}, ValueError, "no rlguard aggregation"),
+        ({"loss_type": "cispo", "importance_sampling_level": "sequence"}, NotImplementedError, "token-level ratio"),
+        ({"objective": "sapo", "importance_sampling_level": "sequence"}, NotImplementedError, "token-level ratio"),
+        ({"top_entropy_quantile": 0.2}, NotImplementedError, "top_entropy_quantile"),
+        ({"use_adaptive_entropy": True}, NotImplementedError, "use_adaptive_entropy"),
+        (
+            {
+                "use_vllm": True,
+                "vllm_importance_sampling_mode": "token_truncate",
+                "vllm_importance_sampling_clip_min": 0.5,
+            },
+            NotImplementedError,
+            "caps from above only",
+        ),
+    ],
+)
+def test_config_errors(overrides: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        GuardedGRPOConfig(output_dir="unused", **{**BASE, **overrides})
+
+
+def test_a_plain_grpo_config_works_and_follows_loss_type(model_dir: Path) -> None:
+    args = GRPOConfig(output_dir=str(model_dir.parent / "plain"), **{**BASE, "loss_type": "dr_grpo"})
+    trainer = GuardedGRPOTrainer(
+        model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8)
+    )
+    assert trainer.rlguard_mapping.objective == "dr_grpo"
+
+
+def test_changed_trl_signature_fails_at_construction(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_trl_compatibility()  # the installed TRL passes
+
+    def changed(self: Any, model: Any, inputs: Any, num_items_in_batch: Any) -> None: ...
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", changed)
+    with pytest.raises(RuntimeError, match=f"supports trl{SUPPORTED_TRL}.*_compute_loss"):
+        GuardedGRPOTrainer(
+            model=str(model_dir), reward_funcs=addition_reward, args=config(), train_dataset=addition_dataset(8)
+        )
+    monkeypatch.undo()
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", lambda self, model, input_ids: None)
+    with pytest.raises(RuntimeError, match="_get_per_token_logps_and_entropies"):
+        check_trl_compatibility()
+
+
+def test_signature_check_matches_what_the_override_calls() -> None:
+    params = inspect.signature(GRPOTrainer._compute_loss).parameters
+    assert list(params) == ["self", "model", "inputs"]
+
+
+# ---------------------------------------------------------------- StabilityCallback
+def test_canonical_stats_from_trl_logs() -> None:
+    logs = {
+        "loss": 0.5,
+        "grad_norm": 2.0,
+        "learning_rate": 1e-3,
+        "reward": 0.25,
+        "reward_std": 0.1,
+        "frac_reward_zero_std": 0.5,
+        "completions/mean_length": 3.0,
+        "completions/max_length": 4.0,
+        "completions/clipped_ratio": 0.25,
+        "clip_ratio/region_mean": 0.2,
+        "clip_ratio/low_mean": 0.05,
+        "clip_ratio/high_mean": 0.15,
+        "entropy": 1.5,
+        "kl": 0.01,
+        "rlguard/entropy": 1.25,  # the objective's value wins over TRL's key
+        "rlguard/ratio_max": 1.8,
+        "step_time": 0.3,
+        "frac": None,
+    }
+    assert canonical_stats(logs) == {
+        "loss": 0.5,
+        "grad_norm": 2.0,
+        "lr": 1e-3,
+        "reward_mean": 0.25,
+        "reward_std": 0.1,
+        "frac_zero_std_groups": 0.5,
+        "length_mean": 3.0,
+        "length_max": 4.0,
+        "truncated_frac": 0.25,
+        "clip_frac": 0.2,
+        "clip_frac_low": 0.05,
+        "clip_frac_high": 0.15,
+        "entropy": 1.25,
+        "kl_ref": 0.01,
+        "ratio_max": 1.8,
+    }
+
+
+def test_callback_records_training_logs_only_and_asks_for_one_log_per_step() -> None:
+    cb = StabilityCallback()
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = 3
+    assert cb.last is None
+    assert cb.on_step_end(None, state, control).should_log  # type: ignore[arg-type]
+    cb.on_log(None, state, control, logs={"loss": 1.0, "reward": 0.5})  # type: ignore[arg-type]
+    cb.on_log(None, state, control, logs={"eval_loss": 1.0})  # type: ignore[arg-type]
+    cb.on_log(None, state, control, logs={"train_runtime": 1.0, "train_loss": 0.5})  # type: ignore[arg-type]
+    assert cb.history == [{"step": 3.0, "loss": 1.0, "reward_mean": 0.5}] and cb.last == cb.history[0]
+    assert not StabilityCallback(every_step=False).on_step_end(None, state, TrainerControl()).should_log  # type: ignore[arg-type]

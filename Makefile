@@ -12,7 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,trl]"
+	# keep TORCH_SPEC in the same command so that no extra's requirements can swap torch
+	$(PY) -m pip install --quiet -e ".[dev,trl,verl]" "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -24,7 +25,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# real TRL runs on CPU with a tiny model: several steps per objective, and under torchrun with 2 processes
+# real TRL and verl runs on CPU with tiny models: several steps per objective, and under torchrun with 2 processes
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
 

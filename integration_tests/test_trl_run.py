@@ -28,7 +28,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
-from rlguard.tasks.hf import addition_dataset, addition_reward, save_tiny_llama
+from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,10 +40,7 @@ WORKER = Path(__file__).with_name("trl_ddp_worker.py")
 TORCHRUN_TIMEOUT_S = 300
 
 RUN: dict[str, Any] = {
-    "use_cpu": True,
-    "bf16": False,
-    "activation_checkpointing": False,
-    "report_to": "none",
+    **cpu_training_arguments(),
     "use_vllm": False,
     "per_device_train_batch_size": 4,
     "num_generations": 4,

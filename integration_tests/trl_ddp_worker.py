@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
-from rlguard.tasks.hf import addition_dataset, addition_reward
+from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments
 
 
 def parity(trainer: GuardedGRPOTrainer, rank: int) -> dict[str, float]:
@@ -73,11 +73,8 @@ def main() -> None:
     out = Path(cli.out)
     args = GuardedGRPOConfig(
         output_dir=str(out / "run"),
-        use_cpu=True,
         ddp_backend="gloo",
-        bf16=False,
-        activation_checkpointing=False,
-        report_to="none",
+        **cpu_training_arguments(),
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=4,

@@ -43,7 +43,13 @@ from rlguard.adapters.trl import (
     check_trl_compatibility,
     map_trl_config,
 )
-from rlguard.tasks.hf import addition_dataset, addition_reward, save_tiny_llama
+from rlguard.tasks.hf import (
+    addition_dataset,
+    addition_reward,
+    checkpointing_argument,
+    cpu_training_arguments,
+    save_tiny_llama,
+)
 
 RTOL, ATOL = 1e-6, 1e-12
 B, T, P = 8, 6, 3
@@ -58,10 +64,7 @@ SEQUENCE_WARNING = "trl#3823"
 TOKEN_SUMMED = ("bnpo", "dr_grpo", "dapo")
 
 BASE: dict[str, Any] = {
-    "use_cpu": True,
-    "bf16": False,
-    "activation_checkpointing": False,
-    "report_to": "none",
+    **cpu_training_arguments(),
     "use_vllm": False,
     "per_device_train_batch_size": B,
     "num_generations": 2,
@@ -586,7 +589,7 @@ def test_objective_kwargs_override_and_choose_the_normaliser() -> None:
 
 
 def test_command_line_parsing() -> None:
-    argv = ["--output_dir", "unused", "--use_cpu", "--bf16", "False", "--activation_checkpointing", "False"]
+    argv = ["--output_dir", "unused", "--use_cpu", "--bf16", "False", f"--{checkpointing_argument()}", "False"]
     argv += ["--objective", "gspo", "--loss_type", "grpo", "--objective_kwargs", '{"clip_high": 0.001}']
     (args,) = HfArgumentParser((GuardedGRPOConfig,)).parse_args_into_dataclasses(argv)
     assert (args.objective, args.objective_kwargs) == ("gspo", {"clip_high": 0.001})

@@ -2,6 +2,8 @@
 
 - ``rlguard.adapters.trl``: ``GuardedGRPOConfig``, ``GuardedGRPOTrainer``, ``StabilityCallback`` (``pip install
   rlguard[trl]``).
+- ``rlguard.adapters.verl``: every objective as the verl policy loss ``rlguard.<name>``, registered on
+  ``import verl`` through the ``verl.plugins`` entry point (``pip install rlguard[verl]``).
 
 This package itself imports nothing, so ``import rlguard.adapters`` works without any framework installed.
 """

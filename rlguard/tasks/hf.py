@@ -10,6 +10,7 @@ import this module.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,24 @@ import torch
 from datasets import Dataset  # type: ignore[import-untyped]  # datasets ships no type information
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import WordLevel
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainingArguments
 
 from rlguard.tasks.tiny import AdditionTask, CharTokenizer
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+
+
+def checkpointing_argument() -> str:
+    """Name of the activation-checkpointing switch of ``TrainingArguments``: ``activation_checkpointing`` in
+    recent transformers 5.x, ``gradient_checkpointing`` before (verl 0.9.1 pins such a release)."""
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def cpu_training_arguments() -> dict[str, Any]:
+    """Keyword arguments of ``TrainingArguments``/``GRPOConfig`` for a CPU run: TRL's defaults (bf16 and
+    activation checkpointing on) are off, nothing is reported."""
+    return {"use_cpu": True, "bf16": False, checkpointing_argument(): False, "report_to": "none"}
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:

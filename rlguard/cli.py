@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rlguard.doctor import Diagnosis
 
 app = typer.Typer(
     name="rlguard",
@@ -133,6 +137,101 @@ def demo(
     for name, res in results.items():
         table.add_row(name, f"{res['loss']:+.5f}", *(f"{res[k]:.4g}" if k in res else "-" for k in _DEMO_METRICS))
     console.print(table)
+
+
+_SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}
+
+
+def _bad_input(command: str, err: Exception) -> typer.Exit:
+    """One line on stderr, exit code 2."""
+    typer.echo(f"rlguard {command}: {err}", err=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def doctor(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A training log: trainer_state.json, a .jsonl, a wandb .csv, a "
+            "TensorBoard folder, or a run folder holding one."
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write an HTML report with a plot per finding.")
+    ] = None,
+) -> None:
+    """Diagnose a training log offline with the live guard's detectors.
+
+    Exit code 0: no critical finding; 1: a critical finding; 2: bad input (missing file, unknown format, no usable
+    metric).
+    """
+    from rlguard.doctor import LogInputError, diagnose
+
+    try:
+        diagnosis = diagnose(path)
+    except LogInputError as err:
+        raise _bad_input("doctor", err) from None
+    if html is not None:
+        from rlguard.doctor.html import doctor_html
+
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text(doctor_html(diagnosis), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(diagnosis.to_dict(), indent=2))
+    else:
+        _print_diagnosis(diagnosis)
+        if html is not None:
+            console.print(f"wrote {escape(str(html))}")
+    if diagnosis.critical:
+        raise typer.Exit(1)
+
+
+def _print_diagnosis(d: Diagnosis) -> None:
+    """The doctor's summary line, unrecognised keys and findings table."""
+    console.print(
+        f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {len(d.steps)} steps ({d.steps[0]} to "
+        f"{d.steps[-1]}); stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
+    )
+    if d.keys.unrecognised:
+        console.print(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
+    if not d.findings:
+        console.print("[green]no finding[/green]: the detectors saw nothing wrong.")
+        return
+    table = Table(title=f"rlguard doctor: {len(d.findings)} finding(s), most severe first")
+    for col in ("severity", "detector", "onset step", "evidence and suggested fix"):
+        table.add_column(col)
+    for f in d.findings:
+        onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
+        table.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
+    console.print(table)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="A run folder: trainer_state.json (or checkpoint-*/), a metrics "
+            ".jsonl or TensorBoard files, and events.jsonl if the guard wrote one."
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for report.html and its PNGs (default RUN_DIR).")
+    ] = None,
+) -> None:
+    """Plot a run's canonical metrics with the guard's events marked, into report.html."""
+    from rlguard.doctor import LogInputError, write_report
+
+    try:
+        result = write_report(run_dir, out)
+    except LogInputError as err:
+        raise _bad_input("report", err) from None
+    console.print(
+        f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
+        f"{len(result.events)} guard events"
+    )
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -1,0 +1,74 @@
+"""HTML pages: the doctor's self-contained report (PNGs embedded as base64) and ``rlguard report``'s run page."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from html import escape
+
+from rlguard.doctor.diagnose import Diagnosis
+from rlguard.doctor.plots import plot_png
+from rlguard.guards import Event
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 960px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; width: 100%; margin: 1em 0; font-size: 0.9em; }
+td, th { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+.critical { color: #b00; font-weight: bold; } .warn { color: #a60; font-weight: bold; }
+img { max-width: 100%; } code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A complete HTML document."""
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_STYLE}</style></head>\n<body>\n<h1>{escape(title)}</h1>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def img_base64(png: bytes, alt: str) -> str:
+    """An ``<img>`` with the PNG embedded."""
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def events_table(events: Sequence[Event]) -> str:
+    """Events as an HTML table (step, detector, severity, message)."""
+    if not events:
+        return "<p>No events.</p>"
+    rows = "".join(
+        f'<tr><td>{e.step}</td><td>{escape(e.detector)}</td><td class="{e.severity}">{e.severity}</td>'
+        f"<td>{escape(e.message)}</td></tr>"
+        for e in events
+    )
+    return f"<table><tr><th>step</th><th>detector</th><th>severity</th><th>message</th></tr>{rows}</table>"
+
+
+def doctor_html(diagnosis: Diagnosis) -> str:
+    """The ``doctor --html`` page: summary, findings and one plot per finding, all in one file."""
+    d = diagnosis
+    body = [
+        f"<p><code>{escape(str(d.log.path))}</code>: format <b>{d.log.format}</b>, {len(d.steps)} steps "
+        f"({d.steps[0]} to {d.steps[-1]}), {len(d.findings)} finding(s).</p>",
+        "<p>Metrics read: "
+        + ", ".join(f"<code>{escape(k)}</code> &rarr; {escape(v)}" for k, v in d.keys.mapped.items())
+        + "</p>",
+        "<p>Unrecognised keys: "
+        + (", ".join(f"<code>{escape(k)}</code>" for k in d.keys.unrecognised) or "none")
+        + "</p>",
+    ]
+    if not d.findings:
+        body.append("<p>No finding: the detectors saw nothing wrong.</p>")
+    for f in d.findings:
+        body.append(
+            f'<h2><span class="{f.severity}">{f.severity}</span> {escape(f.detector)} from step {f.step}</h2>'
+            f"<p>{escape(f.message)}</p>"
+        )
+        names = [n for n in d.detector_metrics.get(f.detector, ()) if n in d.series]
+        if names:
+            evs = [e for e in d.events if e.detector == f.detector]
+            png = plot_png(d.steps, {n: d.series[n] for n in names}, evs, title=f"{f.detector} ({f.severity})")
+            body.append(img_base64(png, f"{f.detector}: {', '.join(names)}"))
+        else:
+            body.append("<p>(no stat of this detector in the log to plot)</p>")
+    return page(f"rlguard doctor: {d.log.path.name}", body)

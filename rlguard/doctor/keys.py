@@ -1,0 +1,165 @@
+"""The doctor's one table from TRL's and verl's metric keys to rlguard's canonical names (DESIGN.md).
+
+A key is read after stripping a logger's namespace (``train/`` from wandb and TensorBoard exports of TRL runs).
+``rlguard/<name>`` (what rlguard's adapters log) and bare canonical names map to themselves and win over a
+framework's own key for the same name: they are computed by rlguard's exact objectives.
+
+Overlap: :data:`rlguard.adapters.trl.TRL_TO_CANONICAL` holds the TRL half of this table for the live callback; it is
+not imported here because that module imports TRL, and the doctor must read logs without TRL installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rlguard.guards.stats import STAT_REDUCTIONS
+
+#: canonical stat names: the reduced stats of :mod:`rlguard.guards.stats` and the two it derives
+CANONICAL: frozenset[str] = frozenset(
+    {k for k in STAT_REDUCTIONS if not k.startswith("_")} | {"reward_std", "mismatch_prob_corr"}
+)
+#: names the doctor adds for plotting only (no detector reads them): verl's probability-space mismatch
+DOCTOR_ONLY: frozenset[str] = frozenset({"mismatch_prob_abs_mean", "mismatch_prob_abs_max"})
+
+#: framework key -> canonical name; where two keys give one name, the first listed wins
+KEY_TO_CANONICAL: dict[str, str] = {
+    # TRL GRPOTrainer (trl/trainer/grpo_trainer.py, ``_metrics[mode][...]``) and transformers' Trainer
+    "loss": "loss",
+    "entropy": "entropy",
+    "kl": "kl_ref",
+    "clip_ratio/region_mean": "clip_frac",
+    "clip_ratio/low_mean": "clip_frac_low",
+    "clip_ratio/high_mean": "clip_frac_high",
+    "cispo_clip_ratio": "clip_frac",
+    "reward": "reward_mean",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_zero_std_groups",
+    "completions/mean_length": "length_mean",
+    "completions/max_length": "length_max",
+    "completions/clipped_ratio": "truncated_frac",
+    "sampling/sampling_logp_difference/mean": "mismatch_logp_abs_mean",
+    "sampling/sampling_logp_difference/max": "mismatch_logp_abs_max",
+    "grad_norm": "grad_norm",
+    "learning_rate": "lr",
+    # verl (dp actor, ray trainer's compute_data_metrics, rollout_corr_helper, utils/debug/metrics.py)
+    "actor/pg_loss": "loss",
+    "actor/entropy": "entropy",
+    "actor/grad_norm": "grad_norm",
+    "actor/lr": "lr",
+    "actor/pg_clipfrac": "clip_frac",
+    "actor/ppo_kl": "kl_old",  # k1 estimate of KL(pi_old || pi); the canonical kl_old is k3
+    "actor/kl_loss": "kl_ref",
+    "actor/reward_kl_penalty": "kl_ref",  # KL in the reward (use_kl_in_reward) instead of the loss
+    "critic/score/mean": "reward_mean",  # the verifier's score; critic/rewards/* include the KL penalty
+    "response_length/mean": "length_mean",
+    "response_length/max": "length_max",
+    "response_length/clip_ratio": "truncated_frac",
+    "rollout_corr/k3_kl": "mismatch_kl",
+    "rollout_corr/rollout_rs_masked_fraction": "masked_frac",
+    "training/rollout_probs_diff_mean": "mismatch_prob_abs_mean",  # |p_train - p_rollout|, probability space
+    "training/rollout_probs_diff_max": "mismatch_prob_abs_max",
+    "training/rollout_actor_probs_pearson_corr": "mismatch_prob_corr",
+}
+
+#: logger namespaces stripped before lookup (wandb and TensorBoard prefix TRL's keys with ``train/``)
+NAMESPACES: tuple[str, ...] = ("train/",)
+_RLGUARD = "rlguard/"
+
+#: keys known to carry no canonical stat: counters, timings, evaluation, and framework stats without a counterpart
+KNOWN_PREFIXES: tuple[str, ...] = (
+    "eval_",
+    "eval/",
+    "val-core/",
+    "val-aux/",
+    "test/",
+    "timing_s/",
+    "timing_per_token_ms/",
+    "perf/",
+    "rewards/",
+    "tools/",
+    "vespo/",
+    "sampling/",
+    "clip_ratio/",
+    "completions/",
+    "critic/",
+    "prompt_length/",
+    "response_length/",
+    "rollout_corr/",
+    "training/",
+    "actor/",
+    "_",
+)
+KNOWN_KEYS: frozenset[str] = frozenset(
+    {"step", "global_step", "epoch", "num_tokens", "step_time", "total_flos", "aux_loss", "policy_loss", "entropy_coef"}
+    | {"train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second", "Step"}
+)
+#: the only canonical name that no detector judges on its own
+_NOT_JUDGED = frozenset({"lr"}) | DOCTOR_ONLY
+
+
+def strip_namespace(key: str) -> str:
+    """``train/reward`` -> ``reward``; other keys unchanged."""
+    for ns in NAMESPACES:
+        if key.startswith(ns):
+            return key[len(ns) :]
+    return key
+
+
+def canonical_name(key: str) -> tuple[str, int] | None:
+    """The canonical name of a raw key and its priority (lower wins), or None if it has none."""
+    key = strip_namespace(key)
+    if key.startswith(_RLGUARD) and key[len(_RLGUARD) :] in CANONICAL:
+        return key[len(_RLGUARD) :], 0
+    if key in KEY_TO_CANONICAL:
+        return KEY_TO_CANONICAL[key], 2 + list(KEY_TO_CANONICAL).index(key)
+    if key in CANONICAL:
+        return key, 1
+    return None
+
+
+def canonical_stats(raw: Mapping[str, float]) -> dict[str, float]:
+    """One step's raw metrics -> canonical stats, each from the highest-priority key present."""
+    best: dict[str, tuple[int, float]] = {}
+    for key, value in raw.items():
+        hit = canonical_name(key)
+        if hit is not None and (hit[0] not in best or hit[1] < best[hit[0]][0]):
+            best[hit[0]] = (hit[1], value)
+    return {name: value for name, (_, value) in best.items()}
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """How the keys of a log were read.
+
+    Attributes:
+        mapped: raw key -> canonical name, for every key that has one.
+        known: keys recognised as carrying no canonical stat (counters, timings, evaluation, ...).
+        unrecognised: every other key, sorted.
+    """
+
+    mapped: dict[str, str]
+    known: list[str]
+    unrecognised: list[str]
+
+    @property
+    def judged(self) -> list[str]:
+        """Canonical names found that a detector can judge (everything but the learning rate and plot-only names)."""
+        return sorted({c for c in self.mapped.values() if c not in _NOT_JUDGED})
+
+
+def classify_keys(keys: Iterable[str]) -> KeyReport:
+    """Sort the raw keys of a log into mapped, known and unrecognised."""
+    mapped: dict[str, str] = {}
+    known: list[str] = []
+    unrecognised: list[str] = []
+    for key in sorted(set(keys)):
+        hit = canonical_name(key)
+        bare = strip_namespace(key)
+        if hit is not None:
+            mapped[key] = hit[0]
+        elif bare in KNOWN_KEYS or bare.startswith(KNOWN_PREFIXES):
+            known.append(key)
+        else:
+            unrecognised.append(key)
+    return KeyReport(mapped, known, unrecognised)

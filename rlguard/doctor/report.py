@@ -1,0 +1,100 @@
+"""``rlguard report RUN_DIR``: a plot per canonical stat of a run, with the guard's events marked.
+
+The run's log is found as by :func:`rlguard.doctor.readers.find_log`; events come from ``events.jsonl`` in the run
+folder (``GuardConfig(events_path=...)`` writes it) when present. A detector's events are marked on the plots of
+the stats it reads; the guard's interventions (``action:*``) on every plot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from rlguard.doctor.diagnose import detector_metrics
+from rlguard.doctor.html import events_table, page
+from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
+from rlguard.doctor.plots import plot_png
+from rlguard.doctor.readers import LogInputError, read_log
+from rlguard.guards import Event, Guard, GuardConfig
+from rlguard.guards.stats import STAT_REDUCTIONS
+
+#: plot order: DESIGN.md's table, then the derived and plot-only names
+_ORDER: tuple[str, ...] = tuple(
+    [k for k in STAT_REDUCTIONS if not k.startswith("_")] + sorted((CANONICAL | DOCTOR_ONLY) - set(STAT_REDUCTIONS))
+)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What ``rlguard report`` wrote.
+
+    Attributes:
+        html: the report page.
+        images: canonical name -> its PNG (beside the page).
+        marked: canonical name -> steps of the detector events marked on its plot.
+        events: the events read from ``events.jsonl`` (empty if there was none).
+        log_path: the log read.
+    """
+
+    html: Path
+    images: dict[str, Path]
+    marked: dict[str, list[int]]
+    events: list[Event]
+    log_path: Path
+
+
+def read_events(path: Path) -> list[Event]:
+    """Events of an ``events.jsonl`` (one :meth:`Event.to_dict` per line)."""
+    events = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            try:
+                events.append(Event.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as err:
+                raise LogInputError(f"{path}, line {i + 1}: not a guard event ({err})") from None
+    return events
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportResult:
+    """Plot the canonical stats of the run in ``run_dir`` into ``out`` (default ``run_dir``)/report.html."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise LogInputError(f"no such run folder: {run_dir}")
+    log = read_log(run_dir)
+    keys = classify_keys(log.keys)
+    rows = [(step, canonical_stats(raw)) for step, raw in log.rows]
+    rows = [(step, stats) for step, stats in rows if stats]
+    if not keys.judged:
+        raise LogInputError(f"no usable metric in {log.path} ({log.format}): no key maps to a canonical stat")
+    events_path = run_dir / "events.jsonl"
+    events = read_events(events_path) if events_path.is_file() else []
+    actions = [e for e in events if e.detector.startswith("action:")]
+    reads = detector_metrics(Guard(GuardConfig.preset("monitor")))
+    out_dir = Path(out) if out is not None else run_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [step for step, _ in rows]
+    images: dict[str, Path] = {}
+    marked: dict[str, list[int]] = {}
+    present = {n for _, stats in rows for n in stats}
+    for name in (n for n in _ORDER if n in present):
+        mine = [e for e in events if name in reads.get(e.detector, ())]
+        values = [stats.get(name, float("nan")) for _, stats in rows]
+        png = plot_png(steps, {name: values}, mine, title=name, actions=actions)
+        images[name] = out_dir / f"report_{name}.png"
+        images[name].write_bytes(png)
+        marked[name] = [e.step for e in mine]
+    body = [
+        f"<p>Run <code>{escape(str(run_dir))}</code>: log <code>{escape(str(log.path))}</code> ({log.format}), "
+        f"{len(steps)} steps ({steps[0]} to {steps[-1]}).</p>",
+        "<h2>Guard events</h2>",
+        events_table(events) if events_path.is_file() else "<p>No events.jsonl in the run folder.</p>",
+        "<h2>Metrics</h2>",
+    ]
+    body += [f'<h3>{escape(n)}</h3><img alt="{escape(n)}" src="{p.name}">' for n, p in images.items()]
+    if keys.unrecognised:
+        body.append("<p>Unrecognised keys: " + ", ".join(f"<code>{escape(k)}</code>" for k in keys.unrecognised))
+    html = out_dir / "report.html"
+    html.write_text(page(f"rlguard report: {run_dir.name}", body), encoding="utf-8")
+    return ReportResult(html, images, marked, events, log.path)

@@ -243,3 +243,15 @@ def test_detector_summaries_state_their_default_thresholds() -> None:
         for key, value in cls.defaults().items():
             if key in keys and isinstance(value, float | int) and value:
                 assert f"{value:g}" in cls.summary, (name, key, value, cls.summary)
+
+
+def test_entropy_collapse_inside_the_warmup_is_still_caught() -> None:
+    """Entropy falls to 2% of its start at step 8, inside the 20-step warm-up: the baseline is the warm-up's
+    upper quartile, so the collapse is found once the detector is armed."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(60, seed=7, shape="plateau")):
+        if step >= 8:
+            stats["entropy"] *= 0.02
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "entropy_collapse" and e.severity == "critical"]
+    assert hits and hits[0].step <= 25, hits

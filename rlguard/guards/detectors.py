@@ -289,7 +289,8 @@ class NonFinite(Detector):
 
 @dataclass(kw_only=True)
 class EntropyCollapse(Detector):
-    """Policy entropy far below the run's own early baseline while reward is not improving.
+    """Policy entropy far below the run's own early baseline (upper quartile of the warm-up) while reward is not
+    improving.
 
     Entropy falling while reward rises is the policy sharpening on what works (normal); falling with flat or
     falling reward is collapse (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
@@ -330,7 +331,9 @@ class EntropyCollapse(Detector):
             if len(self._s_early) < max(self.warmup, 3):
                 self._s_early.append(entropy)
             return None
-        baseline = sorted(self._s_early)[len(self._s_early) // 2]
+        # upper quartile of the warm-up: a collapse that starts inside the warm-up does not drag the baseline down
+        early = sorted(self._s_early)
+        baseline = early[(3 * (len(early) - 1)) // 4]
         if baseline <= 0:
             return None
         ratio = entropy / baseline

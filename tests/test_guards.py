@@ -255,3 +255,14 @@ def test_entropy_collapse_inside_the_warmup_is_still_caught() -> None:
         guard.observe(step, stats)
     hits = [e for e in guard.events if e.detector == "entropy_collapse" and e.severity == "critical"]
     assert hits and hits[0].step <= 25, hits
+
+
+def test_a_zero_gradient_norm_does_not_make_the_next_normal_one_a_spike() -> None:
+    """Zero-variance batches give grad_norm = 0; they must not teach the baseline a median of 0."""
+    guard = Guard(GuardConfig.preset("default"))
+    stream = healthy_stream(80, seed=8)
+    for step, stats in enumerate(stream):
+        if 30 <= step < 70:
+            stats["grad_norm"] = 0.0
+        guard.observe(step, stats)
+    assert not [e for e in guard.events if e.detector == "grad_norm_spike"]

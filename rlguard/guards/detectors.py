@@ -115,6 +115,10 @@ class SpikeDetector(Detector):
         value = _metric(stats, self.metric)
         if value is None or not math.isfinite(value):
             return None  # non-finite values are the `nonfinite` detector's
+        if value <= self.floor and self.min_value <= self.floor:
+            # e.g. a zero gradient norm when every group has zero reward variance: no evidence either way, and
+            # learning it would make the next ordinary value look like a huge spike over a median at the floor
+            return None
         x = math.log(max(value, self.floor))
         finding = None
         if armed and len(self._s_window) >= 3 and value >= self.min_value:

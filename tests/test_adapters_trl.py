@@ -615,7 +615,7 @@ def test_other_warnings() -> None:
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        ({"guard": "default"}, ValueError, "guard must be None"),
+        ({"guard": "nope"}, ValueError, "unknown guard preset .nope."),
         ({"objective": "nope"}, ValueError, "unknown objective 'nope'.*grpo"),
         ({"objective_kwargs": {"beta": 0.1}}, ValueError, "must not set beta"),
         ({"objective_kwargs": {"tau": 1.0}}, ValueError, "does not take 'tau'"),

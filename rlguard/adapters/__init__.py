@@ -1,7 +1,7 @@
 """Adapters: the only modules that import a training framework. Import the one you use, by its full name.
 
 - ``rlguard.adapters.trl``: ``GuardedGRPOConfig``, ``GuardedGRPOTrainer``, ``StabilityCallback`` (``pip install
-  rlguard[trl]``).
+  rlguard[trl]``); ``rlguard.adapters.trl_guard`` applies the guard's decisions in the training loop.
 - ``rlguard.adapters.verl``: every objective as the verl policy loss ``rlguard.<name>``, registered on
   ``import verl`` through the ``verl.plugins`` entry point (``pip install rlguard[verl]``).
 

@@ -23,6 +23,11 @@ TRL's ``loss_type``. No loss formula lives in this module; :func:`map_trl_config
   bnpo, dapo, cispo -> ``token-mean``; dr_grpo -> ``seq-mean-token-sum-norm`` with
   ``max_length=max_completion_length``.
 
+With ``GuardedGRPOConfig(guard="default")`` (or ``"monitor"``, ``"strict"``, a ``GuardConfig``) a
+:class:`~rlguard.adapters.trl_guard.StabilityCallback` acts on the guard's decisions every optimizer step (skip,
+LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl_guard`), and the objective drops and counts
+non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
+
 ``objective_kwargs`` override every mapped value. Normalisers, with ``B`` the micro-batch's rows, ``GA`` the
 current gradient-accumulation steps (1 in evaluation), ``W`` the number of processes (DDP averages gradients)
 and ``N`` TRL's ``num_items_in_batch`` (the loss tokens of the whole generation batch on all processes):
@@ -35,6 +40,7 @@ and ``N`` TRL's ``num_items_in_batch`` (the loss tokens of the whole generation 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import warnings
@@ -47,14 +53,27 @@ from torch import Tensor, nn
 
 try:
     import trl
-    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
+from rlguard.adapters.trl_guard import TRL_TO_CANONICAL, StabilityCallback, canonical_stats, make_guard
 from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, SAPO, Objective, PolicyBatch, aggregate, get_objective
 from rlguard.core_losses.registry import objective_class
+from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
+
+__all__ = [
+    "SUPPORTED_TRL",
+    "TRL_TO_CANONICAL",
+    "GuardedGRPOConfig",
+    "GuardedGRPOTrainer",
+    "StabilityCallback",
+    "TRLLossMapping",
+    "canonical_stats",
+    "check_trl_compatibility",
+    "map_trl_config",
+]
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 
@@ -173,7 +192,7 @@ def _reject_unsupported(args: GRPOConfig) -> None:
         )
     guard = getattr(args, "guard", None)
     if guard is not None:
-        raise ValueError(f"guard must be None until rlguard.guards is wired into the TRL adapter; got {guard!r}.")
+        make_guard(guard)  # validates the preset name or config now
 
 
 def _objective_name(args: GRPOConfig) -> str:
@@ -316,7 +335,9 @@ class GuardedGRPOConfig(GRPOConfig):
         objective_kwargs: arguments of the objective, overriding what TRL's settings map to, e.g.
             ``{"aggregation": "seq-mean-token-mean"}`` or ``{"rollout_mask": "geometric"}``; a JSON object string
             (the command line) is parsed. Not ``beta``.
-        guard: stability guard preset; only ``None`` until ``rlguard.guards`` is wired in.
+        guard: stability guard acting in the loop (:mod:`rlguard.adapters.trl_guard`): a preset name
+            (``"monitor"``, ``"default"``, ``"strict"``) or a ``GuardConfig``; ``None`` for none. With a guard the
+            objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip the step.
     """
 
     objective: str | None = field(
@@ -330,7 +351,10 @@ class GuardedGRPOConfig(GRPOConfig):
             "from TRL's settings."
         },
     )
-    guard: str | None = field(default=None, metadata={"help": "Stability guard preset; only None for now."})
+    guard: str | GuardConfig | None = field(
+        default=None,
+        metadata={"help": "Stability guard acting in the loop: 'monitor', 'default', 'strict' or a GuardConfig."},
+    )
 
     # a JSON string given for these (e.g. on the command line) is parsed into a dict; the base declares it unannotated
     _VALID_DICT_FIELDS = [*GRPOConfig._VALID_DICT_FIELDS, "objective_kwargs"]  # noqa: RUF012
@@ -342,6 +366,13 @@ class GuardedGRPOConfig(GRPOConfig):
         if not isinstance(self.objective_kwargs, dict):
             raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
         map_trl_config(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's dict of the settings, JSON-ready (a ``GuardConfig`` given as ``guard`` appears as its repr)."""
+        out: dict[str, Any] = super().to_dict()
+        if isinstance(out.get("guard"), GuardConfig):
+            out["guard"] = repr(out["guard"])
+        return out
 
     def objective_mapping(self) -> TRLLossMapping:
         """How this config translates into an rlguard objective (:func:`map_trl_config`, without warnings)."""
@@ -356,17 +387,61 @@ class GuardedGRPOTrainer(GRPOTrainer):
     next to TRL's own keys (``kl``, ``entropy``, ``clip_ratio/*_mean``, ``cispo_clip_ratio``), which are filled
     from them. ``clip_ratio/low_min`` and ``clip_ratio/high_max`` are not logged.
 
+    Every ``StabilityCallback`` among the callbacks is attached to the trainer; ``args.guard`` gives one a guard
+    (adding a callback if there is none), which then also sees the objective's metrics of every micro-batch.
+
     Attributes:
         rlguard_mapping: how the config was translated (:class:`TRLLossMapping`).
-        rlguard_objective: the objective computing the loss.
+        rlguard_objective: the objective computing the loss (rebuilt when the guard changes the clip range).
+        rlguard_guard: the guard acting on this trainer's steps, or None.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_trl_compatibility()
         super().__init__(*args, **kwargs)
         config = cast(GRPOConfig, self.args)
-        self.rlguard_mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
-        self.rlguard_objective: Objective = self.rlguard_mapping.build()
+        mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
+        guard = self._attach_stability_callbacks(getattr(config, "guard", None))
+        if guard is not None and "on_nonfinite" not in mapping.kwargs:
+            # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
+            mapping = dataclasses.replace(mapping, kwargs={**mapping.kwargs, "on_nonfinite": "mask"})
+        self.rlguard_mapping = mapping
+        self.rlguard_guard: Guard | None = guard
+        self.rlguard_objective: Objective = mapping.build()
+        self._rlguard_configured_objective = self.rlguard_objective
+        self._rlguard_step_stats = StepStats()
+
+    def _attach_stability_callbacks(self, spec: str | GuardConfig | None) -> Guard | None:
+        """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback
+        is added if there is none). Returns the acting guard, if any."""
+        callbacks = [cb for cb in self.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
+        if spec is not None and not any(cb.guard is not None for cb in callbacks):
+            if not callbacks:
+                callbacks.append(StabilityCallback())
+                self.add_callback(callbacks[0])
+            callbacks[0].guard = make_guard(spec)
+        for cb in callbacks:
+            cb.attach(self)
+        return next((cb.guard for cb in callbacks if cb.guard is not None), None)
+
+    def rlguard_take_step_stats(self) -> StepStats:
+        """The objective's stats of the micro-batches since the last call (this rank's share; not reduced)."""
+        stats, self._rlguard_step_stats = self._rlguard_step_stats, StepStats()
+        return stats
+
+    def rlguard_set_clip(
+        self, scale: float = 1.0, clip_low: float | None = None, clip_high: float | None = None
+    ) -> None:
+        """Use ``scale`` times the clip range (the scheduled ``clip_low``/``clip_high`` where given, else the
+        configured one) from the next loss on; objectives without a clip range are left alone."""
+        base = self._rlguard_configured_objective
+        changes: dict[str, Any] = {}
+        for name, scheduled in (("clip_low", clip_low), ("clip_high", clip_high)):
+            value = scheduled if scheduled is not None else getattr(base, name, None)
+            if value is not None:
+                changes[name] = value * scale
+        if any(getattr(self.rlguard_objective, k) != v for k, v in changes.items()):
+            self.rlguard_objective = dataclasses.replace(base, **changes)
 
     def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -383,10 +458,10 @@ class GuardedGRPOTrainer(GRPOTrainer):
         )  # (B, T), (B, T), () or None
         training = self._training()
         accumulation = self.current_gradient_accumulation_steps if training else 1
-        out = self.rlguard_objective(
-            self._policy_batch(inputs, logprobs, entropies, mask),
-            **self._normalisers(inputs, logprobs, mask, accumulation),
-        )
+        batch = self._policy_batch(inputs, logprobs, entropies, mask)
+        out = self.rlguard_objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+        if training and self.rlguard_guard is not None:
+            collect_step_stats(batch=batch, output=out, stats=self._rlguard_step_stats)
         loss = out.loss
         mode = "train" if training else "eval"
         if self._entropy_bonus_enabled:
@@ -519,80 +594,3 @@ def check_trl_compatibility() -> None:
                 f"has GRPOTrainer.{method}{params if fn is not None else ' missing'}, expected "
                 f"{'exactly ' if exact else 'at least '}{expected}. Install a supported trl or use trl.GRPOTrainer."
             )
-
-
-# ---------------------------------------------------------------- monitoring
-#: TRL's logged keys -> DESIGN.md's canonical names. ``rlguard/<name>`` keys map to ``<name>`` and take precedence.
-TRL_TO_CANONICAL: dict[str, str] = {
-    "loss": "loss",
-    "entropy": "entropy",
-    "kl": "kl_ref",
-    "clip_ratio/region_mean": "clip_frac",
-    "clip_ratio/low_mean": "clip_frac_low",
-    "clip_ratio/high_mean": "clip_frac_high",
-    "cispo_clip_ratio": "clip_frac",
-    "reward": "reward_mean",
-    "reward_std": "reward_std",
-    "frac_reward_zero_std": "frac_zero_std_groups",
-    "completions/mean_length": "length_mean",
-    "completions/max_length": "length_max",
-    "completions/clipped_ratio": "truncated_frac",
-    "sampling/sampling_logp_difference/mean": "mismatch_logp_abs_mean",
-    "sampling/sampling_logp_difference/max": "mismatch_logp_abs_max",
-    "grad_norm": "grad_norm",
-    "learning_rate": "lr",
-}
-_PREFIX = "rlguard/"
-
-
-def canonical_stats(logs: Mapping[str, Any]) -> dict[str, float]:
-    """The canonical stats in one of TRL's training log records (``None`` and non-numeric values are skipped)."""
-    stats: dict[str, float] = {}
-    for key, name in TRL_TO_CANONICAL.items():
-        value = logs.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            stats[name] = float(value)
-    for key, value in logs.items():
-        if key.startswith(_PREFIX) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            stats[key[len(_PREFIX) :]] = float(value)
-    return stats
-
-
-class StabilityCallback(TrainerCallback):
-    """Records the canonical stats of every optimizer step; works on a stock ``trl.GRPOTrainer``.
-
-    TRL averages its metrics over the steps between two logs, so with ``every_step=True`` (the default) the
-    callback asks the trainer to log after every optimizer step (this sets the logging frequency to 1). Records
-    are identical on every process: TRL reduces its metrics over processes before logging.
-
-    Attributes:
-        history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
-    """
-
-    def __init__(self, *, every_step: bool = True) -> None:
-        self.every_step = every_step
-        self.history: list[dict[str, float]] = []
-
-    @property
-    def last(self) -> dict[str, float] | None:
-        """The latest record, or ``None`` before the first."""
-        return self.history[-1] if self.history else None
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl:
-        if self.every_step:
-            control.should_log = True
-        return control
-
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
-            return  # the end-of-training summary and evaluation records are not optimizer steps
-        self.history.append({"step": float(state.global_step), **canonical_stats(logs)})

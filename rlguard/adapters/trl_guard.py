@@ -1,0 +1,361 @@
+"""The guard in TRL's training loop: :class:`StabilityCallback` feeds each optimizer step's canonical stats to a
+:class:`~rlguard.guards.Guard` and applies its :class:`~rlguard.guards.Decision`, identically on every rank.
+
+>>> trainer = GRPOTrainer(..., callbacks=[cb := StabilityCallback(guard="default")])  # doctest: +SKIP
+>>> cb.attach(trainer)  # TRL's rewards, lengths, entropy, KL, clip fractions join the stats  # doctest: +SKIP
+
+``GuardedGRPOConfig(guard="default")`` does all of this for ``GuardedGRPOTrainer`` and adds the objective's own
+metrics (collected per micro-batch with :func:`~rlguard.guards.collect_step_stats`) and the clip range.
+
+Where each decision takes effect, in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the
+gradients of the step are complete and all-reduced, just before ``optimizer.step()``):
+
+- the stats: the callback clips gradients itself (``args.max_grad_norm`` is set to 0 while training, so the
+  trainer computes and logs the unclipped norm), because the guard needs the norm *before* clipping; with
+  the gradient norm, the scheduler's LR, the trainer's metrics of this step and, for ``GuardedGRPOTrainer``,
+  the objective's, it makes one :class:`~rlguard.guards.StepStats` and reduces it with one ``all_gather``;
+- ``skip_step``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
+  (Adam's moments and step count) untouched; the LR scheduler still advances, so the schedule stays a function
+  of ``global_step``;
+- ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right
+  after, so the scheduler never sees (and never compounds) the scale; it is re-applied every step;
+- ``clip_scale`` and scheduled ``clip_low``/``clip_high``: ``GuardedGRPOTrainer.rlguard_set_clip`` rebuilds
+  the objective; the new range applies from the next step;
+- ``snapshot``: model and optimizer state before this step's update (the weights the healthy stats came from)
+  are copied to CPU memory, or saved to ``snapshot_dir``;
+- ``rollback``: the last snapshot is loaded back and this step's gradients dropped; without a snapshot (e.g.
+  just after a resume) the run halts;
+- ``halt``: ``control.should_training_stop`` on every rank (decisions are identical, so no rank waits alone).
+
+Guard state is written as ``rlguard_guard.json`` into each checkpoint folder and read back when training
+resumes from ``output_dir/checkpoint-<global_step>``; events go to ``<output_dir>/events.jsonl`` (main process)
+and, with an attached trainer, to TRL's logs as ``rlguard/event/<detector>`` (1 warn, 2 critical) next to
+``rlguard/guard/lr_scale``, ``clip_scale``, ``skipped``, ``rollback_to`` and ``halted``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(f"rlguard.adapters.trl_guard needs transformers: pip install 'rlguard[trl]' ({err}).") from err
+
+from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
+
+GUARD_STATE_FILE = "rlguard_guard.json"
+EVENTS_FILE = "events.jsonl"
+_SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
+
+#: TRL's logged keys -> DESIGN.md's canonical names. ``rlguard/<name>`` keys map to ``<name>`` and take precedence.
+TRL_TO_CANONICAL: dict[str, str] = {
+    "loss": "loss",
+    "entropy": "entropy",
+    "kl": "kl_ref",
+    "clip_ratio/region_mean": "clip_frac",
+    "clip_ratio/low_mean": "clip_frac_low",
+    "clip_ratio/high_mean": "clip_frac_high",
+    "cispo_clip_ratio": "clip_frac",
+    "reward": "reward_mean",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_zero_std_groups",
+    "completions/mean_length": "length_mean",
+    "completions/max_length": "length_max",
+    "completions/clipped_ratio": "truncated_frac",
+    "sampling/sampling_logp_difference/mean": "mismatch_logp_abs_mean",
+    "sampling/sampling_logp_difference/max": "mismatch_logp_abs_max",
+    "grad_norm": "grad_norm",
+    "learning_rate": "lr",
+}
+#: TRL metrics written when completions are generated and scored (the rest come from TRL's loss).
+_GENERATION_KEYS = (
+    "reward",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+)
+#: TRL metrics written by TRL's own loss (stock trainer only; GuardedGRPOTrainer gives the objective's).
+_TRL_LOSS_KEYS = ("entropy", "kl", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
+_PREFIX = "rlguard/"
+
+
+def canonical_stats(logs: Mapping[str, Any]) -> dict[str, float]:
+    """The canonical stats in one of TRL's training log records (``None`` and non-numeric values are skipped;
+    the guard's own ``rlguard/guard/*`` and ``rlguard/event/*`` keys are not stats)."""
+    stats: dict[str, float] = {}
+    for key, name in TRL_TO_CANONICAL.items():
+        value = logs.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            stats[name] = float(value)
+    for key, value in logs.items():
+        name = key[len(_PREFIX) :]
+        if (
+            key.startswith(_PREFIX)
+            and "/" not in name
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ):
+            stats[name] = float(value)
+    return stats
+
+
+def make_guard(guard: str | GuardConfig | Guard) -> Guard:
+    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
+    if isinstance(guard, Guard):
+        return guard
+    if isinstance(guard, GuardConfig):
+        return Guard(guard)
+    if isinstance(guard, str):
+        return Guard(GuardConfig.preset(guard))
+    raise ValueError(
+        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
+    )
+
+
+class StabilityCallback(TrainerCallback):
+    """Records the canonical stats of every optimizer step and, given a ``guard``, acts on its decisions.
+
+    Works on a stock ``trl.GRPOTrainer``. TRL averages its metrics over the steps between two logs, so with
+    ``every_step=True`` (the default, and always with a guard) the callback asks the trainer to log after every
+    optimizer step. Records are identical on every process: TRL reduces its metrics before logging.
+
+    Args:
+        every_step: log after every optimizer step.
+        guard: a preset name, a ``GuardConfig`` or a ``Guard``; None only records. See the module for what each
+            decision does.
+        snapshot_dir: keep rollback snapshots in this folder (one file per rank) instead of CPU memory.
+
+    Attributes:
+        history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
+        decisions: the guard's decision of every optimizer step.
+    """
+
+    def __init__(
+        self,
+        *,
+        every_step: bool = True,
+        guard: str | GuardConfig | Guard | None = None,
+        snapshot_dir: str | None = None,
+    ) -> None:
+        self.every_step = every_step
+        self.guard: Guard | None = None if guard is None else make_guard(guard)
+        self.snapshot_dir = snapshot_dir
+        self.history: list[dict[str, float]] = []
+        self.decisions: list[Decision] = []
+        self.snapshot_step: int | None = None
+        self._trainer: Any = None
+        self._snapshot: dict[str, Any] | None = None
+        self._max_grad_norm = 0.0
+        self._unscaled_lrs: list[float] | None = None
+
+    @property
+    def last(self) -> dict[str, float] | None:
+        """The latest record, or ``None`` before the first."""
+        return self.history[-1] if self.history else None
+
+    def attach(self, trainer: Any) -> None:
+        """Read this trainer's metrics each step (``GuardedGRPOTrainer`` attaches its callbacks itself)."""
+        self._trainer = trainer
+
+    # -- transformers events ---------------------------------------------------------------------------
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.guard is None:
+            return
+        if self.guard.config.events_path is None or args.process_index != 0:
+            self.guard.config.events_path = (
+                str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None
+            )
+        if state.global_step > 0:
+            self._load_guard_state(args, state)
+        # the guard needs the norm before clipping, which the trainer does not pass to callbacks: clip here
+        self._max_grad_norm, args.max_grad_norm = args.max_grad_norm, 0.0
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.guard is not None:
+            args.max_grad_norm = self._max_grad_norm
+
+    def on_pre_optimizer_step(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if self.guard is None or model is None or optimizer is None:
+            return
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self._max_grad_norm or math.inf)  # norm before clipping
+        lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
+        stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
+        decision = self.guard.observe(state.global_step + 1, stats.reduce())  # one all_gather
+        self.decisions.append(decision)
+        self._apply(decision, args, control, model, optimizer)
+
+    def on_optimizer_step(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        optimizer: torch.optim.Optimizer | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if self._unscaled_lrs is not None and optimizer is not None:
+            for group, lr in zip(optimizer.param_groups, self._unscaled_lrs, strict=True):
+                group["lr"] = lr
+            self._unscaled_lrs = None
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self.every_step or self.guard is not None:
+            control.should_log = True
+        return control
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
+            return  # the end-of-training summary and evaluation records are not optimizer steps
+        self.history.append({"step": float(state.global_step), **canonical_stats(logs)})
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        folder = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if self.guard is not None and args.should_save and folder.is_dir():
+            (folder / GUARD_STATE_FILE).write_text(json.dumps(self.guard.state_dict()))
+
+    # -- the step's stats -------------------------------------------------------------------------------
+    def _step_stats(self) -> StepStats:
+        """The objective's per-micro-batch stats (GuardedGRPOTrainer) plus the trainer's metrics of this step."""
+        trainer = self._trainer
+        if trainer is None:
+            return StepStats()
+        take = getattr(trainer, "rlguard_take_step_stats", None)
+        stats: StepStats = take() if take is not None else StepStats()
+        # TRL's lists hold this step only (the callback logs every step) and are already reduced over processes,
+        # so every rank adds the same values and the mean over ranks keeps them
+        keys = _GENERATION_KEYS if take is not None else (*_GENERATION_KEYS, *_TRL_LOSS_KEYS)
+        metrics = trainer._metrics["train"]
+        for key in keys:
+            name = TRL_TO_CANONICAL[key]
+            values = [v for v in metrics.get(key, ()) if v is not None and not math.isnan(v)]
+            if values and name in STAT_REDUCTIONS:
+                stats.add(name, sum(values) / len(values))
+        return stats
+
+    # -- applying a decision ----------------------------------------------------------------------------
+    def _apply(
+        self,
+        decision: Decision,
+        args: TrainingArguments,
+        control: TrainerControl,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        action = decision.action
+        if decision.snapshot:
+            self._take_snapshot(decision.step, args, model, optimizer)
+        if action == "rollback" and not self._restore(args, model, optimizer):
+            action = "halt"  # nothing to go back to: stop rather than train on
+        if action in ("skip_step", "rollback", "halt"):
+            for p in model.parameters():
+                p.grad = None  # optimizer.step() skips parameters without a gradient
+        if action == "halt":
+            control.should_training_stop = True
+        if decision.lr_scale != 1.0:
+            self._unscaled_lrs = [group["lr"] for group in optimizer.param_groups]
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * decision.lr_scale
+        set_clip = getattr(self._trainer, "rlguard_set_clip", None)
+        if set_clip is not None:
+            set_clip(decision.clip_scale, decision.clip_low, decision.clip_high)
+        self._log(decision, action)
+
+    def _log(self, decision: Decision, action: str) -> None:
+        if self._trainer is None:
+            return
+        metrics = self._trainer._metrics["train"]
+        metrics["rlguard/guard/lr_scale"].append(decision.lr_scale)
+        metrics["rlguard/guard/clip_scale"].append(decision.clip_scale)
+        if action == "skip_step":
+            metrics["rlguard/guard/skipped"].append(1.0)
+        if action == "rollback":
+            metrics["rlguard/guard/rollback_to"].append(float(self.snapshot_step or 0))
+        if action == "halt":
+            metrics["rlguard/guard/halted"].append(1.0)
+        for event in decision.events:
+            metrics[f"rlguard/event/{event.detector}"].append(_SEVERITY_LEVEL[event.severity])
+
+    def _take_snapshot(
+        self, step: int, args: TrainingArguments, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        snapshot = {"model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict())}
+        if self.snapshot_dir is None:
+            self._snapshot = snapshot
+        else:
+            Path(self.snapshot_dir).mkdir(parents=True, exist_ok=True)
+            torch.save(snapshot, self._snapshot_path(args))
+        self.snapshot_step = step
+
+    def _restore(self, args: TrainingArguments, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        if self.snapshot_step is None:
+            return False
+        snapshot = self._snapshot
+        if self.snapshot_dir is not None:
+            snapshot = torch.load(self._snapshot_path(args), weights_only=True)
+        if snapshot is None:
+            return False
+        model.load_state_dict(snapshot["model"])
+        optimizer.load_state_dict(snapshot["optimizer"])
+        return True
+
+    def _snapshot_path(self, args: TrainingArguments) -> Path:
+        return Path(str(self.snapshot_dir)) / f"rlguard_snapshot_rank{args.process_index}.pt"
+
+    def _load_guard_state(self, args: TrainingArguments, state: TrainerState) -> None:
+        assert self.guard is not None
+        path = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / GUARD_STATE_FILE
+        if path.is_file():
+            self.guard.load_state_dict(json.loads(path.read_text()))
+        else:
+            warnings.warn(
+                f"resuming at step {state.global_step} without guard state: {path} is missing, so the guard starts "
+                "with fresh baselines (resume from a checkpoint in output_dir to keep them).",
+                UserWarning,
+                stacklevel=2,
+            )
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A deep copy of a (nested) state dict with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

@@ -1,0 +1,184 @@
+"""``rlguard.adapters.trl_guard``: each decision applied by ``StabilityCallback`` to a real model and Adam optimizer
+through the callback events transformers' ``Trainer`` calls, in its order; checkpoint round trip of guard state.
+Whole TRL runs with injected faults are in ``integration_tests/test_trl_guard_faults.py``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from rlguard.adapters.trl import GuardedGRPOConfig
+from rlguard.adapters.trl_guard import GUARD_STATE_FILE, StabilityCallback, canonical_stats, make_guard
+from rlguard.guards import Decision, Guard, GuardConfig
+
+
+class ScriptedGuard(Guard):
+    """A real Guard whose decision at each step is scripted; records the stats it was given."""
+
+    def __init__(self, script: Mapping[int, Decision]) -> None:
+        super().__init__(GuardConfig.preset("monitor"))
+        self.script = dict(script)
+        self.seen: list[dict[str, float]] = []
+
+    def observe(self, step: int, stats: Mapping[str, float]) -> Decision:
+        self.seen.append(dict(stats))
+        return self.script.get(step, Decision(step))
+
+
+class Loop:
+    """The part of ``Trainer``'s loop around one optimizer step, with a linear model and Adam."""
+
+    def __init__(self, callback: StabilityCallback, tmp_path: Path, max_grad_norm: float = 1.0) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(3, 2)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
+        self.args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+        self.args.max_grad_norm = max_grad_norm
+        self.state, self.control, self.callback = TrainerState(), TrainerControl(), callback
+        callback.on_train_begin(self.args, self.state, self.control)
+
+    def step(self, scale: float = 1.0) -> None:
+        self.model(torch.ones(4, 3)).pow(2).sum().mul(scale).backward()
+        kw = {"model": self.model, "optimizer": self.optimizer, "lr_scheduler": None}
+        self.callback.on_pre_optimizer_step(self.args, self.state, self.control, **kw)
+        self.lr_used = [g["lr"] for g in self.optimizer.param_groups]
+        self.optimizer.step()
+        self.callback.on_optimizer_step(self.args, self.state, self.control, **kw)
+        self.model.zero_grad()
+        self.state.global_step += 1
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.model.parameters()]
+
+    def adam_steps(self) -> list[float]:
+        return [float(s["step"]) for s in self.optimizer.state.values()]
+
+
+def test_skip_step_leaves_weights_and_optimizer_state(tmp_path: Path) -> None:
+    guard = ScriptedGuard({2: Decision(2, action="skip_step")})
+    loop = Loop(StabilityCallback(guard=guard), tmp_path)
+    loop.step()
+    before, steps = loop.weights(), loop.adam_steps()
+    loop.step(scale=float("nan"))  # a poisoned step
+    assert all(torch.equal(a, b) for a, b in zip(before, loop.weights(), strict=True))
+    assert loop.adam_steps() == steps == [1.0, 1.0]
+    assert guard.seen[1]["nonfinite"] > 0 and guard.seen[0]["nonfinite"] == 0
+    loop.step()
+    assert loop.adam_steps() == [2.0, 2.0]
+
+
+def test_stats_hold_the_norm_before_clipping_and_the_grads_are_clipped(tmp_path: Path) -> None:
+    guard = ScriptedGuard({})
+    loop = Loop(StabilityCallback(guard=guard), tmp_path, max_grad_norm=1.0)
+    assert loop.args.max_grad_norm == 0.0  # the callback clips
+    loop.model(torch.ones(4, 3)).pow(2).sum().backward()
+    expected = torch.nn.utils.get_total_norm([p.grad for p in loop.model.parameters()]).item()
+    loop.model.zero_grad()
+    loop.step()
+    assert guard.seen[0]["grad_norm"] == pytest.approx(expected) and expected > 1.0
+    assert guard.seen[0]["lr"] == 0.1
+    loop.callback.on_train_end(loop.args, loop.state, loop.control)
+    assert loop.args.max_grad_norm == 1.0
+
+
+def test_lr_scale_applies_to_the_step_only(tmp_path: Path) -> None:
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, lr_scale=0.25)})), tmp_path)
+    loop.step()
+    assert loop.lr_used == [0.025]
+    assert [g["lr"] for g in loop.optimizer.param_groups] == [0.1]  # the scheduler's value, restored
+    loop.step()
+    assert loop.lr_used == [0.1]
+
+
+def test_rollback_restores_the_snapshot(tmp_path: Path) -> None:
+    script = {1: Decision(1, snapshot=True), 4: Decision(4, action="rollback", rollback_to=1)}
+    loop = Loop(StabilityCallback(guard=ScriptedGuard(script), snapshot_dir=str(tmp_path / "snap")), tmp_path)
+    initial = loop.weights()
+    for _ in range(3):
+        loop.step()
+    assert not torch.equal(initial[0], loop.weights()[0])
+    loop.step()  # step 4 rolls back to the weights before step 1's update
+    assert all(torch.equal(a, b) for a, b in zip(initial, loop.weights(), strict=True))
+    assert loop.adam_steps() == [] and loop.callback.snapshot_step == 1
+
+
+def test_rollback_without_snapshot_halts(tmp_path: Path) -> None:
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, action="rollback", rollback_to=0)})), tmp_path)
+    loop.step()
+    assert loop.control.should_training_stop and loop.adam_steps() == []
+
+
+def test_halt_stops_training(tmp_path: Path) -> None:
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({2: Decision(2, action="halt")})), tmp_path)
+    loop.step()
+    assert not loop.control.should_training_stop
+    loop.step()
+    assert loop.control.should_training_stop and loop.adam_steps() == [1.0, 1.0]
+
+
+def test_guard_state_resumes_from_the_checkpoint_folder(tmp_path: Path) -> None:
+    callback = StabilityCallback(guard=GuardConfig.preset("default"))
+    loop = Loop(callback, tmp_path)
+    for _ in range(3):
+        loop.step()
+    (tmp_path / "checkpoint-3").mkdir()
+    callback.on_save(loop.args, loop.state, loop.control)
+    saved = json.loads((tmp_path / "checkpoint-3" / GUARD_STATE_FILE).read_text())
+    assert saved["last_step"] == 3
+
+    resumed = StabilityCallback(guard="default")
+    state = TrainerState()
+    state.global_step = 3
+    resumed.on_train_begin(loop.args, state, TrainerControl())
+    assert resumed.guard is not None and resumed.guard.state_dict() == saved
+    assert resumed.guard.config.events_path == str(tmp_path / "events.jsonl")
+
+
+def test_make_guard_and_config_validate() -> None:
+    assert make_guard("strict").config.snapshot_interval == 5
+    with pytest.raises(ValueError, match="unknown guard preset 'loud'"):
+        make_guard("loud")
+    with pytest.raises(ValueError, match="guard must be a preset name"):
+        make_guard(3)  # type: ignore[arg-type]
+    args = GuardedGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", guard="monitor")
+    assert args.guard == "monitor"
+    strict = GuardConfig.preset("strict")
+    args = GuardedGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", guard=strict)
+    assert json.loads(args.to_json_string())["guard"] == repr(strict)  # report_to integrations log the config
+
+
+def test_guard_keys_are_not_stats() -> None:
+    logs = {"rlguard/ratio_max": 1.5, "rlguard/guard/lr_scale": 0.5, "rlguard/event/nonfinite": 2.0, "reward": 0.1}
+    assert canonical_stats(logs) == {"ratio_max": 1.5, "reward_mean": 0.1}
+
+
+def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path) -> None:
+    from rlguard.adapters.trl import GuardedGRPOTrainer
+    from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
+
+    model_dir = save_tiny_llama(tmp_path / "model")
+    args = GuardedGRPOConfig(
+        output_dir=str(tmp_path / "out"), **cpu_training_arguments(), per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=4, loss_type="dapo", epsilon_high=0.28, guard="default",
+    )  # fmt: skip
+    trainer = GuardedGRPOTrainer(
+        model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8)
+    )
+    objective = trainer.rlguard_objective
+    assert objective.on_nonfinite == "mask"
+    callbacks = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
+    assert len(callbacks) == 1 and callbacks[0].guard is trainer.rlguard_guard is not None
+    trainer.rlguard_set_clip(0.5)
+    assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.1, 0.14)  # type: ignore[attr-defined]
+    trainer.rlguard_set_clip(1.0, clip_high=0.2)  # a scheduled value replaces the configured one
+    assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.2, 0.2)  # type: ignore[attr-defined]
+    trainer.rlguard_set_clip(1.0)
+    assert trainer.rlguard_objective is objective or trainer.rlguard_objective == objective

@@ -12,8 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	# keep TORCH_SPEC in the same command so that no extra's requirements can swap torch
-	$(PY) -m pip install --quiet -e ".[dev,trl,verl]" "$(TORCH_SPEC)"
+	# keep TORCH_SPEC in the same command so that no extra's requirements can swap torch;
+	# DS_BUILD_OPS=0: DeepSpeed compiles the few CPU ops it needs at first use instead of at install
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e ".[dev,trl,verl,deepspeed]" "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -25,7 +26,8 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# real TRL and verl runs on CPU with tiny models: several steps per objective, and under torchrun with 2 processes
+# real TRL and verl runs on CPU with tiny models: several steps per objective, under torchrun with 2 processes,
+# and TRL under DeepSpeed ZeRO-2 and ZeRO-3 with 2 processes
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
 

@@ -58,9 +58,10 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
-from rlguard.adapters.trl_guard import TRL_TO_CANONICAL, StabilityCallback, canonical_stats, make_guard
+from rlguard.adapters.trl_guard import StabilityCallback, canonical_stats, make_guard
 from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, SAPO, Objective, PolicyBatch, aggregate, get_objective
 from rlguard.core_losses.registry import objective_class
+from rlguard.doctor.keys import TRL_TO_CANONICAL
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 
 __all__ = [

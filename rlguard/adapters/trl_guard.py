@@ -51,32 +51,13 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl_guard needs transformers: pip install 'rlguard[trl]' ({err}).") from err
 
+from rlguard.doctor.keys import TRL_TO_CANONICAL  # one table for the live callback and the doctor
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
 
 GUARD_STATE_FILE = "rlguard_guard.json"
 EVENTS_FILE = "events.jsonl"
 _SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
 
-#: TRL's logged keys -> DESIGN.md's canonical names. ``rlguard/<name>`` keys map to ``<name>`` and take precedence.
-TRL_TO_CANONICAL: dict[str, str] = {
-    "loss": "loss",
-    "entropy": "entropy",
-    "kl": "kl_ref",
-    "clip_ratio/region_mean": "clip_frac",
-    "clip_ratio/low_mean": "clip_frac_low",
-    "clip_ratio/high_mean": "clip_frac_high",
-    "cispo_clip_ratio": "clip_frac",
-    "reward": "reward_mean",
-    "reward_std": "reward_std",
-    "frac_reward_zero_std": "frac_zero_std_groups",
-    "completions/mean_length": "length_mean",
-    "completions/max_length": "length_max",
-    "completions/clipped_ratio": "truncated_frac",
-    "sampling/sampling_logp_difference/mean": "mismatch_logp_abs_mean",
-    "sampling/sampling_logp_difference/max": "mismatch_logp_abs_max",
-    "grad_norm": "grad_norm",
-    "learning_rate": "lr",
-}
 #: TRL metrics written when completions are generated and scored (the rest come from TRL's loss).
 _GENERATION_KEYS = (
     "reward",

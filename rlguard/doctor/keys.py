@@ -4,8 +4,8 @@ A key is read after stripping a logger's namespace (``train/`` from wandb and Te
 ``rlguard/<name>`` (what rlguard's adapters log) and bare canonical names map to themselves and win over a
 framework's own key for the same name: they are computed by rlguard's exact objectives.
 
-Overlap: :data:`rlguard.adapters.trl.TRL_TO_CANONICAL` holds the TRL half of this table for the live callback; it is
-not imported here because that module imports TRL, and the doctor must read logs without TRL installed.
+:data:`TRL_TO_CANONICAL` is also the table of the live TRL callback (:mod:`rlguard.adapters.trl_guard`); this module
+imports no framework, so the doctor reads logs without TRL or verl installed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ CANONICAL: frozenset[str] = frozenset(
 #: names the doctor adds for plotting only (no detector reads them): verl's probability-space mismatch
 DOCTOR_ONLY: frozenset[str] = frozenset({"mismatch_prob_abs_mean", "mismatch_prob_abs_max"})
 
-#: framework key -> canonical name; where two keys give one name, the first listed wins
-KEY_TO_CANONICAL: dict[str, str] = {
-    # TRL GRPOTrainer (trl/trainer/grpo_trainer.py, ``_metrics[mode][...]``) and transformers' Trainer
+#: TRL GRPOTrainer's logged keys (trl/trainer/grpo_trainer.py, ``_metrics[mode][...]``) and transformers' Trainer
+TRL_TO_CANONICAL: dict[str, str] = {
     "loss": "loss",
     "entropy": "entropy",
     "kl": "kl_ref",
@@ -42,7 +41,9 @@ KEY_TO_CANONICAL: dict[str, str] = {
     "sampling/sampling_logp_difference/max": "mismatch_logp_abs_max",
     "grad_norm": "grad_norm",
     "learning_rate": "lr",
-    # verl (dp actor, ray trainer's compute_data_metrics, rollout_corr_helper, utils/debug/metrics.py)
+}
+#: verl's keys (dp actor, ray trainer's compute_data_metrics, rollout_corr_helper, utils/debug/metrics.py)
+VERL_TO_CANONICAL: dict[str, str] = {
     "actor/pg_loss": "loss",
     "actor/entropy": "entropy",
     "actor/grad_norm": "grad_norm",
@@ -61,6 +62,8 @@ KEY_TO_CANONICAL: dict[str, str] = {
     "training/rollout_probs_diff_max": "mismatch_prob_abs_max",
     "training/rollout_actor_probs_pearson_corr": "mismatch_prob_corr",
 }
+#: framework key -> canonical name; where two keys give one name, the first listed wins
+KEY_TO_CANONICAL: dict[str, str] = {**TRL_TO_CANONICAL, **VERL_TO_CANONICAL}
 
 #: logger namespaces stripped before lookup (wandb and TensorBoard prefix TRL's keys with ``train/``)
 NAMESPACES: tuple[str, ...] = ("train/",)

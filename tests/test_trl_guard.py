@@ -182,3 +182,13 @@ def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path)
     assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.2, 0.2)  # type: ignore[attr-defined]
     trainer.rlguard_set_clip(1.0)
     assert trainer.rlguard_objective is objective or trainer.rlguard_objective == objective
+
+
+def test_a_guard_refuses_to_act_under_deepspeed(tmp_path: Path) -> None:
+    """Under DeepSpeed the engine steps inside backward; the guard must refuse, not act after the update."""
+    from types import SimpleNamespace
+
+    callback = StabilityCallback(guard=Guard(GuardConfig.preset("default")))
+    args = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}}, output_dir=str(tmp_path), process_index=0)
+    with pytest.raises(NotImplementedError, match="cannot act under DeepSpeed yet"):
+        callback.on_train_begin(args, SimpleNamespace(global_step=0), SimpleNamespace())  # type: ignore[arg-type]

@@ -157,6 +157,14 @@ class StabilityCallback(TrainerCallback):
     ) -> None:
         if self.guard is None:
             return
+        if getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False):
+            # DeepSpeed clips, steps the optimizer and the scheduler inside backward: a decision taken here would
+            # come after the update, so refuse rather than act wrongly
+            raise NotImplementedError(
+                "StabilityCallback(guard=...) cannot act under DeepSpeed yet: the engine updates the weights inside "
+                "backward, before the guard could decide. Use StabilityCallback() without a guard to record the "
+                "stats, or diagnose the log offline with `rlguard doctor`."
+            )
         if self.guard.config.events_path is None or args.process_index != 0:
             self.guard.config.events_path = (
                 str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None

@@ -121,7 +121,8 @@ class SpikeDetector(Detector):
             return None
         x = math.log(max(value, self.floor))
         finding = None
-        if armed and len(self._s_window) >= 3 and value >= self.min_value:
+        # two baseline values suffice: a finding needs both the factor and the robust z over them
+        if armed and len(self._s_window) >= 2 and value >= self.min_value:
             median = self._s_window.median()
             factor = math.exp(x - median)
             z = self._s_window.robust_z(x, floor=0.05)

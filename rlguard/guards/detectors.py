@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from rlguard.guards.events import Finding, Severity
 from rlguard.guards.robust import RollingWindow, cusum_step, mann_kendall_z
+from rlguard.guards.state import PrivateState
 
 
 @dataclass(kw_only=True)
-class Detector:
+class Detector(PrivateState):
     """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
 
     Attributes:
@@ -49,29 +50,6 @@ class Detector:
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         """Judge one step and update the baseline; ``armed`` is False during warm-up (learn, never find)."""
         raise NotImplementedError
-
-    # state: every attribute whose name starts with "_s_" is saved; windows as lists
-    def state_dict(self) -> dict[str, Any]:
-        """Baselines and counters, JSON-ready."""
-        return {
-            k: (list(v.values) if isinstance(v, RollingWindow) else v)
-            for k, v in vars(self).items()
-            if k.startswith("_s_")
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        for k, v in state.items():
-            cur = getattr(self, k, None)
-            if isinstance(cur, RollingWindow):
-                setattr(self, k, RollingWindow(cur.values.maxlen or len(v), v))
-            else:
-                setattr(self, k, v)
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """Constructor arguments and their defaults."""
-        return {f.name: f.default for f in fields(cls) if f.init}
 
 
 def _metric(stats: Mapping[str, float], name: str) -> float | None:

@@ -8,10 +8,11 @@ Interventions are keyword-only dataclasses with private state (``_s_*``) saved i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.state import PrivateState
 
 Action = Literal["continue", "skip_step", "scale_lr", "set_clip", "rollback", "halt"]
 ACTION_PRIORITY: dict[str, int] = {
@@ -59,7 +60,7 @@ class Proposal:
 
 
 @dataclass(kw_only=True)
-class Intervention:
+class Intervention(PrivateState):
     """Base class; subclasses set ``name`` and implement :meth:`propose`."""
 
     name: ClassVar[str] = ""
@@ -71,20 +72,6 @@ class Intervention:
 
     def on_rollback(self, step: int) -> None:
         """Called when the guard decides to roll back (state that must not survive it)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Private state (attributes named ``_s_*``), JSON-ready."""
-        return {k: v for k, v in vars(self).items() if k.startswith("_s_")}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        for k, v in state.items():
-            setattr(self, k, v)
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """Constructor arguments and their defaults."""
-        return {f.name: f.default for f in fields(cls) if f.init}
 
 
 def _hits(findings: Mapping[str, Finding], on: tuple[str, ...], severity: Severity) -> list[str]:

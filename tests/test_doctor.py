@@ -229,6 +229,9 @@ def test_keys_of_the_issue_map_to_canonical_names() -> None:
     # rlguard's own stat wins over the framework's key for the same name
     assert canonical_stats({"kl": 1.0, "rlguard/kl_ref": 2.0}) == {"kl_ref": 2.0}
     assert canonical_stats({"rlguard/kl_ref": 2.0, "kl": 1.0}) == {"kl_ref": 2.0}
+    # verl's trainers log the guarded loss's rlguard/<name> under actor/
+    assert canonical_stats({"actor/rlguard/nonfinite": 3.0, "actor/entropy": 1.5}) == {"nonfinite": 3.0, "entropy": 1.5}
+    assert canonical_stats({"actor/rlguard/guard/skipped": 1.0}) == {}
 
 
 def test_read_log_errors_are_input_errors(tmp_path: Path) -> None:

@@ -32,6 +32,10 @@ verl (``actor_rollout_ref.actor.*``)  rlguard
 :class:`RLGuardPolicyLossConfig`      ``objective_kwargs`` (override every mapped value)
 ====================================  ===========================================================================
 
+With ``policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig`` the same ``rlguard.<name>``
+runs guarded (poisoned sequences masked, micro-batch skipping, the guard's clip range):
+:mod:`rlguard.adapters.verl_guard`.
+
 Where rlguard and verl's own losses differ (float64 parity otherwise, tests/test_adapters_verl.py):
 
 - verl's ``gspo`` is GSPO-token (``sg[s_i] pi_t / sg[pi_t]``). With one advantage and IS weight per sequence
@@ -337,7 +341,10 @@ def _loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
         config: Any = None,
         rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
-        return policy_loss(
+        loss = policy_loss
+        if getattr(_get(config, "policy_loss"), "rlguard_guarded", False):  # verl_guard.GuardedPolicyLossConfig
+            from rlguard.adapters.verl_guard import guarded_policy_loss as loss
+        return loss(
             name,
             old_log_prob=old_log_prob,
             log_prob=log_prob,

@@ -109,9 +109,16 @@ def strip_namespace(key: str) -> str:
     return key
 
 
+#: verl's trainers log the workers' metrics under ``actor/`` (``rename_dict``): the guarded loss's ``rlguard/<name>``
+#: arrives as ``actor/rlguard/<name>``
+_VERL_WORKER_RLGUARD = "actor/" + _RLGUARD
+
+
 def canonical_name(key: str) -> tuple[str, int] | None:
     """The canonical name of a raw key and its priority (lower wins), or None if it has none."""
     key = strip_namespace(key)
+    if key.startswith(_VERL_WORKER_RLGUARD):
+        key = key[len("actor/") :]
     if key.startswith(_RLGUARD) and key[len(_RLGUARD) :] in CANONICAL:
         return key[len(_RLGUARD) :], 0
     if key in KEY_TO_CANONICAL:

@@ -1,0 +1,553 @@
+"""The guard in verl 0.9.1: the workers act through the policy loss, the driver watches verl's metrics.
+
+Workers. Select the guarded loss with the usual ``rlguard.<name>`` loss mode and this module's config::
+
+    actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo
+    actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig
+    +actor_rollout_ref.actor.policy_loss.max_poisoned_frac=0.5
+
+Each micro-batch, :func:`guarded_policy_loss` (what ``rlguard.<name>`` runs under this config):
+
+- masks poisoned sequences: a response with a NaN/Inf log-prob, old log-prob, advantage or IS weight at an
+  unmasked position leaves the loss (zero gradient through ``torch.where``; the mini-batch's normalisers,
+  which verl fixes from ``global_batch_info``, are unchanged), so the other sequences train as if it were
+  absent;
+- returns a zero loss, still connected to the graph (zero gradient, finite, and every FSDP rank runs its
+  backward), when more than ``max_poisoned_frac`` of its sequences are poisoned or the driver set ``skip``;
+- takes its clip range from the driver: ``clip_scale`` multiplies ``clip_ratio_low``/``clip_ratio_high``
+  (and clip values in ``objective_kwargs``); ``clip_low``/``clip_high``, where set, replace them first
+  (the guard's clip schedules);
+- reports ``rlguard/nonfinite`` (non-finite values at unmasked positions), ``rlguard/masked_frac`` (tokens
+  dropped, poisoned sequences included) and ``rlguard/guard/poisoned_seqs``, ``rlguard/guard/skipped``,
+  ``rlguard/guard/clip_scale`` next to the objective's ``rlguard/*`` metrics. verl averages every policy-loss
+  metric over micro-batches and ranks, so ``rlguard/guard/skipped`` is the fraction of micro-batches skipped.
+
+Driver. :func:`guarded_trainer_class` adds a :class:`VerlGuardDriver` to a verl trainer class:
+``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (``trainer.use_v1=true``; register it as
+``trainer.v1.trainer_mode=rlguard`` with :func:`register_v1_trainer` in the process that runs ``TaskRunnerV1``)
+and ``GuardedRayPPOTrainer`` for the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``, deprecated in 0.9.1).
+Both are built on first access (importing verl's trainers needs Ray and, for V1, TransferQueue) and take
+``guard=`` (default: ``+trainer.rlguard_guard=<preset>`` of the config, else ``"default"``). verl builds each
+step's metrics inside ``fit`` and hands them to a ``Tracking`` logger that ``fit`` creates itself: a V1 ``fit``
+stores it as ``self.logger`` and then calls ``on_train_begin``, where the guard wraps it; ``RayPPOTrainer.fit``
+keeps it in a local variable, so for the length of ``fit`` ``verl.utils.tracking.Tracking`` (imported by ``fit``
+when it starts) is a subclass that feeds the guard. Either way the guard sees what the loggers see, once per
+step, after that step's update. The metrics are mapped to canonical stats with
+:func:`rlguard.doctor.keys.canonical_stats` (one table for the doctor and this; the workers' ``rlguard/<name>``
+arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides, and the driver:
+
+- ``set_clip`` (and schedules): sends the workers a new loss through verl's ``set_loss_fn`` (a registered
+  ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound to the actor config with
+  updated ``clip_scale``/``clip_low``/``clip_high``. That is the channel from driver to workers: verl passes a
+  policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
+  sends another. One call when the controls change, none otherwise; it applies from the next step;
+- ``snapshot``: saves a verl checkpoint (``_save_checkpoint``, ``global_step_<N>``) unless this step has one;
+- ``rollback``: loads the newest ``global_step_<N>`` with ``N <= rollback_to`` into the actor (and critic)
+  workers (``load_checkpoint``: weights, optimizer and LR scheduler), syncs the rollout replicas
+  (``sleep_replicas`` + ``update_weights``, as ``fit`` does each step) and saves the restored state as this
+  step's checkpoint (so that a resume starts from it). The step counter and the dataloader keep going forward
+  (fresh data), as in the TRL adapter. Checkpoints between the two are never rolled back to. No checkpoint at
+  or before ``rollback_to``: the run halts. A checkpoint holds the weights *after* its step's update, judged
+  healthy from that step's stats (gradient norm, KL, clip fractions); its rewards show one step later;
+- ``halt``: ``fit`` returns after logging the step (the driver is verl's single controller: the workers only
+  answer its calls, so no rank is left waiting);
+- guard state: ``rlguard_guard.json`` in each ``global_step_<N>`` folder, read back by ``_load_checkpoint``
+  (``trainer.resume_mode``); events go to ``<trainer.default_local_dir>/events.jsonl`` and to verl's loggers
+  as ``rlguard/event/<detector>`` (1 warn, 2 critical) with ``rlguard/guard/{action,lr_scale,clip_scale,
+  rollback_to,halted}``.
+
+What does not work in verl 0.9.1, and why:
+
+- ``skip_step`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
+  decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
+  the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
+  the weights (``skip`` gives zero gradient, not an unchanged optimizer state).
+- ``lr_scale`` is recorded, not applied: verl offers the driver no call that sets the actor's learning rate, and
+  scaling the loss does not scale Adam's update.
+- Poison outside the policy loss (NaN reference log-probs or entropies, in verl's own KL and entropy terms) is
+  not masked: verl's engine then drops the whole update (``grad_norm`` not finite), as it does for any NaN.
+- Without a guard, verl 0.9.1's FSDP engine already refuses a step whose gradient norm is not finite: a poisoned
+  micro-batch does not make the weights NaN, it throws away the update of the whole mini-batch (the clean
+  micro-batches too) while the LR scheduler advances; integration_tests/test_verl_guard_engine.py measures both.
+- Distillation losses (``distillation_ppo_loss``) and verl's own loss modes are not guarded.
+- Not wired into verl's stock ``python -m verl.trainer.main_ppo`` without a few lines of launcher code: its task
+  runners build verl's own trainer class (V1: by name from the trainer registry, inside a Ray actor).
+- Not run end to end: verl's trainers need Ray, a rollout engine (vLLM/SGLang) and, for V1, TransferQueue. The
+  driver is tested on stand-in trainers that follow verl's ``fit``, ``_save_checkpoint`` and
+  ``_load_checkpoint`` with recording worker groups (tests/test_verl_guard.py); the loss runs in verl's real
+  FSDP2 engine on CPU (integration_tests/test_verl_guard_engine.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
+from numbers import Real
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from rlguard.adapters.trl_guard import EVENTS_FILE, GUARD_STATE_FILE, make_guard
+from rlguard.adapters.verl import RLGuardPolicyLossConfig, _get, policy_loss
+from rlguard.doctor.keys import canonical_stats
+from rlguard.guards import Decision, Guard, GuardConfig
+
+__all__ = [
+    "GuardHalt",
+    "GuardedPolicyLossConfig",
+    "VerlGuardDriver",
+    "driver_stats",
+    "guarded_policy_loss",
+    "guarded_tracking",
+    "guarded_trainer_class",
+    "poisoned_sequences",
+    "register_v1_trainer",
+]
+
+_CLIP_KEYS = ("clip_low", "clip_high")
+_STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
+_SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
+_ACTION_CODE = {"continue": 0.0, "set_clip": 1.0, "scale_lr": 2.0, "skip_step": 3.0, "rollback": 4.0, "halt": 5.0}
+
+
+@dataclasses.dataclass
+class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
+    """``actor_rollout_ref.actor.policy_loss`` for the guarded ``rlguard.<name>`` losses.
+
+    Select it with ``policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig``; set
+    ``max_poisoned_frac`` with hydra's ``+``. The other fields are the driver's controls, sent by
+    :class:`VerlGuardDriver` (leave them at their defaults on the command line).
+
+    Attributes:
+        max_poisoned_frac: a micro-batch with more than this fraction of its sequences poisoned (NaN/Inf inputs)
+            gives a zero loss; below it, only the poisoned sequences are masked. 1.0 never skips.
+        clip_scale: multiplies the clip range (the guard's clip controller).
+        clip_low, clip_high: replace ``clip_ratio_low``/``clip_ratio_high`` before scaling (clip schedules).
+        skip: every micro-batch gives a zero loss (zero gradient; verl's optimizer still steps).
+    """
+
+    rlguard_guarded: ClassVar[bool] = True  # read by rlguard.adapters.verl's loss functions
+
+    max_poisoned_frac: float = 0.5
+    clip_scale: float = 1.0
+    clip_low: float | None = None
+    clip_high: float | None = None
+    skip: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.max_poisoned_frac <= 1.0:
+            raise ValueError(
+                f"policy_loss.max_poisoned_frac must be in [0, 1] (1 never skips); got {self.max_poisoned_frac!r}."
+            )
+        if not (isinstance(self.clip_scale, Real) and self.clip_scale > 0 and math.isfinite(self.clip_scale)):
+            raise ValueError(f"policy_loss.clip_scale must be a finite number > 0; got {self.clip_scale!r}.")
+        for key in _CLIP_KEYS:
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, Real) and value >= 0):
+                raise ValueError(f"policy_loss.{key} must be null or a number >= 0; got {value!r}.")
+
+
+def poisoned_sequences(response_mask: Tensor, *tensors: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Rows with a NaN/Inf at an unmasked position of any of ``tensors`` (each ``(B, T)``, None skipped).
+
+    Returns:
+        ``(poisoned (B,) bool, nonfinite () count of non-finite values at unmasked positions)``.
+    """
+    keep = response_mask.bool()  # (B, T)
+    bad = torch.zeros_like(keep)
+    count = torch.zeros((), dtype=torch.float64, device=keep.device)
+    for value in tensors:
+        if value is None:
+            continue
+        hit = ~torch.isfinite(value.detach()) & keep  # (B, T)
+        bad = bad | hit
+        count = count + hit.sum()
+    return bad.any(dim=-1), count
+
+
+class _ClipOverlay:
+    """verl's actor config with the driver's clip range: ``get`` answers the clip keys, the rest is the config's."""
+
+    def __init__(self, config: Any, guard: GuardedPolicyLossConfig) -> None:
+        self._config = config
+        ratio = _get(config, "clip_ratio", 0.2)
+        low = guard.clip_low if guard.clip_low is not None else _get(config, "clip_ratio_low")
+        high = guard.clip_high if guard.clip_high is not None else _get(config, "clip_ratio_high")
+        scale = guard.clip_scale
+        self._values: dict[str, Any] = {
+            "clip_ratio_low": (ratio if low is None else low) * scale,
+            "clip_ratio_high": (ratio if high is None else high) * scale,
+        }
+        kwargs = dict(guard.objective_kwargs)
+        scaled = {key: kwargs[key] * scale for key in _CLIP_KEYS if kwargs.get(key) is not None}
+        if scaled:
+            self._values["policy_loss"] = dataclasses.replace(guard, objective_kwargs={**kwargs, **scaled})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self._values:
+            return self._values[key]
+        return _get(self._config, key, default)
+
+
+def guarded_policy_loss(
+    name: str,
+    *,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """rlguard objective ``name`` under ``config.policy_loss`` (a :class:`GuardedPolicyLossConfig`), with verl's
+    calling convention; all tensors ``(B, T)``. See the module for what it masks, skips and reports."""
+    guard = _get(config, "policy_loss")
+    if not isinstance(guard, GuardedPolicyLossConfig):
+        raise ValueError(
+            "guarded_policy_loss needs config.policy_loss to be a GuardedPolicyLossConfig; got "
+            f"{type(guard).__name__}. Set policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig."
+        )
+    mask = response_mask.bool()  # (B, T)
+    poisoned, nonfinite = poisoned_sequences(mask, log_prob, old_log_prob, advantages, rollout_is_weights)  # (B,)
+    kept = mask & ~poisoned.unsqueeze(-1)  # (B, T)
+    live = mask.any(dim=-1)  # (B,)
+    poisoned_frac = poisoned.sum() / live.sum().clamp(min=1)
+    skip = (poisoned_frac > guard.max_poisoned_frac) | guard.skip  # () bool, no host sync
+    loss, metrics = policy_loss(
+        name,
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=kept.to(response_mask.dtype),
+        loss_agg_mode=loss_agg_mode,
+        config=_ClipOverlay(config, guard),
+        rollout_is_weights=rollout_is_weights,
+    )
+    # zero loss, zero gradient, graph intact (every rank's FSDP backward must run)
+    zero = torch.where(torch.zeros_like(mask), log_prob, torch.zeros_like(log_prob)).sum().to(loss.dtype)
+    loss = torch.where(skip, zero, loss)
+    with torch.no_grad():
+        tokens = mask.sum()
+        dropped = tokens - kept.sum()
+        extra = torch.stack([nonfinite, dropped.double(), tokens.double(), poisoned.sum().double(), skip.double()])
+    nonfinite_count, dropped_tokens, all_tokens, n_poisoned, skipped = extra.tolist()
+    objective_dropped = metrics.get("rlguard/masked_frac", 0.0) * (all_tokens - dropped_tokens)
+    metrics.update(
+        {
+            "rlguard/nonfinite": nonfinite_count,
+            "rlguard/masked_frac": (dropped_tokens + objective_dropped) / max(all_tokens, 1.0),
+            "rlguard/guard/poisoned_seqs": n_poisoned,
+            "rlguard/guard/skipped": skipped,
+            "rlguard/guard/clip_scale": float(guard.clip_scale),
+        }
+    )
+    return loss, metrics
+
+
+# -- driver ---------------------------------------------------------------------------------------------------
+
+
+class GuardHalt(Exception):
+    """Raised by the driver's logger to end ``fit`` after logging the step the guard halted on."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(f"rlguard halted training at step {decision.step}: {decision.reason}")
+        self.decision = decision
+
+
+def driver_stats(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Canonical stats of one step's metrics as ``fit`` logs them, through the doctor's key table (which also reads
+    the guarded loss's ``rlguard/<name>`` metrics, logged by verl's trainers as ``actor/rlguard/<name>``)."""
+    return canonical_stats({k: float(v) for k, v in metrics.items() if isinstance(v, Real) and not isinstance(v, bool)})
+
+
+class VerlGuardDriver:
+    """The guard on verl's driver: observes each training step's metrics and acts on the trainer.
+
+    ``trainer`` needs what ``RayPPOTrainer`` has: ``config``, ``global_steps``, ``actor_rollout_wg``
+    (``set_loss_fn``, ``load_checkpoint``), ``checkpoint_manager`` (``sleep_replicas``, ``update_weights``),
+    ``use_critic``/``critic_wg`` and ``_save_checkpoint``.
+
+    Args:
+        trainer: the trainer acted on.
+        guard: a preset name, a ``GuardConfig`` or a ``Guard``; events go to
+            ``<trainer.default_local_dir>/events.jsonl`` unless its config names a file.
+    """
+
+    def __init__(self, trainer: Any, guard: str | GuardConfig | Guard = "default") -> None:
+        self.trainer = trainer
+        _check_trainer_config(trainer.config)
+        self.guard = make_guard(guard)
+        if self.guard.config.events_path is None:
+            self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
+        self.controls: dict[str, Any] = {"clip_scale": 1.0, "clip_low": None, "clip_high": None}
+        self.discarded: set[int] = set()  # checkpoints holding weights a rollback threw away
+        self.halted: Decision | None = None
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """``trainer.default_local_dir`` as verl resolves it (relative to the working directory)."""
+        return Path(os.path.abspath(self.trainer.config.trainer.default_local_dir))
+
+    def on_log(self, data: Mapping[str, Any], step: int) -> dict[str, float]:
+        """Judge a training step from the metrics ``fit`` logs and act; returns the guard's metrics to log.
+
+        Records that are not a training step (validation before training) are ignored.
+        """
+        if "training/global_step" not in data:
+            return {}
+        decision = self.guard.observe(step, driver_stats(data))
+        logged = {
+            "rlguard/guard/action": _ACTION_CODE[decision.action],
+            "rlguard/guard/lr_scale": decision.lr_scale,
+            "rlguard/guard/clip_scale": decision.clip_scale,
+        }
+        logged.update({f"rlguard/event/{e.detector}": _SEVERITY_LEVEL[e.severity] for e in decision.events})
+        if decision.action == "halt":
+            self.halted = decision
+        elif decision.action == "rollback":
+            folder = self.rollback_folder(decision.rollback_to)
+            if folder is None:
+                why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
+                self.halted = dataclasses.replace(decision, action="halt", reason=f"{decision.reason}; {why}")
+            else:
+                self.rollback(folder, step)
+                logged["rlguard/guard/rollback_to"] = float(_step_of(folder))
+        controls = {"clip_scale": decision.clip_scale, "clip_low": decision.clip_low, "clip_high": decision.clip_high}
+        if controls != self.controls:
+            self.controls = controls
+            self.push_controls()
+        folder = self.step_folder(step)
+        if decision.snapshot and not _nonempty(folder / "actor"):
+            self.trainer._save_checkpoint()
+        if folder.is_dir():
+            self.save(folder)  # this step's checkpoint also holds the guard's judgement of the step
+        logged["rlguard/guard/halted"] = float(self.halted is not None)
+        return logged
+
+    # -- acting on verl -------------------------------------------------------------------------------------
+    def actor_config(self) -> Any:
+        """The actor config the workers build (``omega_conf_to_dataclass``) with the driver's controls."""
+        from verl.utils.config import omega_conf_to_dataclass
+
+        config = omega_conf_to_dataclass(self.trainer.config.actor_rollout_ref.actor)
+        return dataclasses.replace(config, policy_loss=dataclasses.replace(config.policy_loss, **self.controls))
+
+    def push_controls(self) -> None:
+        """Send every actor worker verl's ``ppo_loss`` bound to :meth:`actor_config` (``set_loss_fn``)."""
+        from verl.workers.utils.losses import ppo_loss
+
+        self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss, config=self.actor_config()))
+
+    def step_folder(self, step: int) -> Path:
+        """verl's checkpoint folder of ``step``."""
+        return self.checkpoint_root / f"global_step_{step}"
+
+    def rollback_folder(self, healthy_step: int | None) -> Path | None:
+        """The newest ``global_step_<N>`` with an actor checkpoint, ``N <= healthy_step`` and not discarded."""
+        if healthy_step is None or not self.checkpoint_root.is_dir():
+            return None
+        candidates = [
+            (_step_of(p), p)
+            for p in self.checkpoint_root.iterdir()
+            if _STEP_FOLDER.match(p.name)
+            and _step_of(p) <= healthy_step
+            and _step_of(p) not in self.discarded
+            and _nonempty(p / "actor")
+        ]
+        return max(candidates)[1] if candidates else None
+
+    def rollback(self, folder: Path, step: int) -> None:
+        """Load ``folder``'s actor (and critic) checkpoint into the workers, sync the rollout replicas and save
+        the restored state as ``step``'s checkpoint, so that ``resume_mode=auto`` resumes from it. The checkpoints
+        between the two hold discarded weights and are never rolled back to."""
+        trainer = self.trainer
+        restored = _step_of(folder)
+        later = [_step_of(p) for p in self.checkpoint_root.iterdir() if _STEP_FOLDER.match(p.name)]
+        self.discarded |= {n for n in later if restored < n < step}
+        trainer.checkpoint_manager.sleep_replicas()
+        trainer.actor_rollout_wg.load_checkpoint(str(folder / "actor"), del_local_after_load=False)
+        if trainer.use_critic:
+            trainer.critic_wg.load_checkpoint(str(folder / "critic"), del_local_after_load=False)
+        trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        trainer._save_checkpoint()
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save(self, folder: Path) -> None:
+        """Write the guard's state and the workers' controls to ``folder/rlguard_guard.json``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"guard": self.guard.state_dict(), "controls": self.controls, "discarded": sorted(self.discarded)}
+        tmp = folder / (GUARD_STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state), encoding="utf-8")
+        tmp.replace(folder / GUARD_STATE_FILE)
+
+    def load(self, folder: Path) -> bool:
+        """Restore :meth:`save` from ``folder`` and send the controls to the workers; False if none was saved."""
+        path = folder / GUARD_STATE_FILE
+        if not path.is_file():
+            return False
+        state = json.loads(path.read_text(encoding="utf-8"))
+        self.guard.load_state_dict(state["guard"])
+        self.controls = dict(state["controls"])
+        self.discarded = set(state["discarded"])
+        self.push_controls()
+        return True
+
+
+def _check_trainer_config(config: Any) -> None:
+    policy = config.actor_rollout_ref.actor.policy_loss
+    mode, target = policy.get("loss_mode", ""), policy.get("_target_", "")
+    expected = f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}"
+    if not str(mode).startswith("rlguard.") or target != expected:
+        raise ValueError(
+            "the verl guard acts through rlguard's losses: set actor_rollout_ref.actor.policy_loss.loss_mode="
+            f"rlguard.<objective> and policy_loss._target_={expected}; got loss_mode={mode!r}, _target_={target!r}."
+        )
+    distillation = config.get("distillation")
+    if distillation is not None and distillation.get("enabled", False):
+        raise ValueError("the verl guard does not support distillation (distillation_ppo_loss); set enabled=false.")
+
+
+def _step_of(folder: Path) -> int:
+    match = _STEP_FOLDER.match(folder.name)
+    if match is None:
+        raise ValueError(f"{folder} is not a verl checkpoint folder (global_step_<N>).")
+    return int(match.group(1))
+
+
+def _nonempty(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+class _GuardedLogger:
+    """verl's ``Tracking`` instance seen through the guard: ``log`` feeds the driver first (V1 trainers)."""
+
+    def __init__(self, inner: Any, driver: VerlGuardDriver) -> None:
+        self._inner = inner
+        self._driver = driver
+
+    def log(self, data: dict[str, Any], step: int, backend: Any = None) -> None:
+        _log_guarded(self._driver, self._inner.log, data, step, backend)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _log_guarded(driver: VerlGuardDriver, log: Any, data: dict[str, Any], step: int, backend: Any) -> None:
+    logged = driver.on_log(data, step)
+    log(data={**data, **logged}, step=step, backend=backend)
+    if driver.halted is not None:
+        raise GuardHalt(driver.halted)
+
+
+@contextmanager
+def guarded_tracking(driver: VerlGuardDriver) -> Iterator[None]:
+    """Within the block, ``verl.utils.tracking.Tracking`` (what ``RayPPOTrainer.fit`` instantiates) is a subclass
+    whose ``log`` also feeds ``driver`` and logs its metrics; it raises :class:`GuardHalt` after logging a halted
+    step."""
+    import verl.utils.tracking as tracking
+
+    base: type = tracking.Tracking
+
+    class GuardedTracking(base):  # type: ignore[valid-type, misc]  # verl's class, untyped
+        def log(self, data: dict[str, Any], step: int, backend: Any = None) -> None:
+            _log_guarded(driver, super().log, data, step, backend)
+
+    setattr(tracking, "Tracking", GuardedTracking)  # noqa: B010  # rebinding verl's name is the point
+    try:
+        yield
+    finally:
+        setattr(tracking, "Tracking", base)  # noqa: B010
+
+
+def guarded_trainer_class(base: type) -> type:
+    """``base`` with the guard on the driver: verl's legacy ``RayPPOTrainer`` (``trainer.use_v1=false``) or a V1
+    trainer (``PPOTrainerSync``, verl 0.9.1's default), or a subclass of either.
+
+    The class takes ``guard=`` (as :class:`VerlGuardDriver`; default ``trainer.rlguard_guard`` of the config, else
+    ``"default"``), watches ``fit`` and saves/restores the guard with verl's checkpoints. ``RayPPOTrainer.fit``
+    makes its logger from ``verl.utils.tracking.Tracking`` (replaced while ``fit`` runs); a V1 ``fit`` stores it as
+    ``self.logger`` before calling ``on_train_begin``, where it is wrapped.
+    """
+
+    class Guarded(base):  # type: ignore[valid-type, misc]  # verl's class, untyped
+        def __init__(self, *args: Any, guard: str | GuardConfig | Guard | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if guard is None:
+                guard = self.config.trainer.get("rlguard_guard", None) or "default"
+            self.rlguard = VerlGuardDriver(self, guard)
+
+        def fit(self, *args: Any, **kwargs: Any) -> None:
+            """verl's ``fit``, with the guard watching each step; returns early when the guard halts."""
+            with guarded_tracking(self.rlguard):
+                try:
+                    super().fit(*args, **kwargs)
+                except GuardHalt as halt:
+                    print(f"{halt}\n{self.rlguard.guard.report()}")
+                    self._shutdown_dump_executor()
+
+        def on_train_begin(self) -> None:
+            parent = getattr(super(), "on_train_begin", None)
+            if parent is not None:
+                parent()
+            logger = getattr(self, "logger", None)
+            if logger is not None and not isinstance(logger, _GuardedLogger):
+                self.logger = _GuardedLogger(logger, self.rlguard)
+
+        def _save_checkpoint(self) -> None:
+            super()._save_checkpoint()
+            self.rlguard.save(self.rlguard.step_folder(self.global_steps))
+
+        def _load_checkpoint(self) -> Any:
+            result = super()._load_checkpoint()
+            if self.global_steps > 0:
+                trainer = self.config.trainer
+                path = trainer.get("resume_from_path") if trainer.resume_mode == "resume_path" else None
+                self.rlguard.load(Path(os.path.abspath(path)) if path else self.rlguard.step_folder(self.global_steps))
+            return result
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
+_TRAINERS: dict[str, type] = {}
+
+
+def register_v1_trainer(name: str = "rlguard") -> type:
+    """Register :data:`GuardedPPOTrainerSync` in verl's V1 trainer registry as ``trainer.v1.trainer_mode=<name>``.
+
+    Call it in the process that runs verl's ``TaskRunnerV1`` (a Ray actor: e.g. in a ``TaskRunnerV1`` subclass's
+    ``run`` before ``super().run(config)``); returns the class.
+    """
+    from verl.trainer.ppo.v1 import register_trainer
+
+    cls: type = __getattr__("GuardedPPOTrainerSync")
+    register_trainer(name)(cls)
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    """``GuardedRayPPOTrainer`` and ``GuardedPPOTrainerSync``, built on first use: importing verl's trainers is
+    slow and needs Ray (and, for V1, TransferQueue)."""
+    if name not in ("GuardedRayPPOTrainer", "GuardedPPOTrainerSync"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _TRAINERS:
+        if name == "GuardedRayPPOTrainer":
+            from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+            _TRAINERS[name] = guarded_trainer_class(RayPPOTrainer)
+        else:
+            from verl.trainer.ppo.v1 import PPOTrainerSync
+
+            _TRAINERS[name] = guarded_trainer_class(PPOTrainerSync)
+    return _TRAINERS[name]

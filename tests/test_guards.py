@@ -266,3 +266,31 @@ def test_a_zero_gradient_norm_does_not_make_the_next_normal_one_a_spike() -> Non
             stats["grad_norm"] = 0.0
         guard.observe(step, stats)
     assert not [e for e in guard.events if e.detector == "grad_norm_spike"]
+
+
+def test_on_policy_steps_do_not_make_the_off_policy_clip_fraction_a_burst() -> None:
+    """Two optimizer steps per batch (TRL's steps_per_generation, verl's mini-batches): the first is on-policy
+    (clip_frac = kl_old = 0 exactly), the second clips ~40% (GSPO's narrow range does, by design). Neither the
+    zeros nor the steady 40% are a burst, and the clip controller does not flip-flop on the on-policy zeros."""
+    guard = Guard(GuardConfig.preset("default"))
+    for step, stats in enumerate(healthy_stream(80, seed=3)):
+        off = step % 2 == 1
+        stats["clip_frac"] = 0.4 + 0.05 * math.sin(step) if off else 0.0
+        stats["kl_old"] = 0.05 if off else 0.0
+        decision = guard.observe(step, stats)
+        assert decision.lr_scale == 1.0, (step, guard.events)
+    assert not [e for e in guard.events if e.detector == "clip_frac_burst"]
+    clip_actions = [e.message for e in guard.events if e.detector == "action:set_clip"]
+    # kl_old 0.05 > 1.5 x target: it tightens (x1/1.5 per off-policy step down to 0.25) and never relaxes
+    assert clip_actions and all(m.startswith("tighten") for m in clip_actions), clip_actions
+
+
+def test_a_clip_fraction_burst_over_off_policy_steps_is_still_caught() -> None:
+    """Patience 2 counts consecutive steps with evidence: the on-policy step between two bursts does not reset it."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(80, seed=3)):
+        off = step % 2 == 1
+        stats["clip_frac"] = (0.6 if step in (71, 73) else 0.04 + 0.005 * math.sin(step)) if off else 0.0
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "clip_frac_burst"]
+    assert [(e.step, e.severity) for e in hits] == [(73, "critical")], hits

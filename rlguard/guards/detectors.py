@@ -51,6 +51,12 @@ class Detector(PrivateState):
         """Judge one step and update the baseline; ``armed`` is False during warm-up (learn, never find)."""
         raise NotImplementedError
 
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """Whether this step carries evidence for the detector. A step without evidence is not judged and does
+        not count: neither a clean step (it does not break a streak of findings or clear an alarm) nor a
+        warm-up step. Default: every step."""
+        return True
+
 
 def _metric(stats: Mapping[str, float], name: str) -> float | None:
     value = stats.get(name)
@@ -67,7 +73,9 @@ class SpikeDetector(Detector):
         warn_factor: ratio to the median that warns.
         critical_factor: ratio to the median that is critical.
         min_z: robust z-score (log space) also required, so that a noisy metric needs a larger jump.
-        floor: values are read as ``max(value, floor)``, so near-zero baselines do not make tiny values spikes.
+        floor: values at or below it are no evidence either way: neither judged nor learnt (a zero gradient norm
+            when every group has zero reward variance; a zero clip fraction on the on-policy first step of a batch),
+            so the baseline is made of the values that carry information.
         min_value: no finding below this absolute value.
         advice: what to do, appended to the message.
     """
@@ -89,15 +97,18 @@ class SpikeDetector(Detector):
             )
         self._s_window = RollingWindow(self.window)
 
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
+        would make the next ordinary value look like a huge spike over a median at the floor (with alternating
+        on- and off-policy steps the median would sit between 0 and the usual value)."""
+        value = _metric(stats, self.metric)
+        return value is not None and math.isfinite(value) and value > self.floor
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = _metric(stats, self.metric)
-        if value is None or not math.isfinite(value):
-            return None  # non-finite values are the `nonfinite` detector's
-        if value <= self.floor and self.min_value <= self.floor:
-            # e.g. a zero gradient norm when every group has zero reward variance: no evidence either way, and
-            # learning it would make the next ordinary value look like a huge spike over a median at the floor
+        if value is None or not self.observes(stats):
             return None
-        x = math.log(max(value, self.floor))
+        x = math.log(value)
         finding = None
         # two baseline values suffice: a finding needs both the factor and the robust z over them
         if armed and len(self._s_window) >= 2 and value >= self.min_value:

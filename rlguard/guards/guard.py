@@ -192,6 +192,8 @@ class Guard:
         findings: dict[str, Finding] = {}
         events: list[Event] = []
         for name, det in self.detectors.items():
+            if not det.observes(stats):
+                continue  # no evidence this step: alarm, streak and warm-up stay as they are
             armed = self._seen[name] >= det.warmup
             finding = det.check(step, stats, armed)
             self._seen[name] += 1

@@ -175,6 +175,8 @@ class ClipController(Intervention):
         factor: multiplicative step of the scale.
         min_scale: tightest scale (of the objective's configured clip range).
         max_scale: widest scale; 1.0 never widens beyond the configured range.
+        floor: values at or below it leave the scale alone: the on-policy first optimizer step of each batch has
+            ``kl_old = 0`` whatever the update size, and would otherwise relax the range every other step.
     """
 
     name = "clip_controller"
@@ -186,6 +188,7 @@ class ClipController(Intervention):
     factor: float = 1.5
     min_scale: float = 0.25
     max_scale: float = 1.0
+    floor: float = 1e-8
 
     def __post_init__(self) -> None:
         if self.target <= 0 or self.tolerance <= 1 or self.factor <= 1 or not 0 < self.min_scale <= self.max_scale:
@@ -194,7 +197,7 @@ class ClipController(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         value = ctx.stats.get(self.metric)
-        if value is None or value != value:
+        if value is None or value != value or value <= self.floor:
             return Proposal("continue", clip_scale=self._s_scale)
         old = self._s_scale
         if value > self.target * self.tolerance:

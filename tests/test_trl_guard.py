@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -184,11 +185,29 @@ def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path)
     assert trainer.rlguard_objective is objective or trainer.rlguard_objective == objective
 
 
-def test_a_guard_refuses_to_act_under_deepspeed(tmp_path: Path) -> None:
-    """Under DeepSpeed the engine steps inside backward; the guard must refuse, not act after the update."""
+def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_act_on(tmp_path: Path) -> None:
+    """Under DeepSpeed the guard decides inside accelerator.backward: it needs the attached trainer, and refuses
+    (before changing anything) an engine without ZeRO partitions or with the optimizer offloaded to the CPU."""
     from types import SimpleNamespace
 
     callback = StabilityCallback(guard=Guard(GuardConfig.preset("default")))
     args = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}}, output_dir=str(tmp_path), process_index=0)
-    with pytest.raises(NotImplementedError, match="cannot act under DeepSpeed yet"):
-        callback.on_train_begin(args, SimpleNamespace(global_step=0), SimpleNamespace())  # type: ignore[arg-type]
+    state, control = SimpleNamespace(global_step=0), SimpleNamespace()
+    with pytest.raises(ValueError, match=r"cb\.attach\(trainer\)"):
+        callback.on_train_begin(args, state, control)  # type: ignore[arg-type]
+
+    def trainer(stage: int, **optimizer: Any) -> SimpleNamespace:
+        engine = SimpleNamespace(optimizer=SimpleNamespace(**optimizer), zero_optimization_stage=lambda: stage)
+        accelerate_wrapper = SimpleNamespace(engine=engine)
+        return SimpleNamespace(accelerator=SimpleNamespace(deepspeed_engine_wrapped=accelerate_wrapper))
+
+    for stock, match in (
+        (trainer(0), "ZeRO stages 1-3 only; got stage 0"),
+        (trainer(2, averaged_gradients={}, cpu_offload=True), "ZeRO-Offload"),
+        (trainer(3, averaged_gradients={}, offload_optimizer=True), "ZeRO-Offload"),
+    ):
+        callback.attach(stock)
+        with pytest.raises(NotImplementedError, match=match):
+            callback.on_train_begin(args, state, control)  # type: ignore[arg-type]
+        assert stock.accelerator.deepspeed_engine_wrapped.engine is not None  # accelerate's wrapper is untouched
+        assert not hasattr(stock.accelerator.deepspeed_engine_wrapped, "callback")

@@ -27,6 +27,54 @@ gradients of the step are complete and all-reduced, just before ``optimizer.step
   just after a resume) the run halts;
 - ``halt``: ``control.should_training_stop`` on every rank (decisions are identical, so no rank waits alone).
 
+Under DeepSpeed (``deepspeed=`` in the arguments) accelerate's ``accelerator.backward`` runs ``engine.backward``
+and then, at the accumulation boundary, ``engine.step`` (clip, optimizer step, zero grad, scheduler step): by
+``on_pre_optimizer_step`` the weights have changed. So ``on_train_begin`` puts a stand-in for accelerate's
+``trainer.accelerator.deepspeed_engine_wrapped`` whose ``backward`` runs ``engine.backward``, then, at the
+boundary, the guard, then ``engine.step()`` with the decision applied (everything else is delegated to
+accelerate's wrapper, which ``on_train_end`` puts back). This needs the trainer: ``GuardedGRPOTrainer`` attaches
+its callbacks; on a stock trainer call ``cb.attach(trainer)`` (``on_train_begin`` raises ``ValueError`` otherwise).
+
+=================  ================================  ================================  ==========================
+decision           ZeRO-2                            ZeRO-3                            how
+=================  ================================  ================================  ==========================
+``grad_norm``      yes                               yes                               [1]
+``skip_step``      yes                               yes                               [2]
+``lr_scale``       yes                               yes                               [3]
+``clip_scale``     yes                               yes                               as without DeepSpeed
+``rollback``       yes (engine checkpoint on disk)   yes (engine checkpoint on disk)   [4]
+``halt``           yes                               yes                               [5]
+guard state        yes                               yes                               as without DeepSpeed
+=================  ================================  ================================  ==========================
+
+1. After ``engine.backward``, before ``engine.step``: the 2-norm of the reduced gradient partitions the ZeRO
+   optimizer holds for its update (``averaged_gradients``), summed over ranks with one all-reduce and divided by
+   the loss scale: the norm of the full averaged gradient, as without DeepSpeed, before the engine clips it with
+   ``gradient_clipping`` (``args.max_grad_norm`` is left alone: the DeepSpeed config's ``"auto"`` reads it).
+2. ``engine.step()`` runs with the ZeRO optimizer's ``step`` replaced, for that call, by the clean-up of
+   DeepSpeed's own overflow branch (gradient partitions and ``param.grad`` dropped, micro-step counter reset,
+   loss scale untouched): fp32 master weights, model weights and optimizer state (Adam's moments and step) stay
+   bit-identical. Unlike an overflow the step counts: the engine's ``global_steps`` advance with the Trainer's
+   ``global_step`` and the LR scheduler steps (the engine's, with DeepSpeed's optimizer, or the Trainer's), as
+   without DeepSpeed. For a skipped step the Trainer logs the guard's norm as ``grad_norm`` (DeepSpeed's own norm
+   otherwise; the two agree to float32 rounding).
+3. Each param group's LR of the engine's optimizer is multiplied inside that same optimizer ``step`` and restored
+   before the engine steps its scheduler, so the scale never compounds.
+4. ``snapshot``: ``engine.save_checkpoint(<folder>, tag="rlguard_snapshot")`` on every rank (collective; weights,
+   ZeRO partitions, optimizer state) before the step's update, into ``snapshot_dir`` or
+   ``<output_dir>/rlguard_snapshot`` (not CPU memory: the state is partitioned), a folder every rank can read.
+   ``rollback``: the step is skipped as in [2], then ``engine.load_checkpoint`` of that tag (optimizer state,
+   not the scheduler's) on every rank; the engine's step counters are kept, so the schedule stays a function of
+   ``global_step``. Without a snapshot: halt.
+5. The step is skipped as in [2]; ``on_pre_optimizer_step`` sets ``control.should_training_stop`` on every rank.
+
+Stage 1 uses the same optimizer class and code as stage 2 (untested). Refused by ``on_train_begin``
+(``NotImplementedError``, before anything changes): stage 0 and ZeRO-Offload of the optimizer
+(``offload_optimizer``, whose gradients live in CPU buffers of another layout). Untested: fp16/bf16 (the norm is
+divided by the loss scale; a skip leaves the loss scale as it is) and pipeline parallelism. The skip clean-up
+mirrors private code of deepspeed 0.19 (``_pre_step``, ``_overflow_clean_up``, ``averaged_gradients``);
+``integration_tests/test_trl_guard_deepspeed.py`` checks its effect bit for bit (weights, optimizer state).
+
 Guard state is written as ``rlguard_guard.json`` into each checkpoint folder and read back when training
 resumes from ``output_dir/checkpoint-<global_step>``; events go to ``<output_dir>/events.jsonl`` (main process)
 and, with an attached trainer, to TRL's logs as ``rlguard/event/<detector>`` (1 warn, 2 critical) next to
@@ -43,7 +91,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -55,6 +103,10 @@ from rlguard.doctor.keys import TRL_TO_CANONICAL  # one table for the live callb
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
 
 GUARD_STATE_FILE = "rlguard_guard.json"
+_ENGINE_SNAPSHOT_DIR = "rlguard_snapshot"
+_ENGINE_SNAPSHOT_TAG = "rlguard_snapshot"
+#: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
+_ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
 EVENTS_FILE = "events.jsonl"
 _SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
 
@@ -122,6 +174,7 @@ class StabilityCallback(TrainerCallback):
     Attributes:
         history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
         decisions: the guard's decision of every optimizer step.
+        observed: the reduced stats the guard judged, one per optimizer step (identical on every rank).
     """
 
     def __init__(
@@ -139,8 +192,12 @@ class StabilityCallback(TrainerCallback):
         self.snapshot_step: int | None = None
         self._trainer: Any = None
         self._snapshot: dict[str, Any] | None = None
-        self._max_grad_norm = 0.0
+        self.observed: list[dict[str, float]] = []
+        self._max_grad_norm: float | None = None
         self._unscaled_lrs: list[float] | None = None
+        self._engine_wrapper: _GuardedEngineWrapper | None = None
+        self._accelerate_wrapper: Any = None
+        self._halt = False
 
     @property
     def last(self) -> dict[str, float] | None:
@@ -157,28 +214,27 @@ class StabilityCallback(TrainerCallback):
     ) -> None:
         if self.guard is None:
             return
-        if getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False):
-            # DeepSpeed clips, steps the optimizer and the scheduler inside backward: a decision taken here would
-            # come after the update, so refuse rather than act wrongly
-            raise NotImplementedError(
-                "StabilityCallback(guard=...) cannot act under DeepSpeed yet: the engine updates the weights inside "
-                "backward, before the guard could decide. Use StabilityCallback() without a guard to record the "
-                "stats, or diagnose the log offline with `rlguard doctor`."
-            )
+        deepspeed = bool(getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False))
+        if deepspeed:
+            self._install_engine_wrapper()  # raises before anything changes when it cannot act
         if self.guard.config.events_path is None or args.process_index != 0:
             self.guard.config.events_path = (
                 str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None
             )
         if state.global_step > 0:
             self._load_guard_state(args, state)
-        # the guard needs the norm before clipping, which the trainer does not pass to callbacks: clip here
-        self._max_grad_norm, args.max_grad_norm = args.max_grad_norm, 0.0
+        if not deepspeed:
+            # the guard needs the norm before clipping, which the trainer does not pass to callbacks: clip here
+            self._max_grad_norm, args.max_grad_norm = args.max_grad_norm, 0.0
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.guard is not None:
-            args.max_grad_norm = self._max_grad_norm
+        if self._max_grad_norm is not None:
+            args.max_grad_norm, self._max_grad_norm = self._max_grad_norm, None
+        if self._engine_wrapper is not None:
+            self._trainer.accelerator.deepspeed_engine_wrapped = self._accelerate_wrapper
+            self._engine_wrapper = self._accelerate_wrapper = None
 
     def on_pre_optimizer_step(
         self,
@@ -190,14 +246,18 @@ class StabilityCallback(TrainerCallback):
         lr_scheduler: Any = None,
         **kwargs: Any,
     ) -> None:
+        if self._engine_wrapper is not None:  # DeepSpeed: decided and applied inside accelerator.backward
+            if self._halt:
+                control.should_training_stop = True
+                self._halt = False
+            return
         if self.guard is None or model is None or optimizer is None:
             return
         params = [p for p in model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self._max_grad_norm or math.inf)  # norm before clipping
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
         stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
-        decision = self.guard.observe(state.global_step + 1, stats.reduce())  # one all_gather
-        self.decisions.append(decision)
+        decision = self._observe(state.global_step + 1, stats)
         self._apply(decision, args, control, model, optimizer)
 
     def on_optimizer_step(
@@ -238,6 +298,15 @@ class StabilityCallback(TrainerCallback):
             (folder / GUARD_STATE_FILE).write_text(json.dumps(self.guard.state_dict()))
 
     # -- the step's stats -------------------------------------------------------------------------------
+    def _observe(self, step: int, stats: StepStats) -> Decision:
+        """The guard's decision on this step's stats, reduced over the processes with one ``all_gather``."""
+        assert self.guard is not None
+        reduced = stats.reduce()
+        decision = self.guard.observe(step, reduced)
+        self.observed.append({"step": float(step), **reduced})
+        self.decisions.append(decision)
+        return decision
+
     def _step_stats(self) -> StepStats:
         """The objective's per-micro-batch stats (GuardedGRPOTrainer) plus the trainer's metrics of this step."""
         trainer = self._trainer
@@ -283,6 +352,85 @@ class StabilityCallback(TrainerCallback):
         if set_clip is not None:
             set_clip(decision.clip_scale, decision.clip_low, decision.clip_high)
         self._log(decision, action)
+
+    # -- DeepSpeed: deciding between engine.backward and engine.step ------------------------------------
+    def _install_engine_wrapper(self) -> None:
+        """Put the guarded wrapper in place of accelerate's ``deepspeed_engine_wrapped`` (see the module)."""
+        trainer = self._trainer
+        if trainer is None:
+            raise ValueError(
+                "StabilityCallback(guard=...) under DeepSpeed decides inside accelerator.backward and needs the "
+                "trainer: call cb.attach(trainer) before trainer.train() (GuardedGRPOTrainer does it itself)."
+            )
+        current = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
+        if isinstance(current, _GuardedEngineWrapper):
+            current = current.accelerate_wrapper  # a second train() call on the same trainer
+        engine = getattr(current, "engine", None)
+        if engine is None:
+            raise ValueError(
+                "StabilityCallback(guard=...) under DeepSpeed found no DeepSpeed engine in "
+                f"trainer.accelerator.deepspeed_engine_wrapped ({current!r}); it must run inside trainer.train()."
+            )
+        optimizer = engine.optimizer
+        stage = int(engine.zero_optimization_stage())
+        if stage == 0 or not hasattr(optimizer, "averaged_gradients"):
+            raise NotImplementedError(
+                f"StabilityCallback(guard=...) acts under DeepSpeed ZeRO stages 1-3 only; got stage {stage} with "
+                f"{type(optimizer).__name__}. Set zero_optimization.stage to 2 or 3 in the DeepSpeed config."
+            )
+        if getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False):
+            raise NotImplementedError(
+                "StabilityCallback(guard=...) does not act under ZeRO-Offload (zero_optimization.offload_optimizer): "
+                "the gradients live in CPU buffers it does not read. Remove offload_optimizer from the DeepSpeed "
+                "config, or use StabilityCallback() without a guard to record the stats."
+            )
+        self._accelerate_wrapper = current
+        self._engine_wrapper = _GuardedEngineWrapper(engine, self, current)
+        trainer.accelerator.deepspeed_engine_wrapped = self._engine_wrapper
+
+    def _decide_in_engine(self, engine: Any) -> None:
+        """At the accumulation boundary, after ``engine.backward``: judge the step, then ``engine.step()`` it."""
+        trainer = self._trainer
+        args, state = trainer.args, trainer.state
+        grad_norm = zero_grad_norm(engine.optimizer)  # before the engine clips
+        lr = float(engine.optimizer.param_groups[0]["lr"])
+        decision = self._observe(
+            state.global_step + 1, collect_step_stats(grad_norm=grad_norm, lr=lr, stats=self._step_stats())
+        )
+        action = decision.action
+        if decision.snapshot:
+            self._save_engine_snapshot(decision.step, args, engine)
+        if action == "rollback" and self.snapshot_step is None:
+            action = "halt"
+        drop = action in ("skip_step", "rollback", "halt")
+        with _EngineStepApplying(engine.optimizer, drop=drop, lr_scale=decision.lr_scale, grad_norm=grad_norm):
+            engine.step()
+        if action == "rollback" and not self._load_engine_snapshot(args, engine):
+            action = "halt"
+        self._halt = action == "halt"
+        set_clip = getattr(trainer, "rlguard_set_clip", None)
+        if set_clip is not None:
+            set_clip(decision.clip_scale, decision.clip_low, decision.clip_high)
+        self._log(decision, action)
+
+    def _engine_snapshot_dir(self, args: TrainingArguments) -> Path:
+        return Path(self.snapshot_dir or Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
+
+    def _save_engine_snapshot(self, step: int, args: TrainingArguments, engine: Any) -> None:
+        """A DeepSpeed checkpoint of the weights and optimizer state before this step's update (collective)."""
+        engine.save_checkpoint(str(self._engine_snapshot_dir(args)), tag=_ENGINE_SNAPSHOT_TAG, save_latest=False)
+        self.snapshot_step = step
+
+    def _load_engine_snapshot(self, args: TrainingArguments, engine: Any) -> bool:
+        """Load the snapshot back on every rank, keeping the engine's step counters (collective)."""
+        folder = self._engine_snapshot_dir(args)  # no local existence check: every rank must take the same path
+        counters = {name: getattr(engine, name) for name in _ENGINE_COUNTERS if hasattr(engine, name)}
+        path, _ = engine.load_checkpoint(
+            str(folder), tag=_ENGINE_SNAPSHOT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        for name, value in counters.items():
+            setattr(engine, name, value)
+        return path is not None
 
     def _log(self, decision: Decision, action: str) -> None:
         if self._trainer is None:
@@ -348,3 +496,109 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+def zero_grad_norm(optimizer: Any) -> Tensor:
+    """The 2-norm of the full averaged gradient held by a DeepSpeed ZeRO optimizer (stages 1-3), unscaled.
+
+    Each rank holds the partition of the reduced gradient it updates (``optimizer.averaged_gradients``, filled at
+    the accumulation boundary); the squares are summed locally and once over the data-parallel group. NaN and
+    inf stay in the result (DeepSpeed's own norm masks them), so the guard counts them.
+    """
+    device = None
+    squares: list[Tensor] = []
+    for group in optimizer.averaged_gradients.values():
+        for grad in group or ():
+            if isinstance(grad, Tensor):
+                squares.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square())
+                device = grad.device
+    total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float32, device=device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total, group=getattr(optimizer, "dp_process_group", None))
+    return total.sqrt() / float(getattr(optimizer, "loss_scale", 1.0))
+
+
+def _drop_zero_gradients(optimizer: Any) -> None:
+    """Drop the step's gradients the way DeepSpeed's own overflow branch does, without touching the loss scale.
+
+    Mirrors ``DeepSpeedZeroOptimizer.step`` (ZeRO-1/2) and ``DeepSpeedZeroOptimizer_Stage3.step`` (ZeRO-3) of
+    deepspeed 0.19 when they find an overflow: the next accumulation starts from empty partitions.
+    """
+    if hasattr(optimizer, "_overflow_clean_up"):  # ZeRO-3
+        optimizer._pre_step()  # micro-step id and backward flags reset, stale bucket entries cleared
+        optimizer._partition_all_parameters()
+        optimizer._overflow_clean_up(optimizer.loss_scale)
+        return
+    from deepspeed.runtime.zero.stage_1_and_2 import INITIAL_MICRO_STEP_ID
+
+    optimizer.micro_step_id = INITIAL_MICRO_STEP_ID
+    optimizer.zero_grad(set_to_none=True)
+    optimizer._release_preflattened_grad_buffers()
+    for key in list(optimizer.averaged_gradients):
+        optimizer.averaged_gradients[key] = None
+        optimizer.all_grad_tensors[key] = None
+
+
+class _EngineStepApplying:
+    """During ``engine.step()``: the ZeRO optimizer's ``step`` runs with the LR scaled (restored before the engine
+    steps its scheduler), or is replaced by :func:`_drop_zero_gradients` when the step is dropped."""
+
+    def __init__(self, optimizer: Any, *, drop: bool, lr_scale: float, grad_norm: Tensor) -> None:
+        self.optimizer = optimizer
+        self.drop = drop
+        self.lr_scale = lr_scale
+        self.grad_norm = float(grad_norm)
+        self._shadowed: Any = None
+        self._previous: Any = None
+
+    def _step(self, *args: Any, **kwargs: Any) -> None:
+        optimizer = self.optimizer
+        lrs = [group["lr"] for group in optimizer.param_groups]
+        try:
+            if self.drop:
+                _drop_zero_gradients(optimizer)
+                optimizer.overflow = False  # the step counts as taken: the engine advances its scheduler
+                optimizer._global_grad_norm = self.grad_norm  # what the Trainer logs as grad_norm
+            else:
+                for group in optimizer.param_groups:
+                    group["lr"] = group["lr"] * self.lr_scale
+                self._shadowed(*args, **kwargs)
+        finally:
+            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+
+    def __enter__(self) -> None:
+        self._shadowed = self.optimizer.step
+        # an instance attribute shadows the class's method (or torch's LR-scheduler patch, itself an instance
+        # attribute) for this call only
+        self._previous = vars(self.optimizer).get("step")
+        self.optimizer.step = self._step
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is None:
+            del self.optimizer.step
+        else:
+            self.optimizer.step = self._previous
+
+
+class _GuardedEngineWrapper:
+    """Stands in for accelerate's ``DeepSpeedEngineWrapper``: its ``backward`` with the guard between
+    ``engine.backward`` and ``engine.step``; everything else is accelerate's wrapper's."""
+
+    def __init__(self, engine: Any, callback: StabilityCallback, accelerate_wrapper: Any) -> None:
+        self.engine = engine
+        self.callback = callback
+        self.accelerate_wrapper = accelerate_wrapper
+
+    def backward(self, loss: Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
+        """accelerate's ``DeepSpeedEngineWrapper.backward``, with the guard deciding how ``engine.step()`` applies."""
+        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
+        self.engine.backward(loss, **kwargs)
+        if sync_gradients:
+            self.callback._decide_in_engine(self.engine)
+
+    def __getattr__(self, name: str) -> Any:
+        wrapper = self.__dict__.get("accelerate_wrapper")
+        if wrapper is None:
+            raise AttributeError(name)
+        return getattr(wrapper, name)  # get_global_grad_norm, ...

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from rlguard.demo import DemoConfig, DemoResult
     from rlguard.doctor import Diagnosis
 
 app = typer.Typer(
@@ -23,8 +26,6 @@ app = typer.Typer(
 )
 # Piped output (CI logs, files) gets a fixed width instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=150)
-
-_DEMO_METRICS = ("clip_frac", "ratio_min", "ratio_max", "seq_ratio_max", "kl_old", "kl_ref", "mismatch_kl")
 
 
 def _format_default(value: object) -> str:
@@ -107,36 +108,107 @@ def detectors(
 
 @app.command()
 def demo(
-    seed: Annotated[int, typer.Option(help="Seed of the tiny model and the sampled batch.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps per run (default 60; 6 with --quick).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the warm start, the prompts and the sampling.")] = 0,
+    objectives: Annotated[
+        str,
+        typer.Option(
+            help="Runs, comma-separated: OBJECTIVE or OBJECTIVE+PRESET, the guard preset acting in that run "
+            "(+guard is +default; presets: monitor, default, strict). `rlguard losses` lists the objectives."
+        ),
+    ] = "grpo,gspo+guard",
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for report.html and the runs (default: a new folder rlguard-demo-YYYYmmdd-HHMMSS)."),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="A short demo for smoke tests: 6 steps per run, a shorter warm start, fewer prompts per step.",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
-    """Every objective's loss and metrics on one off-policy batch of the embedded tiny addition task."""
-    from rlguard.core_losses import get_objective, list_objectives
-    from rlguard.tasks import demo_batch
+    """Train a tiny model with TRL's GRPOTrainer on the embedded addition task, once per objective, and compare.
 
-    batch, rollouts = demo_batch(seed)
-    results = {}
-    for name in list_objectives():
-        out = get_objective(name, beta=0.04)(batch)
-        results[name] = {
-            "loss": float(out.loss.detach()),
-            **{k: float(v) for k, v in out.metrics.items() if k != "loss"},
-        }
+    A tiny random Llama (no download) is warm-started on correct sums for a few seconds, then trained with each
+    run's objective (rlguard's GuardedGRPOTrainer, a real trl.GRPOTrainer) on CPU. Prints a summary per run and
+    writes OUT/report.html with the runs' curves overlaid and the guard's events marked; each run's folder
+    OUT/<run> works with `rlguard report` and `rlguard doctor`.
+    """
+    from rlguard.demo import DemoConfig, parse_runs
+
+    try:
+        runs = parse_runs(objectives)
+        changes: dict[str, Any] = {"runs": runs, "seed": seed}
+        if steps is not None:
+            changes["steps"] = steps
+        config = DemoConfig.quick(**changes) if quick else DemoConfig(**changes)
+    except ValueError as err:
+        raise _bad_input("demo", err) from None
+    out_dir = out if out is not None else Path(time.strftime("rlguard-demo-%Y%m%d-%H%M%S"))
+    result = _run_demo_with_progress(config, out_dir, quiet=as_json)
     if as_json:
-        typer.echo(json.dumps(results, indent=2))
+        typer.echo(json.dumps(result.to_dict(), indent=2))
         return
-    console.print(
-        f"[bold]tiny addition task[/bold]: {len(rollouts.completions)} completions, "
-        f"mean reward {float(rollouts.rewards.mean()):.3f}, e.g. {rollouts.completions[:4]}"
+    _print_demo_summary(result)
+
+
+def _run_demo_with_progress(config: DemoConfig, out: Path, *, quiet: bool) -> DemoResult:
+    """:func:`rlguard.demo.run_demo` under a rich progress display (on stderr with ``quiet``, JSON on stdout)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    from rlguard.demo import run_demo
+
+    command = "rlguard demo " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["demo"] else ""
+    display = Console(stderr=True) if quiet else console
+    with Progress(
+        TextColumn("{task.description:<16}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=display,
+    ) as progress:
+        tasks: dict[str, TaskID] = {}  # added when they start, so that each one's clock is its own
+        shown: dict[str, dict[str, float]] = {}
+
+        def on_progress(task: str, done: int, total: int, stats: dict[str, float]) -> None:
+            if task not in tasks:
+                tasks[task] = progress.add_task(task, total=total, stats="")
+            latest = shown.setdefault(task, {})
+            latest.update(stats)  # the reward is logged on generation steps only: keep the last one
+            text = "  ".join(
+                f"{k} {latest[k]:.3g}" for k in ("loss", "reward_mean", "entropy", "kl_ref") if k in latest
+            )
+            progress.update(tasks[task], completed=done, stats=escape(text))
+
+        if not quiet:
+            return run_demo(config, out, on_progress, command=command)
+        # stdout is for the JSON only: what the frameworks print (DeepSpeed's logger, when installed) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            return run_demo(config, out, on_progress, command=command)
+
+
+def _print_demo_summary(result: DemoResult) -> None:
+    """The demo's summary table and where its report is."""
+    from rlguard.demo import summary_rows
+
+    rows = summary_rows(result.runs)
+    table = Table(
+        title=f"rlguard demo: {result.config.steps} GRPO steps per run (first fifth -> last fifth of the steps)",
+        caption="exact answers: greedy decoding of the 100 sums, before -> after the run",
     )
-    table = Table(title="one off-policy batch, beta=0.04 (k3)")
-    table.add_column("objective")
-    table.add_column("loss", justify="right")
-    for k in _DEMO_METRICS:
-        table.add_column(k, justify="right")
-    for name, res in results.items():
-        table.add_row(name, f"{res['loss']:+.5f}", *(f"{res[k]:.4g}" if k in res else "-" for k in _DEMO_METRICS))
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col in ("run", "guard events") else "right")
+    for row in rows:
+        table.add_row(*(escape(v) for v in row.values()))
     console.print(table)
+    console.print(
+        f"report: [bold]{escape(str(result.report))}[/bold]  (took {result.seconds:.0f} s; each run's folder works "
+        f"with `rlguard report` and `rlguard doctor`)"
+    )
 
 
 _SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}

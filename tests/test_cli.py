@@ -1,15 +1,19 @@
-"""The `rlguard` command: `losses` and `demo` run for real through typer's runner."""
+"""The `rlguard` command through typer's runner: `losses`, `detectors`, and the `demo`'s options and summary (the demo's
+TRL runs are in integration_tests/test_demo.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from rlguard.cli import app
-from rlguard.core_losses import get_objective, list_objectives
-from rlguard.tasks import demo_batch
+from rlguard.cli import _print_demo_summary, app
+from rlguard.core_losses import list_objectives
+from rlguard.demo import TRL_SETTINGS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
+from rlguard.guards import Event
 
 runner = CliRunner()
 
@@ -32,22 +36,57 @@ def test_losses_json_matches_the_registry_defaults() -> None:
     assert rows["dr_grpo"]["aggregation"] == "seq-mean-token-sum-norm"
 
 
-def test_demo_json_reports_each_objectives_loss_on_the_demo_batch() -> None:
-    result = runner.invoke(app, ["demo", "--json", "--seed", "3"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
-    assert sorted(report) == list_objectives()
-    batch, _ = demo_batch(3)
-    for name, res in report.items():
-        expected = float(get_objective(name, beta=0.04)(batch).loss.detach())
-        assert math.isclose(res["loss"], expected, rel_tol=1e-6), name
-        assert all(math.isfinite(v) for v in res.values())
+def test_demo_runs_parse_objectives_and_guard_presets() -> None:
+    assert parse_runs("grpo,gspo+guard") == (RunSpec("grpo"), RunSpec("gspo", "default"))
+    assert parse_runs("dapo+strict, cispo") == (RunSpec("dapo", "strict"), RunSpec("cispo"))
+    assert [r.folder for r in parse_runs("gspo,gspo+monitor")] == ["gspo", "gspo-guard-monitor"]
+    assert sorted(TRL_SETTINGS) == list_objectives()  # every objective can be demonstrated
 
 
-def test_demo_table_runs() -> None:
-    result = runner.invoke(app, ["demo"])
-    assert result.exit_code == 0, result.output
-    assert "gspo_token" in result.output and "clip_frac" in result.output
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--objectives", "grpo,ppo"], "unknown objective 'ppo'"),
+        (["--objectives", "gspo+careful"], "unknown guard preset 'careful'"),
+        (["--objectives", "grpo,grpo"], "names the same run twice"),
+        (["--steps", "1"], "steps must be >= 2"),
+    ],
+)
+def test_demo_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["demo", *args])
+    assert result.exit_code == 2
+    assert message in result.output and result.output.count("\n") == 1
+
+
+def _summary(spec: RunSpec, rewards: list[float], events: list[Event]) -> RunSummary:
+    steps = list(range(1, len(rewards) + 1))
+    series = {"reward_mean": rewards, "entropy": [1.0] * len(steps), "clip_frac": [math.nan] * len(steps)}
+    return RunSummary(spec, Path(spec.folder), steps, series, events, 0.25, 0.5, 12.0)
+
+
+def test_demo_summary_compares_the_first_and_last_fifth_of_each_run(capsys: pytest.CaptureFixture[str]) -> None:
+    event = Event(step=4, detector="action:set_clip", severity="warn", value=0.5, message="tighten")
+    grpo = _summary(RunSpec("grpo"), [0.1 * i for i in range(1, 11)], [])
+    gspo = _summary(RunSpec("gspo", "default"), [0.2, math.nan, 0.4, math.nan, 0.6, 0.8], [event, event])
+    # 10 steps: fifths of 2 steps, (0.1 + 0.2) / 2 and (0.9 + 1.0) / 2; 6 steps: at least 2 steps, NaN skipped
+    assert grpo.window_mean("reward_mean", end=False) == pytest.approx(0.15)
+    assert grpo.window_mean("reward_mean", end=True) == pytest.approx(0.95)
+    assert gspo.window_mean("reward_mean", end=False) == pytest.approx(0.2)
+    assert gspo.window_mean("reward_mean", end=True) == pytest.approx(0.7)
+    assert math.isnan(gspo.window_mean("clip_frac", end=True)) and math.isnan(gspo.window_mean("kl_ref", end=True))
+    config = DemoConfig(steps=10, runs=(grpo.spec, gspo.spec))
+    result = DemoResult(Path("out"), config, [grpo, gspo], Path("out/report.html"), 1.0, 30.0)
+    data = json.loads(json.dumps(result.to_dict()))  # JSON-ready: NaN became null
+    assert [r["run"] for r in data["runs"]] == ["grpo", "gspo+default"]
+    assert data["runs"][1]["reward_mean"] == {"start": pytest.approx(0.2), "end": pytest.approx(0.7)}
+    assert data["runs"][1]["clip_frac"] == {"start": None, "end": None}
+    assert [e["detector"] for e in data["runs"][1]["guard_events"]] == ["action:set_clip"] * 2
+    rows = summary_rows(result.runs)
+    assert rows[0]["reward_mean"] == "0.15 -> 0.95" and rows[0]["guard events"] == "no guard"
+    assert rows[1]["guard events"] == "action:set_clip x2" and rows[1]["exact answers"] == "25% -> 50%"
+    _print_demo_summary(result)
+    out = capsys.readouterr().out
+    assert "0.15 -> 0.95" in out and "action:set_clip x2" in out and "out/report.html" in out
 
 
 def test_detectors_lists_every_registered_detector_and_intervention() -> None:

@@ -223,7 +223,8 @@ def test_keys_of_the_issue_map_to_canonical_names() -> None:
         "rlguard/ratio_max": "ratio_max",
         "train/rlguard/kl_old": "kl_old",
     }
-    report = classify_keys([*expected, "epoch", "timing_s/gen", "eval/loss", "rewards/acc/mean", "weird"])
+    guard_keys = ["rlguard/event/action:scale_lr", "rlguard/guard/lr_scale"]
+    report = classify_keys([*expected, "epoch", "timing_s/gen", "eval/loss", "rewards/acc/mean", *guard_keys, "weird"])
     assert report.mapped == dict(sorted(expected.items()))
     assert report.unrecognised == ["weird"]
     # rlguard's own stat wins over the framework's key for the same name

@@ -92,6 +92,9 @@ KNOWN_PREFIXES: tuple[str, ...] = (
     "training/",
     "actor/",
     "_",
+    # the guard's own records in the adapters' logs: its events and actions, not stats
+    "rlguard/event/",
+    "rlguard/guard/",
 )
 KNOWN_KEYS: frozenset[str] = frozenset(
     {"step", "global_step", "epoch", "num_tokens", "step_time", "total_flos", "aux_loss", "policy_loss", "entropy_coef"}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from rlguard.guards import Event
 
 _COLOURS = {"warn": "#e69f00", "critical": "#d55e00"}
+#: one colour per run of an overlaid plot (Okabe-Ito, distinguishable with colour-blindness)
+_RUN_COLOURS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#f0e442", "#000000")
 
 
 def plot_png(
@@ -55,6 +57,56 @@ def plot_png(
     if title:
         axes[0].set_title(title, fontsize=10)
     fig.subplots_adjust(left=0.12, right=0.97, top=1 - 0.5 / fig.get_figheight(), bottom=0.55 / fig.get_figheight())
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_runs_png(
+    runs: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    events: Mapping[str, Sequence[Event]] | None = None,
+    title: str = "",
+    ylabel: str = "",
+) -> bytes:
+    """One PNG with one panel: each run's ``(steps, values)`` in its own colour, NaN gaps skipped; each run's
+    ``events`` as vertical lines in the run's colour, solid for a detector's finding and dashed for the guard's
+    interventions (``action:*``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    events = events or {}
+    fig = Figure(figsize=(8, 3.4), dpi=90)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (label, (steps, values)) in enumerate(runs.items()):
+        colour = _RUN_COLOURS[i % len(_RUN_COLOURS)]
+        finite = [(s, v) for s, v in zip(steps, values, strict=True) if math.isfinite(v)]
+        marker = "." if len(finite) < 60 else None
+        ax.plot([s for s, _ in finite], [v for _, v in finite], color=colour, lw=1.4, marker=marker, label=label)
+        kinds: set[str] = set()
+        for e in events.get(label, ()):
+            kind = "intervention" if e.detector.startswith("action:") else "finding"
+            ax.axvline(e.step, color=colour, lw=1.0, ls="--" if kind == "intervention" else "-", alpha=0.45)
+            kinds.add(kind)
+        for kind in sorted(kinds):
+            ax.plot(
+                [],
+                [],
+                color=colour,
+                lw=1.0,
+                ls="--" if kind == "intervention" else "-",
+                alpha=0.6,
+                label=f"{label}: guard {kind}s",
+            )
+    if _spread(v for _, values in runs.values() for v in values) > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -1,0 +1,162 @@
+"""The demo's model preparation and TRL runs (imports TRL; :mod:`rlguard.demo.runs` holds the framework-free parts)."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    PrinterCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
+from rlguard.adapters.trl_guard import EVENTS_FILE
+from rlguard.demo.runs import TRL_SETTINGS, WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
+from rlguard.doctor.keys import canonical_stats
+from rlguard.tasks.hf import (
+    addition_accuracy,
+    addition_dataset,
+    addition_reward,
+    cpu_training_arguments,
+    make_tiny_llama,
+    make_tokenizer,
+    warm_start,
+)
+
+
+def warm_started_model(path: Path, config: DemoConfig, on_progress: ProgressHook | None = None) -> tuple[Path, float]:
+    """Save the tiny Llama, warm-started for ``config.warm_start_steps`` steps, and its tokenizer to ``path``;
+    return the path and the seconds the warm start took."""
+    model = make_tiny_llama(config.seed)
+    total = config.warm_start_steps
+
+    def on_step(step: int, loss: float) -> None:
+        if on_progress is not None:
+            on_progress(WARM_START, step, total, {"loss": loss})
+
+    start = time.perf_counter()
+    warm_start(model, steps=total, seed=config.seed, on_step=on_step)
+    seconds = time.perf_counter() - start
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path, seconds
+
+
+def grpo_config(output_dir: Path, spec: RunSpec, config: DemoConfig) -> GuardedGRPOConfig:
+    """The run's TRL configuration: CPU, no tqdm, a log every step, no checkpoint; the objective's clip range."""
+    return GuardedGRPOConfig(
+        output_dir=str(output_dir),
+        objective=spec.objective,
+        guard=spec.guard,
+        **TRL_SETTINGS[spec.objective],
+        **cpu_training_arguments(),
+        use_vllm=False,
+        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        num_generations=config.num_generations,
+        num_iterations=config.num_iterations,
+        steps_per_generation=config.steps_per_generation,
+        max_completion_length=4,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        beta=config.beta,
+        max_steps=config.steps,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=config.seed,
+    )
+
+
+class ProgressCallback(TrainerCallback):
+    """Calls ``hook(label, step, max_steps, stats)`` after every logged training step (TRL's tqdm is off)."""
+
+    def __init__(self, label: str, hook: ProgressHook) -> None:
+        self.label = label
+        self.hook = hook
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if logs and "train_runtime" not in logs:
+            self.hook(self.label, state.global_step, state.max_steps, canonical_stats(logs))
+
+
+def train_run(
+    model_dir: Path, output_dir: Path, spec: RunSpec, config: DemoConfig, on_progress: ProgressHook | None = None
+) -> RunSummary:
+    """Train a copy of the model in ``model_dir`` with ``GuardedGRPOTrainer``; keep its log in ``output_dir``."""
+    start = time.perf_counter()
+    (output_dir / EVENTS_FILE).unlink(missing_ok=True)  # the guard appends: a rerun into the same folder starts anew
+    dataset = addition_dataset(config.steps * config.prompts_per_step, seed=config.seed)
+    callbacks = [] if on_progress is None else [ProgressCallback(spec.label, on_progress)]
+    trainer = GuardedGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=addition_reward,
+        args=grpo_config(output_dir, spec, config),
+        train_dataset=dataset,
+        callbacks=callbacks,
+    )
+    trainer.remove_callback(PrinterCallback)  # with tqdm off, transformers prints every log dict
+    model = trainer.model
+    assert model is not None
+    before = addition_accuracy(model)
+    trainer.train()
+    trainer.save_state()  # output_dir/trainer_state.json: what `rlguard report` and `rlguard doctor` read
+    after = addition_accuracy(model)
+    rows = [(int(r["step"]), canonical_stats(r)) for r in trainer.state.log_history if "train_runtime" not in r]
+    names = sorted({n for _, stats in rows for n in stats})
+    guard = trainer.rlguard_guard
+    return RunSummary(
+        spec=spec,
+        folder=output_dir,
+        steps=[step for step, _ in rows],
+        series={n: [stats.get(n, math.nan) for _, stats in rows] for n in names},
+        events=list(guard.events) if guard is not None else [],
+        accuracy_before=before,
+        accuracy_after=after,
+        seconds=time.perf_counter() - start,
+    )
+
+
+@contextmanager
+def demo_environment() -> Iterator[None]:
+    """The demo's process settings, restored on exit: one torch thread (the tiny model's matrices are too small to
+    share: 10 steps took 5.6 s with 1 thread and 23.5 s with 2 on the busy 2-core test machine); transformers' info
+    logs and progress bars, and the deprecation warning TRL 1.16 triggers while generating, hidden (a user of the
+    demo cannot act on them)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars, threads = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), torch.get_num_threads()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # as above; hides "Loading weights" bars
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
+        torch.set_num_threads(threads)
+
+
+__all__ = ["ProgressCallback", "demo_environment", "grpo_config", "train_run", "warm_started_model"]

@@ -20,7 +20,6 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/rlguard losses
 	$(VENV)/bin/rlguard demo
 
 test: setup

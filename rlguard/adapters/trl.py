@@ -28,6 +28,9 @@ With ``GuardedGRPOConfig(guard="default")`` (or ``"monitor"``, ``"strict"``, a `
 LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl_guard`), and the objective drops and counts
 non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
 
+``GuardedGRPOConfig(logprobs_from_hidden=True)`` computes the policy's log-probs and entropies with
+:func:`rlguard.core_losses.logprobs_from_hidden` instead of TRL's fused LM head (:mod:`rlguard.adapters.trl_logprobs`).
+
 ``objective_kwargs`` override every mapped value. Normalisers, with ``B`` the micro-batch's rows, ``GA`` the
 current gradient-accumulation steps (1 in evaluation), ``W`` the number of processes (DDP averages gradients)
 and ``N`` TRL's ``num_items_in_batch`` (the loss tokens of the whole generation batch on all processes):
@@ -53,12 +56,15 @@ from torch import Tensor, nn
 
 try:
     import trl
+    from accelerate.utils import is_peft_model  # type: ignore[import-untyped]  # accelerate ships no py.typed
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
 from rlguard.adapters.trl_guard import StabilityCallback, canonical_stats, make_guard
+from rlguard.adapters.trl_logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
 from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, SAPO, Objective, PolicyBatch, aggregate, get_objective
 from rlguard.core_losses.registry import objective_class
 from rlguard.doctor.keys import TRL_TO_CANONICAL
@@ -339,6 +345,9 @@ class GuardedGRPOConfig(GRPOConfig):
         guard: stability guard acting in the loop (:mod:`rlguard.adapters.trl_guard`): a preset name
             (``"monitor"``, ``"default"``, ``"strict"``) or a ``GuardConfig``; ``None`` for none. With a guard the
             objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip the step.
+        logprobs_from_hidden: compute the policy's per-token log-probs and entropies with
+            :func:`rlguard.core_losses.logprobs_from_hidden` (chunked over tokens, logits recomputed in backward)
+            instead of TRL's fused LM head kernel; see :mod:`rlguard.adapters.trl_logprobs` for what it refuses.
     """
 
     objective: str | None = field(
@@ -355,6 +364,18 @@ class GuardedGRPOConfig(GRPOConfig):
     guard: str | GuardConfig | None = field(
         default=None,
         metadata={"help": "Stability guard acting in the loop: 'monitor', 'default', 'strict' or a GuardConfig."},
+    )
+    logprobs_from_hidden: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute the policy's per-token log-probs and entropies with rlguard's logprobs_from_hidden from "
+            "the last hidden states and the LM head weight, a chunk of tokens at a time (logits recomputed in "
+            "backward), instead of TRL's fused LM head kernel (TRL 1.16 does not build the full logits either; "
+            "rlguard's chunks are smaller, see benchmarks/logprobs_memory.py). Float32 accumulation; the "
+            "temperature divides the hidden states, which is exact. Refused for LM heads with a bias or LoRA, "
+            "logit soft-capping or scaling, MoE auxiliary losses, DeepSpeed ZeRO-3 and FSDP. The reference model "
+            "keeps TRL's kernel."
+        },
     )
 
     # a JSON string given for these (e.g. on the command line) is parsed into a dict; the base declares it unannotated
@@ -411,6 +432,15 @@ class GuardedGRPOTrainer(GRPOTrainer):
         self.rlguard_objective: Objective = mapping.build()
         self._rlguard_configured_objective = self.rlguard_objective
         self._rlguard_step_stats = StepStats()
+        if getattr(config, "logprobs_from_hidden", False):
+            self._use_hidden_logprobs()
+
+    def _use_hidden_logprobs(self) -> None:
+        """Route TRL's fused LM head of the policy through ``logprobs_from_hidden`` (the model TRL patched)."""
+        model: Any = self.model
+        model = model.get_base_model() if is_peft_model(model) else model
+        check_hidden_logprobs_supported(model, zero3=is_deepspeed_zero3_enabled(), fsdp=bool(self.is_fsdp_enabled))
+        use_hidden_logprobs(model, self.temperature)
 
     def _attach_stability_callbacks(self, spec: str | GuardConfig | None) -> Guard | None:
         """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback

@@ -129,23 +129,23 @@ class StepStats:
         return _combine(parts.cpu().numpy())
 
 
+_KIND = np.array([STAT_REDUCTIONS[name] for name in _ORDER])
+_IS_MEAN, _IS_SUM, _IS_MAX, _IS_MIN = (np.equal(_KIND, kind) for kind in ("mean", "sum", "max", "min"))
+
+
 def _combine(parts: np.ndarray) -> dict[str, float]:
-    """``parts`` (W, 2, n): per-rank values and weights -> final stats, in a fixed order."""
-    values, weights = parts[:, 0, :], parts[:, 1, :]
-    out: dict[str, float] = {}
-    for name, i in _INDEX.items():
-        kind, seen = STAT_REDUCTIONS[name], weights[:, i] > 0
-        if not seen.any():
-            continue
-        v = values[seen, i]
-        if kind == "mean":
-            out[name] = float(v.sum() / weights[seen, i].sum())
-        elif kind == "sum":
-            out[name] = float(v.sum())
-        elif np.isnan(v).any():
-            out[name] = math.nan
-        else:
-            out[name] = float(v.max() if kind == "max" else v.min())
+    """``parts`` (W, 2, n): per-rank values and weights -> final stats, in a fixed order (vectorised over stats)."""
+    values, weights = parts[:, 0, :], parts[:, 1, :]  # (W, n)
+    seen = weights > 0
+    summed = np.where(seen, values, 0.0).sum(0)  # (n,)
+    total_weight = np.where(seen, weights, 0.0).sum(0)
+    mean = summed / np.where(total_weight > 0, total_weight, 1.0)
+    high = np.where(seen, values, -np.inf).max(0)
+    low = np.where(seen, values, np.inf).min(0)
+    combined = np.select([_IS_MEAN, _IS_SUM, _IS_MAX, _IS_MIN], [mean, summed, high, low])
+    # an extreme over values one of which is NaN is NaN (a mean or sum of them is NaN already)
+    combined = np.where((_IS_MAX | _IS_MIN) & (np.isnan(values) & seen).any(0), np.nan, combined)
+    out = {name: float(combined[i]) for i, name in enumerate(_ORDER) if seen[:, i].any()}
     _finish(out)
     return out
 

@@ -153,3 +153,18 @@ def test_objective_loss_and_gradients_across_dtypes(name: str, dtype: torch.dtyp
     gtol = max(2 * torch.finfo(dtype).eps, tol)
     torch.testing.assert_close(gh.float(), gh32.to(dtype).float(), rtol=gtol, atol=gtol)
     torch.testing.assert_close(gw.float(), gw32.to(dtype).float(), rtol=gtol, atol=gtol)
+
+
+@pytest.mark.parametrize("use", ["logprobs", "entropy"])
+def test_gradient_of_one_output_alone(use: str) -> None:
+    """Backward with only one of the two outputs in the loss (the other gets no gradient at all)."""
+    hidden, weight, targets = _inputs(torch.float64)
+    grads = []
+    for fn in (lambda h, w, y: logprobs_from_hidden(h, w, y, chunk_size=3), _plain):
+        lp, ent = fn(hidden, weight, targets)
+        assert ent is not None
+        (lp if use == "logprobs" else ent).pow(2).sum().backward()
+        grads.append((hidden.grad.clone(), weight.grad.clone()))  # type: ignore[union-attr]
+        hidden.grad = weight.grad = None
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -34,10 +34,15 @@ def _default_chunk_rows(vocab_size: int) -> int:
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
-    """log-probs and entropies of target tokens from hidden states, one chunk of rows at a time.
+    """log-probs and entropies of target tokens from hidden states without the ``(N, V)`` logits.
 
-    Forward keeps only the per-row log-partition and entropy; backward recomputes each chunk's logits
-    (the memory/compute trade of Liger-Kernel's fused linear losses).
+    Forward goes over chunks of rows and keeps only each row's log-partition ``log Z`` and entropy ``H``.
+    Backward recomputes the logits one vocabulary tile at a time, for all rows: with ``log Z`` known, a tile's
+    probabilities ``p = exp(logit - log Z)`` need no other tile, so each tile's LM-head gradient is written once
+    (a row-chunked backward would read and write the whole ``(V, H)`` gradient once per chunk) and only the
+    ``(N, H)`` hidden-state gradient accumulates. This is the memory/compute trade of Liger-Kernel's fused linear
+    losses; TRL's chunked kernel tiles the vocabulary too. Extra memory: one ``(c, V)`` chunk forward, one
+    ``(N, v)`` tile backward, of about the same size.
     """
 
     @staticmethod
@@ -49,6 +54,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         chunk_rows: int,
         compute_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)  # an unused output (e.g. the entropy) costs no backward work
         acc = torch.promote_types(hidden.dtype, torch.float32)
         w = weight.to(acc)
         n = hidden.shape[0]
@@ -58,14 +64,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, n, chunk_rows):
             rows = slice(start, start + chunk_rows)
             logits = hidden[rows].to(acc) @ w.T  # (c, V)
-            lz = torch.logsumexp(logits, dim=-1)  # (c,)
-            log_z[rows] = lz
-            logprobs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lz
-            if compute_entropy:
-                p = torch.softmax(logits, dim=-1)
-                entropy[rows] = lz - (p * logits).sum(-1)  # H = log Z - E_p[logit]
+            top = logits.amax(-1, keepdim=True)  # (c, 1)
+            logits.sub_(top)  # shifted in place: exp cannot overflow; one (c, V) buffer plus exp's
+            e = logits.exp()  # (c, V) unnormalised probabilities
+            sum_e = e.sum(-1)  # (c,)
+            lz_shifted = sum_e.log()
+            log_z[rows] = lz_shifted + top.squeeze(-1)
+            logprobs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lz_shifted
+            if compute_entropy:  # H = log Z - E_p[logit], with the same shift on both terms
+                entropy[rows] = lz_shifted - torch.linalg.vecdot(e, logits) / sum_e
         ctx.save_for_backward(hidden, weight, targets, log_z, entropy)
-        ctx.chunk_rows = chunk_rows  # type: ignore[attr-defined]
+        # the backward tile: about as many logits as a forward chunk
+        ctx.tile_cols = max(1, -(-chunk_rows * weight.shape[0] // max(n, 1)))  # type: ignore[attr-defined]
         ctx.compute_entropy = compute_entropy  # type: ignore[attr-defined]
         return logprobs, entropy
 
@@ -74,33 +84,40 @@ class _ChunkedLogprobs(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         hidden, weight, targets, log_z, entropy = ctx.saved_tensors  # type: ignore[attr-defined]
-        chunk_rows: int = ctx.chunk_rows  # type: ignore[attr-defined]
+        tile: int = ctx.tile_cols  # type: ignore[attr-defined]
         acc = log_z.dtype
-        w = weight.to(acc)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
-        grad_h = torch.zeros_like(hidden, dtype=acc) if need_h else None
-        grad_w = torch.zeros_like(w) if need_w else None
         use_entropy = ctx.compute_entropy and grad_entropy is not None  # type: ignore[attr-defined]
-        for start in range(0, hidden.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            h = hidden[rows].to(acc)
-            logp = h @ w.T - log_z[rows].unsqueeze(-1)  # (c, V) log-softmax, recomputed
-            p = torch.exp(logp)
-            # d logp_target / d logits = onehot - p ; d H / d logits = -p (log p + H)
-            d_logits = torch.zeros_like(logp)
-            if grad_logprobs is not None:
-                g = grad_logprobs[rows].to(acc).unsqueeze(-1)
-                d_logits = -g * p
-                d_logits.scatter_add_(-1, targets[rows].unsqueeze(-1), g)
-            if use_entropy:
-                assert grad_entropy is not None
-                d_logits = d_logits - grad_entropy[rows].to(acc).unsqueeze(-1) * p * (
-                    logp + entropy[rows].unsqueeze(-1)
-                )
+        if grad_logprobs is None and not use_entropy:
+            return None, None, None, None, None
+        h = hidden.to(acc)  # (N, H)
+        grad_h = torch.zeros_like(h) if need_h else None
+        grad_w = torch.empty(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g = None if grad_logprobs is None else grad_logprobs.to(acc).unsqueeze(-1)  # (N, 1)
+        g_ent = None if not use_entropy else grad_entropy.to(acc).unsqueeze(-1)  # type: ignore[union-attr]
+        row_ids = torch.arange(h.shape[0], device=h.device)
+        for v0 in range(0, weight.shape[0], tile):
+            w = weight[v0 : v0 + tile].to(acc)  # (v, H)
+            logp = h @ w.T  # (N, v) logits, recomputed
+            logp.sub_(log_z.unsqueeze(-1))  # log-softmax, in place
+            d_logits = logp.exp()  # p
+            # d logp_target / d logits = onehot - p ; d H / d logits = -p (log p + H); so
+            # d_logits = onehot g - p (g + g_H (log p + H)), built in place in the two (N, v) buffers
+            if g_ent is not None:
+                coef = logp.add_(entropy.unsqueeze(-1)).mul_(g_ent)
+                if g is not None:
+                    coef.add_(g)
+                d_logits.mul_(coef)
+            else:
+                d_logits.mul_(g)
+            d_logits.neg_()
+            if g is not None:
+                hit = (targets >= v0) & (targets < v0 + w.shape[0])  # (N,) rows whose target is in this tile
+                d_logits[row_ids[hit], targets[hit] - v0] += g[hit, 0]
             if grad_h is not None:
-                grad_h[rows] = d_logits @ w
+                grad_h.addmm_(d_logits, w)
             if grad_w is not None:
-                grad_w += d_logits.T @ h
+                torch.mm(d_logits.T, h, out=grad_w[v0 : v0 + tile])
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),

@@ -306,5 +306,25 @@ def report(
     )
 
 
+bench_app = typer.Typer(help="Reproducible benchmarks, each printing a table.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command(
+    "collapse",
+    # the benchmark's own parser reads the options (one definition, shared with benchmarks/collapse/run.py)
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def bench_collapse(ctx: typer.Context) -> None:
+    """Collapse rate of grpo/dapo/gspo with and without the guard under five stressors (--help for the options).
+
+    Exit code 2 on bad input (an unknown objective, guard or stressor).
+    """
+    from rlguard.bench.collapse import main as collapse_main
+
+    raise typer.Exit(collapse_main(ctx.args))
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()

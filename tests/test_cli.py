@@ -99,3 +99,9 @@ def test_detectors_lists_every_registered_detector_and_intervention() -> None:
     assert [r["name"] for r in data["interventions"]] == list(intervention_registry())
     table = runner.invoke(app, ["detectors"])
     assert table.exit_code == 0 and "entropy_collapse" in table.output and "rollback" in table.output
+
+
+def test_bench_collapse_bad_input_exits_2() -> None:
+    result = CliRunner().invoke(app, ["bench", "collapse", "--stressors", "none,typo"])
+    assert result.exit_code == 2
+    assert "typo" in result.output

@@ -1,0 +1,1 @@
+"""``rlguard.bench``: reproducible measurements that need the package (the collapse benchmark)."""

@@ -183,6 +183,10 @@ def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path)
     assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.2, 0.2)  # type: ignore[attr-defined]
     trainer.rlguard_set_clip(1.0)
     assert trainer.rlguard_objective is objective or trainer.rlguard_objective == objective
+    trainer.rlguard_set_clip(1.0, entropy_coef=0.01, beta=0.0)  # scheduled entropy bonus and KL weight
+    assert (trainer.rlguard_objective.entropy_coef, trainer.rlguard_objective.beta) == (0.01, 0.0)
+    with pytest.raises(ValueError, match="configured with beta=0"):
+        trainer.rlguard_set_clip(1.0, beta=0.04)  # TRL loaded no reference model
 
 
 def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_act_on(tmp_path: Path) -> None:

@@ -461,16 +461,33 @@ class GuardedGRPOTrainer(GRPOTrainer):
         return stats
 
     def rlguard_set_clip(
-        self, scale: float = 1.0, clip_low: float | None = None, clip_high: float | None = None
+        self,
+        scale: float = 1.0,
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        *,
+        beta: float | None = None,
+        entropy_coef: float | None = None,
     ) -> None:
         """Use ``scale`` times the clip range (the scheduled ``clip_low``/``clip_high`` where given, else the
-        configured one) from the next loss on; objectives without a clip range are left alone."""
+        configured one) and the scheduled ``beta``/``entropy_coef`` (else the configured ones) from the next loss
+        on; objectives without a clip range keep theirs."""
         base = self._rlguard_configured_objective
         changes: dict[str, Any] = {}
         for name, scheduled in (("clip_low", clip_low), ("clip_high", clip_high)):
             value = scheduled if scheduled is not None else getattr(base, name, None)
             if value is not None:
                 changes[name] = value * scale
+        if beta is not None:
+            if beta > 0 and base.beta == 0:
+                raise ValueError(
+                    f"the guard's schedule sets beta={beta:g}, but the run was configured with beta=0, so TRL loads no "
+                    "reference model: set GuardedGRPOConfig(beta=...) > 0 (the schedule then replaces it) or drop "
+                    "the beta schedule."
+                )
+            changes["beta"] = beta
+        if entropy_coef is not None:
+            changes["entropy_coef"] = entropy_coef
         if any(getattr(self.rlguard_objective, k) != v for k, v in changes.items()):
             self.rlguard_objective = dataclasses.replace(base, **changes)
 

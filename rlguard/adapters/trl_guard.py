@@ -19,8 +19,8 @@ gradients of the step are complete and all-reduced, just before ``optimizer.step
   of ``global_step``;
 - ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right
   after, so the scheduler never sees (and never compounds) the scale; it is re-applied every step;
-- ``clip_scale`` and scheduled ``clip_low``/``clip_high``: ``GuardedGRPOTrainer.rlguard_set_clip`` rebuilds
-  the objective; the new range applies from the next step;
+- ``clip_scale`` and scheduled ``clip_low``/``clip_high``/``beta``/``entropy_coef``:
+  ``GuardedGRPOTrainer.rlguard_set_clip`` rebuilds the objective; the new values apply from the next step;
 - ``snapshot``: model and optimizer state before this step's update (the weights the healthy stats came from)
   are copied to CPU memory, or saved to ``snapshot_dir``;
 - ``rollback``: the last snapshot is loaded back and this step's gradients dropped; without a snapshot (e.g.
@@ -350,7 +350,13 @@ class StabilityCallback(TrainerCallback):
                 group["lr"] = group["lr"] * decision.lr_scale
         set_clip = getattr(self._trainer, "rlguard_set_clip", None)
         if set_clip is not None:
-            set_clip(decision.clip_scale, decision.clip_low, decision.clip_high)
+            set_clip(
+                decision.clip_scale,
+                decision.clip_low,
+                decision.clip_high,
+                beta=decision.beta,
+                entropy_coef=decision.entropy_coef,
+            )
         self._log(decision, action)
 
     # -- DeepSpeed: deciding between engine.backward and engine.step ------------------------------------
@@ -410,7 +416,13 @@ class StabilityCallback(TrainerCallback):
         self._halt = action == "halt"
         set_clip = getattr(trainer, "rlguard_set_clip", None)
         if set_clip is not None:
-            set_clip(decision.clip_scale, decision.clip_low, decision.clip_high)
+            set_clip(
+                decision.clip_scale,
+                decision.clip_low,
+                decision.clip_high,
+                beta=decision.beta,
+                entropy_coef=decision.entropy_coef,
+            )
         self._log(decision, action)
 
     def _engine_snapshot_dir(self, args: TrainingArguments) -> Path:

@@ -109,3 +109,20 @@ def test_repetition_flags(ids: list[int], looping: bool) -> None:
 def test_repetition_rate_from_completions() -> None:
     out = collect_step_stats(completion_ids=[[4] * 20, list(range(20)), [1, 2] * 10, [3, 1, 4]]).reduce()
     assert out["repetition_rate"] == 0.5
+
+
+def test_float_and_tensor_inputs_reduce_alike() -> None:
+    """Floats are accumulated in Python, tensors on their device; a stat may mix both; NaN wins max and min."""
+    obs = [("entropy", 0.5, 3.0), ("entropy", 1.5, 1.0), ("grad_norm", 2.0, 1.0), ("ratio_max", 1.2, 1.0)]
+    obs += [("ratio_max", math.nan, 1.0), ("ratio_max", 3.0, 1.0), ("nonfinite", 2.0, 1.0), ("nonfinite", 1.0, 1.0)]
+    results = []
+    for mode in ("float", "tensor", "mixed"):
+        stats = StepStats()
+        for k, (name, value, weight) in enumerate(obs):
+            as_tensor = mode == "tensor" or (mode == "mixed" and k % 2 == 1)
+            stats.add(name, torch.tensor(value) if as_tensor else value, torch.tensor(weight) if as_tensor else weight)
+        results.append(stats.reduce())
+    for got in results:
+        assert got["entropy"] == (0.5 * 3 + 1.5) / 4 and got["grad_norm"] == 2.0 and got["nonfinite"] == 3.0, got
+        assert math.isnan(got["ratio_max"]), got
+    assert results[0].keys() == results[1].keys() == results[2].keys()

@@ -73,7 +73,9 @@ class StepStats:
     """
 
     def __init__(self) -> None:
-        self._value: list[Tensor | None] = [None] * len(_ORDER)  # weighted sum, sum, max or min
+        # weighted sum, sum, max or min: Python floats while every input is one (no tensor op per stat), else a
+        # tensor on the inputs' device
+        self._value: list[Tensor | float | None] = [None] * len(_ORDER)
         self._weight: list[Tensor | float] = [0.0] * len(_ORDER)  # total weight of a mean; 1 once seen otherwise
         self._device: torch.device | None = None
 
@@ -89,10 +91,30 @@ class StepStats:
         if name not in _INDEX:
             raise ValueError(f"unknown stat {name!r}; known stats: {', '.join(n for n in _ORDER if n[0] != '_')}.")
         i, kind = _INDEX[name], STAT_REDUCTIONS[name]
+        prev, prev_w = self._value[i], self._weight[i]
+        if not any(isinstance(x, Tensor) for x in (value, weight, prev, prev_w)):
+            self._add_float(i, kind, float(value), float(weight))
+            return
         v = self._as_tensor(value)
-        prev = self._value[i]
+        prev_t = None if prev is None else self._as_tensor(prev)
         if kind == "mean":
             w = self._as_tensor(weight)
+            self._value[i] = v * w if prev_t is None else prev_t + v * w
+            self._weight[i] = w + prev_w
+            return
+        if prev_t is None:
+            self._value[i] = v
+        elif kind == "sum":
+            self._value[i] = prev_t + v
+        else:  # torch.maximum/minimum propagate NaN, as they should here
+            self._value[i] = torch.maximum(prev_t, v) if kind == "max" else torch.minimum(prev_t, v)
+        self._weight[i] = 1.0
+
+    def _add_float(self, i: int, kind: str, v: float, w: float) -> None:
+        """:meth:`add` in Python floats, with the same semantics (NaN propagates through max and min)."""
+        prev = self._value[i]
+        assert not isinstance(prev, Tensor) and not isinstance(self._weight[i], Tensor)
+        if kind == "mean":
             self._value[i] = v * w if prev is None else prev + v * w
             self._weight[i] = w + self._weight[i]
             return
@@ -100,17 +122,26 @@ class StepStats:
             self._value[i] = v
         elif kind == "sum":
             self._value[i] = prev + v
-        else:  # torch.maximum/minimum propagate NaN, as they should here
-            self._value[i] = torch.maximum(prev, v) if kind == "max" else torch.minimum(prev, v)
+        elif math.isnan(prev) or math.isnan(v):
+            self._value[i] = math.nan
+        else:
+            self._value[i] = max(prev, v) if kind == "max" else min(prev, v)
         self._weight[i] = 1.0
 
     def _packed(self) -> Tensor:
-        """``(2, n)`` float64: values and weights; unseen stats have weight 0."""
+        """``(2, n)`` float64: values and weights; unseen stats have weight 0. Tensors are gathered with one
+        ``stack`` per row, floats with one ``tensor`` (a handful of ops, whatever the number of stats)."""
         dev = self._device or torch.device("cpu")
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
-        values = torch.stack([zero if v is None else v.to(dev) for v in self._value])
-        weights = torch.stack([w.to(dev) if isinstance(w, Tensor) else zero + w for w in self._weight])
-        return torch.stack([values, weights])
+        out = torch.zeros((2, len(_ORDER)), dtype=torch.float64, device=dev)
+        rows: list[list[Tensor | float | None]] = [self._value, list(self._weight)]
+        for row, items in enumerate(rows):
+            tensors = [(i, x) for i, x in enumerate(items) if isinstance(x, Tensor)]
+            floats = [(i, x) for i, x in enumerate(items) if x is not None and not isinstance(x, Tensor)]
+            if tensors:
+                out[row, [i for i, _ in tensors]] = torch.stack([x.to(dev) for _, x in tensors])
+            if floats:
+                out[row, [i for i, _ in floats]] = torch.tensor([x for _, x in floats], dtype=torch.float64, device=dev)
+        return out
 
     def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         """Combine across the ranks of ``group`` with one ``all_gather``; identical result on every rank.

@@ -104,13 +104,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
             # d logp_target / d logits = onehot - p ; d H / d logits = -p (log p + H); so
             # d_logits = onehot g - p (g + g_H (log p + H)), built in place in the two (N, v) buffers
             if g_ent is not None:
-                coef = logp.add_(entropy.unsqueeze(-1)).mul_(g_ent)
+                coef = logp.add_(entropy.unsqueeze(-1)).mul_(-g_ent)  # -(g_H (log p + H) + g)
                 if g is not None:
-                    coef.add_(g)
+                    coef.sub_(g)
                 d_logits.mul_(coef)
             else:
-                d_logits.mul_(g)
-            d_logits.neg_()
+                assert g is not None  # the early return covers both None
+                d_logits.mul_(-g)
             if g is not None:
                 hit = (targets >= v0) & (targets < v0 + w.shape[0])  # (N,) rows whose target is in this tile
                 d_logits[row_ids[hit], targets[hit] - v0] += g[hit, 0]

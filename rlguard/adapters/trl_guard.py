@@ -348,6 +348,11 @@ class StabilityCallback(TrainerCallback):
             self._unscaled_lrs = [group["lr"] for group in optimizer.param_groups]
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * decision.lr_scale
+        self._set_objective_controls(decision)
+        self._log(decision, action)
+
+    def _set_objective_controls(self, decision: Decision) -> None:
+        """Clip range and scheduled ``beta``/``entropy_coef`` for the next loss (``GuardedGRPOTrainer`` only)."""
         set_clip = getattr(self._trainer, "rlguard_set_clip", None)
         if set_clip is not None:
             set_clip(
@@ -357,7 +362,6 @@ class StabilityCallback(TrainerCallback):
                 beta=decision.beta,
                 entropy_coef=decision.entropy_coef,
             )
-        self._log(decision, action)
 
     # -- DeepSpeed: deciding between engine.backward and engine.step ------------------------------------
     def _install_engine_wrapper(self) -> None:
@@ -414,15 +418,7 @@ class StabilityCallback(TrainerCallback):
         if action == "rollback" and not self._load_engine_snapshot(args, engine):
             action = "halt"
         self._halt = action == "halt"
-        set_clip = getattr(trainer, "rlguard_set_clip", None)
-        if set_clip is not None:
-            set_clip(
-                decision.clip_scale,
-                decision.clip_low,
-                decision.clip_high,
-                beta=decision.beta,
-                entropy_coef=decision.entropy_coef,
-            )
+        self._set_objective_controls(decision)
         self._log(decision, action)
 
     def _engine_snapshot_dir(self, args: TrainingArguments) -> Path:

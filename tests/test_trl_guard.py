@@ -1,4 +1,4 @@
-"""``rlguard.adapters.trl_guard``: each decision applied by ``StabilityCallback`` to a real model and Adam optimizer
+"""``rlguard.adapters.trl.callback``: each decision applied by ``StabilityCallback`` to a real model and Adam optimizer
 through the callback events transformers' ``Trainer`` calls, in its order; checkpoint round trip of guard state.
 Whole TRL runs with injected faults are in ``integration_tests/test_trl_guard_faults.py``."""
 
@@ -16,8 +16,7 @@ pytest.importorskip("trl")
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from rlguard.adapters.trl import GuardedGRPOConfig
-from rlguard.adapters.trl_guard import GUARD_STATE_FILE, StabilityCallback, canonical_stats, make_guard
+from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, StabilityCallback, canonical_stats, make_guard
 from rlguard.guards import Decision, Guard, GuardConfig
 
 

@@ -91,24 +91,31 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(f"rlguard.adapters.trl_guard needs transformers: pip install 'rlguard[trl]' ({err}).") from err
+    raise ImportError(f"rlguard.adapters.trl needs transformers: pip install 'rlguard[trl]' ({err}).") from err
 
-from rlguard.doctor.keys import TRL_TO_CANONICAL  # one table for the live callback and the doctor
+from rlguard.adapters.trl.compat import (
+    EngineStepApplying,
+    GuardedEngineWrapper,
+    install_engine_wrapper,
+    remove_engine_wrapper,
+    zero_grad_norm,
+)
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
+from rlguard.guards.actuator import EVENTS_FILE, GUARD_STATE_FILE, SEVERITY_CODE, make_guard
+from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
-GUARD_STATE_FILE = "rlguard_guard.json"
+__all__ = ["StabilityCallback"]
+
 _ENGINE_SNAPSHOT_DIR = "rlguard_snapshot"
 _ENGINE_SNAPSHOT_TAG = "rlguard_snapshot"
 #: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
 _ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
-EVENTS_FILE = "events.jsonl"
-_SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
 
 #: TRL metrics written when completions are generated and scored (the rest come from TRL's loss).
 _GENERATION_KEYS = (
@@ -122,40 +129,6 @@ _GENERATION_KEYS = (
 )
 #: TRL metrics written by TRL's own loss (stock trainer only; GuardedGRPOTrainer gives the objective's).
 _TRL_LOSS_KEYS = ("entropy", "kl", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
-_PREFIX = "rlguard/"
-
-
-def canonical_stats(logs: Mapping[str, Any]) -> dict[str, float]:
-    """The canonical stats in one of TRL's training log records (``None`` and non-numeric values are skipped;
-    the guard's own ``rlguard/guard/*`` and ``rlguard/event/*`` keys are not stats)."""
-    stats: dict[str, float] = {}
-    for key, name in TRL_TO_CANONICAL.items():
-        value = logs.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            stats[name] = float(value)
-    for key, value in logs.items():
-        name = key[len(_PREFIX) :]
-        if (
-            key.startswith(_PREFIX)
-            and "/" not in name
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-        ):
-            stats[name] = float(value)
-    return stats
-
-
-def make_guard(guard: str | GuardConfig | Guard) -> Guard:
-    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
-    if isinstance(guard, Guard):
-        return guard
-    if isinstance(guard, GuardConfig):
-        return Guard(guard)
-    if isinstance(guard, str):
-        return Guard(GuardConfig.preset(guard))
-    raise ValueError(
-        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
-    )
 
 
 class StabilityCallback(TrainerCallback):
@@ -195,8 +168,7 @@ class StabilityCallback(TrainerCallback):
         self.observed: list[dict[str, float]] = []
         self._max_grad_norm: float | None = None
         self._unscaled_lrs: list[float] | None = None
-        self._engine_wrapper: _GuardedEngineWrapper | None = None
-        self._accelerate_wrapper: Any = None
+        self._engine_wrapper: GuardedEngineWrapper | None = None
         self._halt = False
 
     @property
@@ -233,8 +205,8 @@ class StabilityCallback(TrainerCallback):
         if self._max_grad_norm is not None:
             args.max_grad_norm, self._max_grad_norm = self._max_grad_norm, None
         if self._engine_wrapper is not None:
-            self._trainer.accelerator.deepspeed_engine_wrapped = self._accelerate_wrapper
-            self._engine_wrapper = self._accelerate_wrapper = None
+            remove_engine_wrapper(self._trainer, self._engine_wrapper)
+            self._engine_wrapper = None
 
     def on_pre_optimizer_step(
         self,
@@ -366,37 +338,12 @@ class StabilityCallback(TrainerCallback):
     # -- DeepSpeed: deciding between engine.backward and engine.step ------------------------------------
     def _install_engine_wrapper(self) -> None:
         """Put the guarded wrapper in place of accelerate's ``deepspeed_engine_wrapped`` (see the module)."""
-        trainer = self._trainer
-        if trainer is None:
+        if self._trainer is None:
             raise ValueError(
                 "StabilityCallback(guard=...) under DeepSpeed decides inside accelerator.backward and needs the "
                 "trainer: call cb.attach(trainer) before trainer.train() (GuardedGRPOTrainer does it itself)."
             )
-        current = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
-        if isinstance(current, _GuardedEngineWrapper):
-            current = current.accelerate_wrapper  # a second train() call on the same trainer
-        engine = getattr(current, "engine", None)
-        if engine is None:
-            raise ValueError(
-                "StabilityCallback(guard=...) under DeepSpeed found no DeepSpeed engine in "
-                f"trainer.accelerator.deepspeed_engine_wrapped ({current!r}); it must run inside trainer.train()."
-            )
-        optimizer = engine.optimizer
-        stage = int(engine.zero_optimization_stage())
-        if stage == 0 or not hasattr(optimizer, "averaged_gradients"):
-            raise NotImplementedError(
-                f"StabilityCallback(guard=...) acts under DeepSpeed ZeRO stages 1-3 only; got stage {stage} with "
-                f"{type(optimizer).__name__}. Set zero_optimization.stage to 2 or 3 in the DeepSpeed config."
-            )
-        if getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False):
-            raise NotImplementedError(
-                "StabilityCallback(guard=...) does not act under ZeRO-Offload (zero_optimization.offload_optimizer): "
-                "the gradients live in CPU buffers it does not read. Remove offload_optimizer from the DeepSpeed "
-                "config, or use StabilityCallback() without a guard to record the stats."
-            )
-        self._accelerate_wrapper = current
-        self._engine_wrapper = _GuardedEngineWrapper(engine, self, current)
-        trainer.accelerator.deepspeed_engine_wrapped = self._engine_wrapper
+        self._engine_wrapper = install_engine_wrapper(self._trainer, self._decide_in_engine)
 
     def _decide_in_engine(self, engine: Any) -> None:
         """At the accumulation boundary, after ``engine.backward``: judge the step, then ``engine.step()`` it."""
@@ -413,7 +360,7 @@ class StabilityCallback(TrainerCallback):
         if action == "rollback" and self.snapshot_step is None:
             action = "halt"
         drop = action in ("skip_step", "rollback", "halt")
-        with _EngineStepApplying(engine.optimizer, drop=drop, lr_scale=decision.lr_scale, grad_norm=grad_norm):
+        with EngineStepApplying(engine.optimizer, drop=drop, lr_scale=decision.lr_scale, grad_norm=grad_norm):
             engine.step()
         if action == "rollback" and not self._load_engine_snapshot(args, engine):
             action = "halt"
@@ -453,7 +400,7 @@ class StabilityCallback(TrainerCallback):
         if action == "halt":
             metrics["rlguard/guard/halted"].append(1.0)
         for event in decision.events:
-            metrics[f"rlguard/event/{event.detector}"].append(_SEVERITY_LEVEL[event.severity])
+            metrics[f"rlguard/event/{event.detector}"].append(SEVERITY_CODE[event.severity])
 
     def _take_snapshot(
         self, step: int, args: TrainingArguments, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -504,109 +451,3 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
-
-
-def zero_grad_norm(optimizer: Any) -> Tensor:
-    """The 2-norm of the full averaged gradient held by a DeepSpeed ZeRO optimizer (stages 1-3), unscaled.
-
-    Each rank holds the partition of the reduced gradient it updates (``optimizer.averaged_gradients``, filled at
-    the accumulation boundary); the squares are summed locally and once over the data-parallel group. NaN and
-    inf stay in the result (DeepSpeed's own norm masks them), so the guard counts them.
-    """
-    device = None
-    squares: list[Tensor] = []
-    for group in optimizer.averaged_gradients.values():
-        for grad in group or ():
-            if isinstance(grad, Tensor):
-                squares.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square())
-                device = grad.device
-    total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float32, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(total, group=getattr(optimizer, "dp_process_group", None))
-    return total.sqrt() / float(getattr(optimizer, "loss_scale", 1.0))
-
-
-def _drop_zero_gradients(optimizer: Any) -> None:
-    """Drop the step's gradients the way DeepSpeed's own overflow branch does, without touching the loss scale.
-
-    Mirrors ``DeepSpeedZeroOptimizer.step`` (ZeRO-1/2) and ``DeepSpeedZeroOptimizer_Stage3.step`` (ZeRO-3) of
-    deepspeed 0.19 when they find an overflow: the next accumulation starts from empty partitions.
-    """
-    if hasattr(optimizer, "_overflow_clean_up"):  # ZeRO-3
-        optimizer._pre_step()  # micro-step id and backward flags reset, stale bucket entries cleared
-        optimizer._partition_all_parameters()
-        optimizer._overflow_clean_up(optimizer.loss_scale)
-        return
-    from deepspeed.runtime.zero.stage_1_and_2 import INITIAL_MICRO_STEP_ID
-
-    optimizer.micro_step_id = INITIAL_MICRO_STEP_ID
-    optimizer.zero_grad(set_to_none=True)
-    optimizer._release_preflattened_grad_buffers()
-    for key in list(optimizer.averaged_gradients):
-        optimizer.averaged_gradients[key] = None
-        optimizer.all_grad_tensors[key] = None
-
-
-class _EngineStepApplying:
-    """During ``engine.step()``: the ZeRO optimizer's ``step`` runs with the LR scaled (restored before the engine
-    steps its scheduler), or is replaced by :func:`_drop_zero_gradients` when the step is dropped."""
-
-    def __init__(self, optimizer: Any, *, drop: bool, lr_scale: float, grad_norm: Tensor) -> None:
-        self.optimizer = optimizer
-        self.drop = drop
-        self.lr_scale = lr_scale
-        self.grad_norm = float(grad_norm)
-        self._shadowed: Any = None
-        self._previous: Any = None
-
-    def _step(self, *args: Any, **kwargs: Any) -> None:
-        optimizer = self.optimizer
-        lrs = [group["lr"] for group in optimizer.param_groups]
-        try:
-            if self.drop:
-                _drop_zero_gradients(optimizer)
-                optimizer.overflow = False  # the step counts as taken: the engine advances its scheduler
-                optimizer._global_grad_norm = self.grad_norm  # what the Trainer logs as grad_norm
-            else:
-                for group in optimizer.param_groups:
-                    group["lr"] = group["lr"] * self.lr_scale
-                self._shadowed(*args, **kwargs)
-        finally:
-            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-
-    def __enter__(self) -> None:
-        self._shadowed = self.optimizer.step
-        # an instance attribute shadows the class's method (or torch's LR-scheduler patch, itself an instance
-        # attribute) for this call only
-        self._previous = vars(self.optimizer).get("step")
-        self.optimizer.step = self._step
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is None:
-            del self.optimizer.step
-        else:
-            self.optimizer.step = self._previous
-
-
-class _GuardedEngineWrapper:
-    """Stands in for accelerate's ``DeepSpeedEngineWrapper``: its ``backward`` with the guard between
-    ``engine.backward`` and ``engine.step``; everything else is accelerate's wrapper's."""
-
-    def __init__(self, engine: Any, callback: StabilityCallback, accelerate_wrapper: Any) -> None:
-        self.engine = engine
-        self.callback = callback
-        self.accelerate_wrapper = accelerate_wrapper
-
-    def backward(self, loss: Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
-        """accelerate's ``DeepSpeedEngineWrapper.backward``, with the guard deciding how ``engine.step()`` applies."""
-        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
-        self.engine.backward(loss, **kwargs)
-        if sync_gradients:
-            self.callback._decide_in_engine(self.engine)
-
-    def __getattr__(self, name: str) -> Any:
-        wrapper = self.__dict__.get("accelerate_wrapper")
-        if wrapper is None:
-            raise AttributeError(name)
-        return getattr(wrapper, name)  # get_global_grad_norm, ...

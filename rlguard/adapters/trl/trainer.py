@@ -44,7 +44,8 @@ from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_h
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
 from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
-from rlguard.guards.actuator import make_guard
+from rlguard.guards.actuator import make_guard, objective_with_controls
+from rlguard.guards.guard import Controls
 from rlguard.metrics import REDUCTIONS, WEIGHTS, trl_log_key
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer"]
@@ -177,36 +178,10 @@ class GuardedGRPOTrainer(GRPOTrainer):
         stats, self._rlguard_step_stats = self._rlguard_step_stats, StepStats()
         return stats
 
-    def rlguard_set_clip(
-        self,
-        scale: float = 1.0,
-        clip_low: float | None = None,
-        clip_high: float | None = None,
-        *,
-        beta: float | None = None,
-        entropy_coef: float | None = None,
-    ) -> None:
-        """Use ``scale`` times the clip range (the scheduled ``clip_low``/``clip_high`` where given, else the
-        configured one) and the scheduled ``beta``/``entropy_coef`` (else the configured ones) from the next loss
-        on; objectives without a clip range keep theirs."""
-        base = self._rlguard_configured_objective
-        changes: dict[str, Any] = {}
-        for name, scheduled in (("clip_low", clip_low), ("clip_high", clip_high)):
-            value = scheduled if scheduled is not None else getattr(base, name, None)
-            if value is not None:
-                changes[name] = value * scale
-        if beta is not None:
-            if beta > 0 and base.beta == 0:
-                raise ValueError(
-                    f"the guard's schedule sets beta={beta:g}, but the run was configured with beta=0, so TRL loads no "
-                    "reference model: set GuardedGRPOConfig(beta=...) > 0 (the schedule then replaces it) or drop "
-                    "the beta schedule."
-                )
-            changes["beta"] = beta
-        if entropy_coef is not None:
-            changes["entropy_coef"] = entropy_coef
-        if any(getattr(self.rlguard_objective, k) != v for k, v in changes.items()):
-            self.rlguard_objective = dataclasses.replace(base, **changes)
+    def rlguard_set_controls(self, controls: Controls) -> None:
+        """The guard's controls for the objective from the next loss on: clip range, ``beta``, ``entropy_coef``
+        (:func:`~rlguard.guards.actuator.objective_with_controls` of the configured objective)."""
+        self.rlguard_objective = objective_with_controls(self._rlguard_configured_objective, controls)
 
     def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]

@@ -69,7 +69,16 @@ from typing import Any
 from rlguard.adapters.verl.compat import check_verl_trainer, guarded_tracking
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.guards import Decision, Guard, GuardConfig
-from rlguard.guards.actuator import ACTION_CODE, EVENTS_FILE, GUARD_STATE_FILE, SEVERITY_CODE, make_guard
+from rlguard.guards.actuator import (
+    ACTION_CODE,
+    EVENTS_FILE,
+    GUARD_STATE_FILE,
+    SEVERITY_CODE,
+    apply_decision,
+    bind_guard,
+    make_guard,
+)
+from rlguard.guards.guard import Controls
 from rlguard.metrics import canonical_stats
 
 __all__ = [
@@ -85,6 +94,10 @@ __all__ = [
 #: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
 GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
 _GUARDED_TARGETS = (GUARDED_TARGET, f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}")
+#: the controls the driver sends the workers, at their neutral values
+_CLIP_CONTROLS = ("clip_scale", "clip_high_scale", "clip_low", "clip_high")
+_NO_CONTROLS: dict[str, Any] = {**dict.fromkeys(_CLIP_CONTROLS), "clip_scale": 1.0, "clip_high_scale": 1.0}
+_NO_CONTROLS.update(beta=None, entropy_coef=None)
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
 
 
@@ -122,9 +135,60 @@ class VerlGuardDriver:
         self.guard = make_guard(guard)
         if self.guard.config.events_path is None:
             self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
-        self.controls: dict[str, Any] = {"clip_scale": 1.0, "clip_low": None, "clip_high": None}
+        self.controls: dict[str, Any] = dict(_NO_CONTROLS)
         self.discarded: set[int] = set()  # checkpoints holding weights a rollback threw away
         self.halted: Decision | None = None
+        self._step = 0
+        self._rollback_to: int | None = None
+        self._restored_from: Path | None = None
+        bind_guard(self.guard, self, where="verl's driver")
+
+    # -- the actuator (rlguard.guards.actuator.Actuator) ---------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Snapshot (a verl checkpoint), restore (rollback), stop, the clip range; ``beta`` with ``use_kl_loss``
+        and ``entropy_coef`` where verl computes entropies. Not ``drop_update`` (verl logs a step after its
+        update) nor ``lr_scale`` (verl offers the driver no call that sets the actor's LR): recorded only."""
+        actor = self.trainer.config.actor_rollout_ref.actor
+        can = {"snapshot", "restore", "stop", "clip"}
+        if actor.get("use_kl_loss", False):
+            can.add("beta")
+        if actor.get("calculate_entropy", False) or actor.get("entropy_coeff", 0.0) != 0.0:
+            can.add("entropy_coef")  # verl computes entropies only then (ray_trainer / v1 trainer_base)
+        return frozenset(can)
+
+    def snapshot(self, step: int) -> None:
+        if not _nonempty(self.step_folder(step) / "actor"):
+            self.trainer._save_checkpoint()
+
+    def has_snapshot(self) -> bool:
+        return self.rollback_folder(self._rollback_to) is not None
+
+    def set_lr_scale(self, scale: float) -> None:
+        raise NotImplementedError("verl's driver cannot set the actor's LR (not in its capabilities).")
+
+    def drop_update(self) -> None:
+        raise NotImplementedError("verl's driver judges a step after its update (not in its capabilities).")
+
+    def apply_update(self) -> None:
+        """verl has applied the update already."""
+
+    def restore(self) -> bool:
+        folder = self.rollback_folder(self._rollback_to)
+        if folder is None:
+            return False
+        self.rollback(folder, self._step)
+        self._restored_from = folder
+        return True
+
+    def set_controls(self, controls: Controls) -> None:
+        values = {key: getattr(controls, key) for key in _NO_CONTROLS}
+        if values != self.controls:
+            self.controls = values
+            self.push_controls()
+
+    def stop(self) -> None:
+        """``fit`` returns after logging this step (see :func:`guarded_tracking_for`)."""
 
     @property
     def checkpoint_root(self) -> Path:
@@ -145,23 +209,16 @@ class VerlGuardDriver:
             "rlguard/guard/clip_scale": decision.clip_scale,
         }
         logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
-        if decision.action == "halt":
+        self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
+        applied = apply_decision(decision, self)
+        if applied.outcome == "halt":
             self.halted = decision
-        elif decision.action == "rollback":
-            folder = self.rollback_folder(decision.rollback_to)
-            if folder is None:
+            if decision.outcome == "rollback":
                 why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
                 self.halted = dataclasses.replace(decision, action="halt", reason=f"{decision.reason}; {why}")
-            else:
-                self.rollback(folder, step)
-                logged["rlguard/guard/rollback_to"] = float(_step_of(folder))
-        controls = {"clip_scale": decision.clip_scale, "clip_low": decision.clip_low, "clip_high": decision.clip_high}
-        if controls != self.controls:
-            self.controls = controls
-            self.push_controls()
+        if self._restored_from is not None:
+            logged["rlguard/guard/rollback_to"] = float(_step_of(self._restored_from))
         folder = self.step_folder(step)
-        if decision.snapshot and not _nonempty(folder / "actor"):
-            self.trainer._save_checkpoint()
         if folder.is_dir():
             self.save(folder)  # this step's checkpoint also holds the guard's judgement of the step
         logged["rlguard/guard/halted"] = float(self.halted is not None)
@@ -173,7 +230,13 @@ class VerlGuardDriver:
         from verl.utils.config import omega_conf_to_dataclass
 
         config = omega_conf_to_dataclass(self.trainer.config.actor_rollout_ref.actor)
-        return dataclasses.replace(config, policy_loss=dataclasses.replace(config.policy_loss, **self.controls))
+        clip = {key: self.controls[key] for key in _CLIP_CONTROLS}
+        actor: dict[str, Any] = {"policy_loss": dataclasses.replace(config.policy_loss, **clip)}
+        if self.controls["beta"] is not None:
+            actor["kl_loss_coef"] = self.controls["beta"]
+        if self.controls["entropy_coef"] is not None:
+            actor["entropy_coeff"] = self.controls["entropy_coef"]
+        return dataclasses.replace(config, **actor)
 
     def push_controls(self) -> None:
         """Send every actor worker verl's ``ppo_loss`` bound to :meth:`actor_config` (``set_loss_fn``)."""
@@ -230,7 +293,7 @@ class VerlGuardDriver:
             return False
         state = json.loads(path.read_text(encoding="utf-8"))
         self.guard.load_state_dict(state["guard"])
-        self.controls = dict(state["controls"])
+        self.controls = {**_NO_CONTROLS, **state["controls"]}
         self.discarded = set(state["discarded"])
         self.push_controls()
         return True

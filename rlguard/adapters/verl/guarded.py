@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from numbers import Real
 from typing import Any
 
 import torch
@@ -53,12 +52,14 @@ class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
         max_poisoned_frac: a micro-batch with more than this fraction of its sequences poisoned (NaN/Inf inputs)
             gives a zero loss; below it, only the poisoned sequences are masked. 1.0 never skips.
         clip_scale: multiplies the clip range (the guard's clip controller).
+        clip_high_scale: multiplies the upper clip bound only, on top of ``clip_scale`` (clip-higher).
         clip_low, clip_high: replace ``clip_ratio_low``/``clip_ratio_high`` before scaling (clip schedules).
         skip: every micro-batch gives a zero loss (zero gradient; verl's optimizer still steps).
     """
 
     max_poisoned_frac: float = 0.5
     clip_scale: float = 1.0
+    clip_high_scale: float = 1.0
     clip_low: float | None = None
     clip_high: float | None = None
     skip: bool = False
@@ -69,11 +70,13 @@ class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
             raise ValueError(
                 f"policy_loss.max_poisoned_frac must be in [0, 1] (1 never skips); got {self.max_poisoned_frac!r}."
             )
-        if not (isinstance(self.clip_scale, Real) and self.clip_scale > 0 and math.isfinite(self.clip_scale)):
-            raise ValueError(f"policy_loss.clip_scale must be a finite number > 0; got {self.clip_scale!r}.")
+        for key in ("clip_scale", "clip_high_scale"):
+            scale = getattr(self, key)
+            if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+                raise ValueError(f"policy_loss.{key} must be a finite number > 0; got {scale!r}.")
         for key in _CLIP_KEYS:
             value = getattr(self, key)
-            if value is not None and not (isinstance(value, Real) and value >= 0):
+            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"policy_loss.{key} must be null or a number >= 0; got {value!r}.")
 
 
@@ -103,13 +106,13 @@ class _ClipOverlay:
         ratio = config_get(config, "clip_ratio", 0.2)
         low = guard.clip_low if guard.clip_low is not None else config_get(config, "clip_ratio_low")
         high = guard.clip_high if guard.clip_high is not None else config_get(config, "clip_ratio_high")
-        scale = guard.clip_scale
+        scale = {"clip_low": guard.clip_scale, "clip_high": guard.clip_scale * guard.clip_high_scale}
         self._values: dict[str, Any] = {
-            "clip_ratio_low": (ratio if low is None else low) * scale,
-            "clip_ratio_high": (ratio if high is None else high) * scale,
+            "clip_ratio_low": (ratio if low is None else low) * scale["clip_low"],
+            "clip_ratio_high": (ratio if high is None else high) * scale["clip_high"],
         }
         kwargs = dict(guard.objective_kwargs)
-        scaled = {key: kwargs[key] * scale for key in _CLIP_KEYS if kwargs.get(key) is not None}
+        scaled = {key: kwargs[key] * scale[key] for key in _CLIP_KEYS if kwargs.get(key) is not None}
         if scaled:
             self._values["policy_loss"] = dataclasses.replace(guard, objective_kwargs={**kwargs, **scaled})
 

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from rlguard.core_losses.aggregation import Normaliser, check_normaliser, default_normalisers
 from rlguard.core_losses.batch import LossOutput, PolicyBatch, prepare_batch
-from rlguard.core_losses.logprobs import _default_chunk_rows
+from rlguard.core_losses.logprobs import _default_chunk_rows, _row_dot
 from rlguard.core_losses.objective import Objective
 from rlguard.core_losses.objectives import CISPO, DAPO, GRPO, SAPO, DrGRPO
 
@@ -168,7 +168,7 @@ def objective_from_hidden(
             log_z = sum_e.log()  # (c,) of the shifted logits
             y = targets[idx]
             lp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - log_z  # (c,)
-            ent = log_z - torch.linalg.vecdot(e, logits) / sum_e  # (c,) H = log Z - E_p[z]
+            ent = log_z - _row_dot(e, logits) / sum_e  # (c,) H = log Z - E_p[z]
             logprobs[idx], entropies[idx] = lp, ent
             if grad_h is None and grad_w is None:
                 continue
@@ -296,9 +296,9 @@ def _logit_grads(
     g = torch.zeros_like(sum_e) if g is None else g
     if g_ent is None:
         d = e.mul_((-g / sum_e).unsqueeze(-1))
-    else:  # coef = -(g + g_H (log p + H)), log p = shifted - log Z
-        coef = shifted.sub_((log_z - ent).unsqueeze(-1)).mul_(-g_ent.unsqueeze(-1)).sub_(g.unsqueeze(-1))
-        d = e.mul_((1 / sum_e).unsqueeze(-1)).mul_(coef)
+    else:  # p * coef with coef = -(g + g_H (log p + H)), log p = shifted - log Z, p = e / sum_e
+        coef = shifted.sub_((log_z - ent).unsqueeze(-1)).mul_((-g_ent / sum_e).unsqueeze(-1))
+        d = e.mul_(coef.sub_((g / sum_e).unsqueeze(-1)))
     d[torch.arange(d.shape[0], device=d.device), targets] += g
     return d
 

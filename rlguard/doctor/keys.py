@@ -10,8 +10,9 @@ imports no framework, so the doctor reads logs without TRL or verl installed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlguard.guards.stats import STAT_REDUCTIONS
 
@@ -35,6 +36,7 @@ TRL_TO_CANONICAL: dict[str, str] = {
     "reward_std": "reward_std",
     "frac_reward_zero_std": "frac_zero_std_groups",
     "completions/mean_length": "length_mean",
+    "completion_length": "length_mean",  # TRL < 0.14
     "completions/max_length": "length_max",
     "completions/clipped_ratio": "truncated_frac",
     "sampling/sampling_logp_difference/mean": "mismatch_logp_abs_mean",
@@ -100,8 +102,9 @@ KNOWN_KEYS: frozenset[str] = frozenset(
     {"step", "global_step", "epoch", "num_tokens", "step_time", "total_flos", "aux_loss", "policy_loss", "entropy_coef"}
     | {"train_runtime", "train_loss", "train_samples_per_second", "train_steps_per_second", "Step"}
 )
-#: the only canonical name that no detector judges on its own
-_NOT_JUDGED = frozenset({"lr"}) | DOCTOR_ONLY
+#: canonical names that no detector judges on its own (verl's probability-space mismatch is judged by
+#: ``mismatch_growth`` when the run logs no other mismatch stat)
+_NOT_JUDGED = frozenset({"lr"}) | (DOCTOR_ONLY - {"mismatch_prob_abs_mean", "mismatch_prob_abs_max"})
 
 
 def strip_namespace(key: str) -> str:
@@ -117,8 +120,11 @@ def strip_namespace(key: str) -> str:
 _VERL_WORKER_RLGUARD = "actor/" + _RLGUARD
 
 
-def canonical_name(key: str) -> tuple[str, int] | None:
-    """The canonical name of a raw key and its priority (lower wins), or None if it has none."""
+def canonical_name(key: str, key_map: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The canonical name of a raw key and its priority (lower wins), or None if it has none. ``key_map`` (the
+    user's ``--map KEY=CANONICAL``) wins over every table."""
+    if key_map and key in key_map:
+        return key_map[key], -1
     key = strip_namespace(key)
     if key.startswith(_VERL_WORKER_RLGUARD):
         key = key[len("actor/") :]
@@ -131,11 +137,11 @@ def canonical_name(key: str) -> tuple[str, int] | None:
     return None
 
 
-def canonical_stats(raw: Mapping[str, float]) -> dict[str, float]:
+def canonical_stats(raw: Mapping[str, float], key_map: Mapping[str, str] | None = None) -> dict[str, float]:
     """One step's raw metrics -> canonical stats, each from the highest-priority key present."""
     best: dict[str, tuple[int, float]] = {}
     for key, value in raw.items():
-        hit = canonical_name(key)
+        hit = canonical_name(key, key_map)
         if hit is not None and (hit[0] not in best or hit[1] < best[hit[0]][0]):
             best[hit[0]] = (hit[1], value)
     return {name: value for name, (_, value) in best.items()}
@@ -149,11 +155,13 @@ class KeyReport:
         mapped: raw key -> canonical name, for every key that has one.
         known: keys recognised as carrying no canonical stat (counters, timings, evaluation, ...).
         unrecognised: every other key, sorted.
+        suggestions: unrecognised key -> the canonical name it looks like (for ``--map KEY=CANONICAL``).
     """
 
     mapped: dict[str, str]
     known: list[str]
     unrecognised: list[str]
+    suggestions: dict[str, str] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[str]:
@@ -161,13 +169,13 @@ class KeyReport:
         return sorted({c for c in self.mapped.values() if c not in _NOT_JUDGED})
 
 
-def classify_keys(keys: Iterable[str]) -> KeyReport:
-    """Sort the raw keys of a log into mapped, known and unrecognised."""
+def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None) -> KeyReport:
+    """Sort the raw keys of a log into mapped, known and unrecognised (with suggestions)."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
     for key in sorted(set(keys)):
-        hit = canonical_name(key)
+        hit = canonical_name(key, key_map)
         bare = strip_namespace(key)
         if hit is not None:
             mapped[key] = hit[0]
@@ -175,4 +183,61 @@ def classify_keys(keys: Iterable[str]) -> KeyReport:
             known.append(key)
         else:
             unrecognised.append(key)
-    return KeyReport(mapped, known, unrecognised)
+    taken = set(mapped.values())
+    suggestions = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
+    return KeyReport(mapped, known, unrecognised, suggestions)
+
+
+#: words in a key -> the canonical name it likely holds, first match wins; each rule needs all its words
+_SUGGEST: tuple[tuple[frozenset[str], str], ...] = tuple(
+    (frozenset(words.split()), name)
+    for words, name in (
+        ("entropy", "entropy"),
+        ("ppo kl", "kl_old"),
+        ("old kl", "kl_old"),
+        ("kl", "kl_ref"),
+        ("reward std", "reward_std"),
+        ("reward", "reward_mean"),
+        ("score", "reward_mean"),
+        ("return", "reward_mean"),
+        ("len max", "length_max"),
+        ("length max", "length_max"),
+        ("len", "length_mean"),
+        ("length", "length_mean"),
+        ("grad norm", "grad_norm"),
+        ("gradnorm", "grad_norm"),
+        ("clip", "clip_frac"),
+        ("ratio max", "ratio_max"),
+        ("ratio", "ratio_mean"),
+        ("truncated", "truncated_frac"),
+        ("lr", "lr"),
+    )
+)
+_ABBREVIATIONS = {"ent": "entropy", "rew": "reward", "rwd": "reward", "gnorm": "gradnorm", "trunc": "truncated"}
+
+
+def suggest_canonical(key: str) -> str | None:
+    """The canonical name an unrecognised key looks like (``reward_avg`` -> ``reward_mean``,
+    ``avg_response_len`` -> ``length_mean``), or None."""
+    words = {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
+    for need, name in _SUGGEST:
+        if need <= words:
+            return name
+    return None
+
+
+def parse_key_map(items: Iterable[str]) -> dict[str, str]:
+    """``["reward_avg=reward_mean", ...]`` (``--map``) -> ``{"reward_avg": "reward_mean"}``; ValueError naming the
+    item for a malformed one or an unknown canonical name."""
+    out: dict[str, str] = {}
+    names = CANONICAL | DOCTOR_ONLY
+    for item in items:
+        key, sep, name = item.partition("=")
+        if not sep or not key or not name:
+            raise ValueError(f"--map {item!r}: expected KEY=CANONICAL, e.g. --map reward_avg=reward_mean")
+        if name not in names:
+            raise ValueError(
+                f"--map {item!r}: {name!r} is not a canonical name; canonical names: {', '.join(sorted(names))}"
+            )
+        out[key] = name
+    return out

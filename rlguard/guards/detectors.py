@@ -242,7 +242,8 @@ class CusumDetector(Detector):
         self._s_control = RollingWindow(self.control_window)
 
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
-        """Track ``lost_control``; a description if its recent median is below its early median."""
+        """Track ``lost_control``; a description if its recent median is below its early median by more than a
+        standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
         if self.critical_drift is None or not _finite(stats, self.lost_control):
             return None
         value = float(stats[self.lost_control])
@@ -251,7 +252,12 @@ class CusumDetector(Detector):
             return None
         self._s_control.push(value)
         early, recent = _anchor_median(self._s_control_anchor), self._s_control.median()
-        if early is None or len(self._s_control) < min(5, self.control_window) or recent >= early:
+        n = len(self._s_control)
+        if early is None or n < min(5, self.control_window):
+            return None
+        # a fall beyond a standard error of the recent median: a flat noisy reward does not count as lost
+        standard_error = self._s_control.sigma() * math.sqrt(math.pi / 2 / n)
+        if recent >= early - standard_error:
             return None
         return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
 
@@ -773,7 +779,7 @@ class LengthCollapse(Detector):
         "of the early baseline"
     )
 
-    warmup: int = 5
+    warmup: int = 10
     patience: int = 2
     critical_tokens: float = 2.0
     warn_ratio: float = 0.25

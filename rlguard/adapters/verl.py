@@ -21,6 +21,13 @@ verl (``actor_rollout_ref.actor.*``)  rlguard
 ``clip_ratio_c``                      ``clip_c`` (dual clip) of grpo, dapo, dr_grpo, as verl's ``vanilla``; not of
                                       gspo and gspo_token, as verl's ``gspo``
 ``tau_pos``, ``tau_neg``              SAPO's ``tau_pos``, ``tau_neg``
+``clip_ratio_c`` (DPPO)               ``is_cap`` of dppo_tv, dppo_kl (their truncated IS weight; ``clip_ratio_*``
+                                      are their thresholds ``delta`` as in verl)
+``policy_loss.clip_cov_ratio``,       Clip-Cov's ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``; the draw
+``_lb``, ``_ub``                      uses torch's default generator, as verl's ``clip_cov``
+``policy_loss.kl_cov_ratio``,         KL-Cov's ``kl_cov_ratio``, ``kl_cov_coef``
+``ppo_kl_coef``
+``policy_loss.dro_beta``              DRO's ``tau`` (required, as in verl)
 ``loss_agg_mode``                     ``aggregation``; ``token-sum`` is ``token-mean`` with ``num_tokens = 1/dp``.
                                       sapo and gmpo keep ``seq-mean-token-mean``: verl's ``sapo`` and ``geo_mean``
                                       ignore ``loss_agg_mode``
@@ -104,6 +111,16 @@ VERL_LOSS_AGG_MODES: tuple[str, ...] = (*AGGREGATIONS, "token-sum")
 #: Objectives whose verl counterpart ignores ``loss_agg_mode`` (``sapo``, ``geo_mean``): they keep their own.
 _OWN_AGGREGATION: tuple[type[Objective], ...] = (SAPO, GMPO)
 
+#: verl's ``policy_loss.*`` keys of its clip_cov, kl_cov and dro losses -> rlguard's names.
+_POLICY_LOSS_KEYS = {
+    "clip_cov_ratio": "clip_cov_ratio",
+    "clip_cov_lb": "clip_cov_lb",
+    "clip_cov_ub": "clip_cov_ub",
+    "kl_cov_ratio": "kl_cov_ratio",
+    "ppo_kl_coef": "kl_cov_coef",
+    "dro_beta": "tau",
+}
+
 #: Keys of RLGuardPolicyLossConfig that go to the objective unchanged when set.
 _PASSED_THROUGH = ("off_policy_mask_delta", "on_nonfinite")
 
@@ -185,6 +202,12 @@ def objective_hyperparameters(name: str, config: Any, loss_agg_mode: str) -> dic
     if not issubclass(cls, GSPO):  # verl applies the dual clip in `vanilla` only, not in `gspo`
         mapped["clip_c"] = _get(config, "clip_ratio_c", 3.0)
     policy = _get(config, "policy_loss")
+    mapped["is_cap"] = _get(config, "clip_ratio_c", 20.0)  # DPPO's truncation of the IS weight
+    for theirs, ours in _POLICY_LOSS_KEYS.items():
+        if _get(policy, theirs) is not None:
+            mapped[ours] = _get(policy, theirs)
+    if name == "dro" and "tau" not in dict(_get(policy, "objective_kwargs") or {}) and mapped.get("tau") is None:
+        raise ValueError("policy_loss.dro_beta must be set (> 0) for rlguard.dro, as for verl's dro; got None.")
     aggregation = _get(policy, "aggregation")
     if aggregation is None and not issubclass(cls, _OWN_AGGREGATION):
         if loss_agg_mode not in VERL_LOSS_AGG_MODES:

@@ -80,7 +80,7 @@ def test_kl_cov_penalises_exactly_the_top_covariance_tokens() -> None:
     base = get_objective("kl_cov", kl_cov_ratio=ratio, kl_cov_coef=0.0)(policy_batch(d))
     lp, old = d["logprobs"].detach(), d["old_logprobs"]
     penalty = sum(coef * abs(float(lp[key] - old[key])) for key in top) / len(cov)  # token mean
-    assert float(out.loss - base.loss) == pytest.approx(penalty, rel=1e-12)
+    assert float((out.loss - base.loss).detach()) == pytest.approx(penalty, rel=1e-12)
     assert penalty > 0
 
 
@@ -96,7 +96,7 @@ def test_dppo_masks_only_tokens_pushed_out_of_the_trust_region(name: str) -> Non
         a = float(d["advantages"][i])
         if a == 0:
             continue
-        p, mu = math.exp(float(d["logprobs"][i, t])), math.exp(float(d["old_logprobs"][i, t]))
+        p, mu = math.exp(float(d["logprobs"][i, t].detach())), math.exp(float(d["old_logprobs"][i, t]))
         binary_kl = mu * math.log(mu / p) + (1 - mu) * math.log((1 - mu) / (1 - p))
         div = abs(p - mu) if name == "dppo_tv" else binary_kl
         pushed_out = div > delta and (p > mu if a > 0 else p < mu)
@@ -122,11 +122,11 @@ def test_vespo_kernel_is_one_on_policy_and_decays_off_policy() -> None:
     adv = torch.tensor([2.0], dtype=torch.float64)
     mask = torch.ones(1, 1, dtype=torch.float64)
     on = get_objective("vespo")(PolicyBatch(logprobs=lp, advantages=adv, mask=mask))
-    assert float(on.loss) == pytest.approx(2.0, rel=1e-12)
+    assert float(on.loss.detach()) == pytest.approx(2.0, rel=1e-12)
     off = get_objective("vespo")(PolicyBatch(logprobs=lp, advantages=adv, mask=mask, old_logprobs=lp.detach() - 0.5))
     w = math.exp(0.5)
     phi = w**2.0 * math.exp(3.0 * (1.0 - w))
-    assert float(grad_of(off.loss, lp)) == pytest.approx(-2.0 * phi, rel=1e-12)
+    assert float(grad_of(off.loss, lp).detach()) == pytest.approx(-2.0 * phi, rel=1e-12)
     assert phi < 0.5
 
 

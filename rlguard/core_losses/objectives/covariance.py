@@ -110,10 +110,13 @@ class KLCov(Objective):
         adv = batch.advantages  # (B, T)
         loss = -adv * torch.exp(log_ratio)  # (B, T)
         with torch.no_grad():
-            cov = token_covariance(batch.logprobs, adv, mask).masked_fill(mask == 0, float("-inf"))  # (B, T)
+            cov = token_covariance(batch.logprobs, adv, mask)  # (B, T)
             top = torch.zeros_like(mask, dtype=torch.bool)  # (B, T)
-            if bool(mask.any()):
-                chosen = torch.topk(cov.flatten(), _selection_size(self.kl_cov_ratio, mask)).indices
-                top.view(-1)[chosen] = True
+            valid = (mask > 0).flatten().nonzero().squeeze(-1)  # (N,) row-major
+            if valid.numel() > 0:
+                # top-k over the unmasked tokens only, in row-major order: ties (a micro-batch with one advantage
+                # value has Cov = 0 everywhere) are then broken as in verl's kl_cov
+                chosen = torch.topk(cov.flatten()[valid], _selection_size(self.kl_cov_ratio, mask)).indices
+                top.view(-1)[valid[chosen]] = True
         penalty = self.kl_cov_coef * log_ratio.abs() * top.to(loss.dtype)  # (B, T)
         return Surrogate(loss=loss + penalty)

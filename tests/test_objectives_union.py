@@ -160,3 +160,13 @@ def test_luspo_is_gspo_times_sequence_length() -> None:
 def test_bad_hyperparameters_are_named(name: str, hp: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         get_objective(name, **hp)
+
+
+# ---------------------------------------------------------------- the collapse benchmark takes them
+@pytest.mark.parametrize("name", ["luspo", "vespo", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro"])
+def test_collapse_benchmark_runs_each(name: str) -> None:
+    """``rlguard bench collapse --objectives NAME`` trains with it, guarded: finite rewards at every batch."""
+    from rlguard.bench.collapse import RunConfig, run_one
+
+    result = run_one(RunConfig(objective=name, guard="default", iterations=3, warm_start_steps=5))
+    assert len(result.rewards) == 3 and all(math.isfinite(r) for r in result.rewards)

@@ -14,6 +14,9 @@
 - ``beta``, ``use_bias_correction_kl`` -> ``beta`` with ``kl_estimator="k3"``, ``kl_unbiased``;
 - ``sapo_temperature_pos``/``_neg`` -> ``tau_pos``/``tau_neg``;
 - ``off_policy_mask_threshold`` -> ``off_policy_mask_delta``;
+- ``top_entropy_quantile < 1``: TRL's own ``get_high_entropy_mask`` weights the objective's policy term (not the
+  KL term, not the normalisers) and the entropy bonus, as in TRL (in the trainer, per micro-batch);
+- ``use_adaptive_entropy`` is refused (TRL's controller is trainer state updated inside its loss);
 - vLLM's ``*_truncate`` modes -> ``rollout_is``; ``*_mask`` modes -> ``rollout_mask`` plus ``rollout_is``;
 - ``loss_type``, unless ``objective_kwargs`` names an ``aggregation``: grpo, sapo -> ``seq-mean-token-mean``;
   bnpo, dapo, cispo, vespo -> ``token-mean``; luspo -> ``seq-mean-token-sum``; dr_grpo ->
@@ -136,14 +139,13 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
 
 
 def _reject_unsupported(args: GRPOConfig) -> None:
-    if args.top_entropy_quantile < 1.0:
-        raise NotImplementedError(
-            f"top_entropy_quantile={args.top_entropy_quantile} is not supported by GuardedGRPOTrainer yet: the "
-            "entropy mask weights the policy term but not the normalisers, which PolicyBatch cannot express. Use 1.0."
-        )
     if args.use_adaptive_entropy:
         raise NotImplementedError(
-            "use_adaptive_entropy=True is not supported by GuardedGRPOTrainer yet; use a fixed entropy_coef."
+            "use_adaptive_entropy=True is not supported by GuardedGRPOTrainer: TRL's controller is trainer state that "
+            "its _compute_loss updates at each accumulation boundary (a window-global entropy reduced across "
+            "processes, saved with checkpoints), not a loss; rlguard's loss path does not run it, and copying it "
+            "would be a second controller to keep in sync. Use a fixed entropy_coef, or schedule entropy_coef with "
+            "the guard (GuardConfig(schedules={'entropy_coef': ...}))."
         )
     if args.importance_sampling_level not in ("token", "sequence"):
         raise ValueError(

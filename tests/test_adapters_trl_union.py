@@ -87,3 +87,22 @@ def test_vespo_mapping_and_refusals() -> None:
     assert kw["aggregation"] == "token-mean"
     with pytest.raises(NotImplementedError, match="TRL folds the engine ratio into VESPO's sequence weight"):
         config(loss_type="vespo", use_vllm=True, vllm_importance_sampling_correction=True).objective_mapping()
+
+
+# ---------------------------------------------------------------- TRL's entropy masking (top_entropy_quantile)
+@pytest.mark.parametrize(
+    ("loss_type", "level"),
+    [("grpo", "token"), ("dapo", "token"), ("grpo", "sequence"), ("luspo", "sequence"), ("vespo", "token")],
+)
+def test_top_entropy_quantile_equals_trl(model_dir: Path, loss_type: str, level: str) -> None:
+    """TRL's get_high_entropy_mask keeps the top 40% of tokens by entropy for the policy term (the KL term and
+    the entropy bonus see the same tokens as in TRL); loss and gradient equal TRL's, and differ from the unmasked
+    loss, so the mask is applied."""
+    expect = ("trl#3823",) if (loss_type, level) == ("dapo", "sequence") else ()
+    options = {"loss_type": loss_type, "importance_sampling_level": level, "beta": 0.04, "entropy_coef": 0.05}
+    options["use_bias_correction_kl"] = False
+    masked = trainer_for(model_dir, expect, top_entropy_quantile=0.4, **options)
+    trl_loss, _ = assert_parity(masked, seed=zlib.crc32(repr(("entropy", loss_type, level)).encode()))
+    plain = trainer_for(model_dir, expect, **options)
+    plain_loss, _ = assert_parity(plain, seed=zlib.crc32(repr(("entropy", loss_type, level)).encode()))
+    assert abs(float(trl_loss - plain_loss)) > 1e-4

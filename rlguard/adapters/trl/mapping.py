@@ -8,8 +8,8 @@
   warns) is ``grpo`` with luspo's aggregation; vespo's weight is per sequence at either level;
 - ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg`` -> VESPO's ``k_pos`` ... ``lambda_neg``
   (vLLM importance-sampling correction with vespo is refused: TRL folds it into VESPO's weight);
-- ``epsilon``, ``epsilon_high`` -> ``clip_low``, ``clip_high`` of the GRPO family; CISPO's ``clip_high`` is the
-  absolute cap ``epsilon_high``; GMPO (log-space clip) keeps its own;
+- ``epsilon``, ``epsilon_high`` -> ``clip_low``, ``clip_high`` of the GRPO family and Clip-Cov; CISPO's
+  ``clip_high`` is the absolute cap ``epsilon_high``; GMPO (log-space clip) keeps its own;
 - ``delta`` (TRL's two-sided clip) -> ``clip_c``, the dual clip, which it equals when ``delta >= 1 + epsilon_high``;
 - ``beta``, ``use_bias_correction_kl`` -> ``beta`` with ``kl_estimator="k3"``, ``kl_unbiased``;
 - ``sapo_temperature_pos``/``_neg`` -> ``tau_pos``/``tau_neg``;
@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, LUSPO, SAPO, VESPO, Objective, get_objective
+from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, LUSPO, SAPO, VESPO, ClipCov, Objective, get_objective
 from rlguard.core_losses.registry import objective_class
 from rlguard.guards.actuator import make_guard
 
@@ -213,6 +213,8 @@ def _clip_kwargs(args: GRPOConfig, cls: type[Objective], warn: bool) -> dict[str
         return {"bounds": "absolute", "clip_low": None, "clip_high": epsilon_high}
     if issubclass(cls, SAPO):
         return {"tau_pos": args.sapo_temperature_pos, "tau_neg": args.sapo_temperature_neg}
+    if issubclass(cls, ClipCov):  # Clip-Cov's PPO clip is TRL's
+        return {"clip_low": args.epsilon, "clip_high": epsilon_high}
     if issubclass(cls, VESPO):
         return {
             "k_pos": args.vespo_k_pos,

@@ -58,7 +58,10 @@ Where rlguard and verl's own losses differ (float64 parity otherwise, tests/test
   there), ``actor/ppo_kl`` is verl's k1 estimate (mean ``log pi_old - log pi``). Every canonical metric of the
   objective follows under ``rlguard/`` (``rlguard/clip_frac_high``, ``rlguard/seq_ratio_max``,
   ``rlguard/kl_old``, ...); verl averages each over micro-batches, so ``rlguard/ratio_max`` is the mean of the
-  micro-batch maxima.
+  micro-batch maxima. For ``clip_cov`` rlguard's ``clip_frac`` counts PPO-clipped and Clip-Cov-dropped tokens
+  (verl's ``clip_cov`` reports the dropped ones only); for ``dppo_*`` it counts the masked tokens with ``A != 0``
+  (verl's counts zero-advantage tokens outside the region too); ``kl_cov``'s ``actor/ppo_kl`` is the k1 estimate
+  above (verl's ``kl_cov`` reports the mean ``|log r|`` under that key).
 
 verl adds its KL loss (``use_kl_loss``) and entropy bonus (``entropy_coeff``) around the policy loss, as for its
 own losses. Mismatch correction is verl's ``algorithm.rollout_correction`` (TIS, MIS, IcePop), computed on the

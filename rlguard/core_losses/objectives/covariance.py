@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -41,6 +42,8 @@ class ClipCov(Objective):
 
     name = "clip_cov"
     paper = "arXiv 2505.22617"
+    #: each token's term depends on the whole (micro-)batch: it cannot be evaluated chunk by chunk
+    needs_whole_batch: ClassVar[bool] = True
     summary = "PPO clip; random high-covariance tokens lose their gradient"
 
     aggregation: Aggregation = "token-mean"
@@ -95,6 +98,8 @@ class KLCov(Objective):
 
     name = "kl_cov"
     paper = "arXiv 2505.22617"
+    #: each token's term depends on the whole (micro-)batch: it cannot be evaluated chunk by chunk
+    needs_whole_batch: ClassVar[bool] = True
     summary = "-A r, |log r| penalty on the top-covariance tokens"
 
     aggregation: Aggregation = "token-mean"

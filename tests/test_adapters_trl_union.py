@@ -106,3 +106,12 @@ def test_top_entropy_quantile_equals_trl(model_dir: Path, loss_type: str, level:
     plain = trainer_for(model_dir, expect, **options)
     plain_loss, _ = assert_parity(plain, seed=zlib.crc32(repr(("entropy", loss_type, level)).encode()))
     assert abs(float(trl_loss - plain_loss)) > 1e-4
+
+
+@pytest.mark.parametrize("loss_type", ["luspo", "vespo"])
+def test_token_level_advantages_and_tool_mask(model_dir: Path, loss_type: str) -> None:
+    """(B, T) advantages (VESPO's kernel then picks k, lambda per token, as TRL does) and TRL's tool mask."""
+    trainer = trainer_for(
+        model_dir, loss_type=loss_type, importance_sampling_level="sequence", beta=0.04, use_bias_correction_kl=False
+    )
+    assert_parity(trainer, seed=13, token_adv=True, tool_mask=True)

@@ -207,6 +207,12 @@ def _check_inputs(
         raise ValueError(
             f"objective must be an rlguard Objective (get_objective(name)); got {type(objective).__name__}."
         )
+    if getattr(objective, "needs_whole_batch", False):
+        raise ValueError(
+            f"objective {type(objective).name!r} selects tokens by statistics of the whole batch (Clip-Cov, KL-Cov: "
+            "the covariance of log-prob and advantage, and Clip-Cov's random draw), which the fused path, evaluating "
+            "the objective chunk by chunk, cannot reproduce. Use logprobs_from_hidden, then the objective."
+        )
     if not isinstance(batch, RolloutBatch):
         raise ValueError(
             f"batch must be a RolloutBatch (advantages, mask, old/ref/rollout log-probs); got {type(batch).__name__}."

@@ -43,6 +43,7 @@ from rlguard.adapters.trl.compat import FORWARD_KEYS, check_trl_compatibility
 from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
 from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
+from rlguard.core_losses.objectives.weighted import weighted
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
 from rlguard.guards.guard import Controls
@@ -199,14 +200,19 @@ class GuardedGRPOTrainer(GRPOTrainer):
         training = self._training()
         accumulation = self.current_gradient_accumulation_steps if training else 1
         batch = self._policy_batch(inputs, logprobs, entropies, mask)
-        out = self.rlguard_objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+        objective, entropy_mask = self.rlguard_objective, None
+        if self.top_entropy_quantile < 1.0:
+            # TRL's own mask (its quantile is over the entropies of all processes); it weights the policy term only
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T) bool
+            objective = weighted(objective, entropy_mask)
+        out = objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
         if training and self.rlguard_guard is not None:
             collect_step_stats(batch=batch, output=out, stats=self._rlguard_step_stats)
         loss = out.loss
         mode = "train" if training else "eval"
         if self._entropy_bonus_enabled:
             # TRL's bonus: coef * (token mean of the entropy over this micro-batch) / GA, whatever the loss_type
-            fmask = mask.to(entropies.dtype)
+            fmask = (mask if entropy_mask is None else mask * entropy_mask).to(entropies.dtype)
             mean_entropy = aggregate(entropies, fmask, "token-mean", num_tokens=fmask.sum().clamp(min=1) * accumulation)
             loss = loss - self.entropy_coef * mean_entropy
             policy_loss = self.accelerator.gather(out.loss.detach() * accumulation).mean().item()

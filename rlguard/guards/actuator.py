@@ -31,6 +31,7 @@ from torch import nn
 
 from rlguard.core_losses import Objective
 from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+from rlguard.plugins import plugin_manager
 
 __all__ = [
     "ACTION_CODE",
@@ -155,7 +156,9 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
     actuator.set_controls(controls.without(missing))
     if outcome == "halt" and able("stop"):
         actuator.stop()
-    return Applied(outcome, tuple(dict.fromkeys(skipped)))
+    applied = Applied(outcome, tuple(dict.fromkeys(skipped)))
+    plugin_manager().hook.rlguard_on_decision(decision=decision, applied=applied)
+    return applied
 
 
 def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, where: str) -> frozenset[str]:
@@ -353,7 +356,9 @@ class TorchActuator:
 
     def set_controls(self, controls: Controls) -> None:
         if self.objective is not None:
-            self.current = objective_with_controls(self.objective, controls)
+            updated = objective_with_controls(self.objective, controls)
+            if updated != self.current:  # keep the instance while the controls stay (callers may compare)
+                self.current = updated
 
     def stop(self) -> None:
         self.stopped = True

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
 from rlguard.guards.interventions import ACTION_PRIORITY, Action, Intervention, Proposal, StepContext
+from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
@@ -222,8 +223,6 @@ class Guard:
     """
 
     def __init__(self, config: GuardConfig | None = None) -> None:
-        from rlguard.plugins import detector_registry, intervention_registry
-
         self.config = GuardConfig.preset("default") if config is None else config
         self.detectors: dict[str, Detector] = _build(detector_registry(), self.config.detectors, "detector")
         self.interventions: dict[str, Intervention] = (
@@ -257,6 +256,7 @@ class Guard:
                 f"step must increase: got {step} after {self._last_step}. After a rollback keep counting forward."
             )
         self._last_step = step
+        stats = with_plugin_stats(step, stats)  # the plugins' rlguard_step_stats hooks
         findings, new_events = self._run_detectors(step, stats)
         ctx = StepContext(
             step=step,

@@ -26,8 +26,8 @@ import pluggy
 if TYPE_CHECKING:
     from rlguard.core_losses.objective import Objective
     from rlguard.guards.actuator import Applied
+    from rlguard.guards.decision import Decision
     from rlguard.guards.detectors import Detector
-    from rlguard.guards.guard import Decision
     from rlguard.guards.interventions import Intervention
 
 PROJECT_NAME = "rlguard"

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from rlguard.core_losses import Objective
-from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+from rlguard.guards.decision import Controls, Decision, Outcome
+from rlguard.guards.guard import Guard, GuardConfig
 from rlguard.plugins import plugin_manager
 
 __all__ = [

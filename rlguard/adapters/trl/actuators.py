@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlguard.adapters.trl.compat import EngineStepApplying
 from rlguard.guards.actuator import TorchActuator
-from rlguard.guards.guard import Controls
+from rlguard.guards.decision import Controls
 
 __all__ = ["TrainerActuator", "ZeroActuator", "trainer_capabilities"]
 

@@ -45,7 +45,7 @@ from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
 from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
-from rlguard.guards.guard import Controls
+from rlguard.guards.decision import Controls
 from rlguard.metrics import REDUCTIONS, WEIGHTS, trl_log_key
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer"]

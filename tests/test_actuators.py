@@ -331,3 +331,34 @@ def test_torch_actuator_measures_the_relative_update_size() -> None:
     assert "update_ratio" in actuator.capabilities
     assert actuator.take_update_ratio() == pytest.approx(expected, rel=1e-12) and expected > 0
     assert actuator.take_update_ratio() is None  # taken once
+
+
+def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from rlguard.adapters.trl import StabilityCallback
+
+    model, optimizer = make_model()
+    guard = ScriptedGuard({})
+    seen: list[dict[str, float]] = []
+    observe = guard.observe
+    guard.observe = lambda step, stats: (seen.append(dict(stats)), observe(step, stats))[1]  # type: ignore[method-assign]
+    callback = StabilityCallback(guard=guard, measure_update=True)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0)
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    sizes = []
+    for step in (1, 2):
+        backward(model, step)
+        before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+        kw = {"model": model, "optimizer": optimizer, "lr_scheduler": None}
+        callback.on_pre_optimizer_step(args, state, control, **kw)
+        optimizer.step()
+        callback.on_optimizer_step(args, state, control, **kw)
+        after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        sizes.append(float(torch.linalg.vector_norm(after - before) / torch.linalg.vector_norm(before)))
+        model.zero_grad()
+        state.global_step += 1
+    assert "update_ratio" not in seen[0]  # nothing measured before the first update
+    assert seen[1]["update_ratio"] == pytest.approx(sizes[0], rel=1e-12) and sizes[0] > 0

@@ -8,11 +8,12 @@
 metrics (collected per micro-batch with :func:`~rlguard.guards.collect_step_stats`) and the clip range.
 
 Each decision is carried out by :func:`~rlguard.guards.actuator.apply_decision` on an actuator
-(:mod:`rlguard.adapters.trl.actuators`; ``docs/design.md``, "Actuator contract"): :class:`~rlguard.adapters.trl.actuators.TrainerActuator`
-without DeepSpeed, :class:`~rlguard.adapters.trl.actuators.ZeroActuator` under it. A stock ``GRPOTrainer`` has no objective controls: clip, beta and
-entropy schedules are refused when training starts and the clip controller's actions are recorded only. What each
-part of a decision does in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the gradients of the
-step are complete and all-reduced, just before ``optimizer.step()``):
+(:mod:`rlguard.adapters.trl.actuators`; ``docs/design.md``, "Actuator contract"):
+:class:`~rlguard.adapters.trl.actuators.TrainerActuator` without DeepSpeed,
+:class:`~rlguard.adapters.trl.actuators.ZeroActuator` under it. A stock ``GRPOTrainer`` has no objective controls:
+clip, beta and entropy schedules are refused when training starts and the clip controller's actions are recorded
+only. What each part of a decision does in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the
+gradients of the step are complete and all-reduced, just before ``optimizer.step()``):
 
 - the stats: the callback clips gradients itself (``args.max_grad_norm`` is set to 0 while training, so the
   trainer computes and logs the unclipped norm), because the guard needs the norm *before* clipping; with

@@ -235,7 +235,7 @@ def test_detectors_can_be_switched_off() -> None:
 
 def test_detector_summaries_state_their_default_thresholds() -> None:
     """The one-line summaries (README, `rlguard detectors`) must not drift from the defaults."""
-    from rlguard.plugins import detector_registry
+    from rlguard.guards.registry import detector_registry
 
     keys = ("warn_factor", "critical_factor", "warn", "critical", "warn_ratio", "critical_ratio", "floor_ratio")
     keys += ("warn_h", "critical_h", "warn_drop", "critical_drop", "warn_above", "critical_above", "margin")

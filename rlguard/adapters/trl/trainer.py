@@ -46,7 +46,7 @@ from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
 from rlguard.core_losses.objectives.weighted import weighted
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
-from rlguard.guards.guard import Controls
+from rlguard.guards.decision import Controls
 from rlguard.metrics import REDUCTIONS, WEIGHTS, trl_log_key
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer"]
@@ -143,6 +143,11 @@ class GuardedGRPOTrainer(GRPOTrainer):
         config = cast(GRPOConfig, self.args)
         mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
         guard = self._attach_stability_callbacks(getattr(config, "guard", None))
+        if guard is not None and "beta" in guard.config.schedules and config.beta == 0.0:
+            raise ValueError(
+                "the guard schedules beta, but GuardedGRPOConfig(beta=0.0) makes TRL load no reference model: set "
+                "beta > 0 (the schedule then replaces it) or drop the beta schedule."
+            )
         if guard is not None and "on_nonfinite" not in mapping.kwargs:
             # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
             mapping = dataclasses.replace(mapping, kwargs={**mapping.kwargs, "on_nonfinite": "mask"})

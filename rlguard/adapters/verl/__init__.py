@@ -82,9 +82,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlguard.adapters.verl import driver
+from rlguard.adapters.verl import trainers
 from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
-from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, guarded_trainer_class, register_v1_trainer
+from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
 from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
 from rlguard.adapters.verl.mapping import (
@@ -96,6 +96,7 @@ from rlguard.adapters.verl.mapping import (
     objective_hyperparameters,
 )
 from rlguard.adapters.verl.registration import register
+from rlguard.adapters.verl.trainers import guarded_trainer_class, register_v1_trainer
 
 __all__ = [
     "LOSS_MODE_PREFIX",
@@ -121,8 +122,8 @@ logger = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    """``GuardedRayPPOTrainer`` and ``GuardedPPOTrainerSync``, built on first use (:mod:`~.driver`)."""
-    return getattr(driver, name)
+    """``GuardedRayPPOTrainer`` and ``GuardedPPOTrainerSync``, built on first use (:mod:`~.trainers`)."""
+    return getattr(trainers, name)
 
 
 def _on_import() -> None:

@@ -1,4 +1,5 @@
-"""The built-in objectives, one module each; registered through :mod:`rlguard.plugins`."""
+"""The built-in objectives, one module each; registered through the plugin manager by
+:mod:`rlguard.core_losses.registry`."""
 
 from rlguard.core_losses.objectives.cispo import CISPO
 from rlguard.core_losses.objectives.covariance import ClipCov, KLCov

@@ -7,8 +7,8 @@ rollout log-probs, advantages, mask, normalisers) is known before the forward. S
 hidden states and the LM-head weight are computed while its logits are live: three matrix products, the floor
 (``z = h W^T``, ``p @ W``, ``p^T h``; with an entropy gradient four, as ``p log p`` needs its own product). One
 ``(c, V)`` buffer serves all chunks: the logits are exponentiated in place, and the entropy comes from ``p @ W``
-(see :func:`_head_chunk`). This is Liger-Kernel's fused linear PPO loss (``chunked_loss/fused_linear_ppo.py``, Triton, GPU only), in pure
-torch and for any registered objective.
+(see :func:`_head_chunk`). This is Liger-Kernel's fused linear PPO loss (``chunked_loss/fused_linear_ppo.py``,
+Triton, GPU only), in pure torch and for any registered objective.
 
 The objective's math is not repeated here. For each chunk its log-probs ``lp`` and entropies ``H`` become autograd
 leaves, the objective runs on the chunk's sequences with the whole batch's normalisers, and autograd gives
@@ -26,7 +26,7 @@ by whole sequences, so one long sequence is one chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -36,7 +36,7 @@ from rlguard.core_losses.batch import LossOutput, PolicyBatch, prepare_batch
 from rlguard.core_losses.objective import Objective
 from rlguard.core_losses.objectives import CISPO, DAPO, GRPO, SAPO, DrGRPO
 
-__all__ = ["RolloutBatch", "objective_from_hidden"]
+__all__ = ["FusedLossOutput", "RolloutBatch", "objective_from_hidden"]
 
 #: objectives whose per-token loss gradient depends on that token's log-prob and entropy only (exact types: a
 #: subclass may override ``surrogate``)
@@ -44,6 +44,16 @@ _TOKEN_LOCAL: frozenset[type[Objective]] = frozenset({GRPO, DrGRPO, DAPO, CISPO,
 _TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs")
 #: logits per chunk by default: one float32 buffer of 256 MiB (logprobs_from_hidden's two buffers of 128 MiB)
 _CHUNK_LOGITS = 1 << 26
+
+
+@dataclass(frozen=True)
+class FusedLossOutput(LossOutput):
+    """:class:`LossOutput` plus what the fused pass computed on the way, detached: ``logprobs`` and
+    ``entropies`` ``(B, T)`` in the accumulation dtype, 0 at masked positions (for logging, or as the next
+    iteration's old log-probs)."""
+
+    logprobs: Tensor = field(default_factory=lambda: torch.empty(0))
+    entropies: Tensor = field(default_factory=lambda: torch.empty(0))
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ def objective_from_hidden(
     num_tokens: Normaliser | None = None,
     num_sequences: Normaliser | None = None,
     chunk_size: int | None = None,
-) -> LossOutput:
+) -> FusedLossOutput:
     """Loss and metrics of ``objective`` on the log-probs of ``target_ids`` under ``softmax(hidden W^T)``, with the
     gradients for ``hidden`` and ``lm_head_weight`` computed in the same pass over the vocabulary.
 
@@ -128,7 +138,8 @@ def objective_from_hidden(
         chunk_size: rows (tokens) per chunk; default about 2**26 logits per chunk. Objectives that need whole
             sequences take as many whole sequences as fit, and at least one.
     Returns:
-        :class:`LossOutput`: the 0-dim loss (its backward scales the precomputed gradients) and the metrics.
+        :class:`FusedLossOutput`: the 0-dim loss (its backward scales the precomputed gradients), the metrics, and
+        the detached per-token log-probs and entropies ``(B, T)`` (0 at masked positions).
     """
     _check_inputs(objective, hidden, lm_head_weight, target_ids, batch, chunk_size)
     check_normaliser("num_tokens", num_tokens)
@@ -197,10 +208,10 @@ def objective_from_hidden(
         num_tokens=num_tokens,
         num_sequences=num_sequences,
     )
-    if grad_h is None and grad_w is None:
-        return out
-    loss = _PrecomputedGrad.apply(out.loss.detach(), hidden, lm_head_weight, grad_h, grad_w)  # type: ignore[no-untyped-call]
-    return LossOutput(loss=loss, metrics=out.metrics)
+    loss = out.loss
+    if grad_h is not None or grad_w is not None:
+        loss = _PrecomputedGrad.apply(loss.detach(), hidden, lm_head_weight, grad_h, grad_w)  # type: ignore[no-untyped-call]
+    return FusedLossOutput(loss=loss, metrics=out.metrics, logprobs=logprobs.view(b, t), entropies=entropies.view(b, t))
 
 
 def _check_inputs(

@@ -306,23 +306,21 @@ def _add_metrics(st: StepStats, output: LossOutput, tokens: float | Tensor, sequ
     except RuntimeError:  # mixed dtypes or devices
         values = torch.stack([output.metrics[name].detach().to(loss) for name in names])
     values = values.double()
-    weight_of, nonfinite_at = _metric_layout(names, values.device)
+    weight_of, unweighted, nonfinite_at = _metric_layout(names, values.device)
     if "nonfinite" in names:
         values = values + nonfinite_at * (~torch.isfinite(loss)).double()
     basis = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=values.device) for x in (tokens, sequences)])
-    st.add_many(names, values, weight_of @ basis + (1.0 - weight_of.sum(-1)))
+    st.add_many(names, values, torch.addmv(unweighted, weight_of, basis))
 
 
 @functools.lru_cache(maxsize=64)
-def _metric_layout(names: tuple[str, ...], device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(K, 2)`` 0/1: whether each metric is weighted by tokens or by sequences (neither: weight 1); ``(K,)``
-    one-hot of ``nonfinite``."""
+def _metric_layout(names: tuple[str, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(K, 2)`` 0/1: whether each metric is weighted by tokens or by sequences; ``(K,)`` 1 for the others
+    (weight 1); ``(K,)`` one-hot of ``nonfinite``."""
     weight_of = [[float(n in _TOKEN_WEIGHTED), float(n in _SEQUENCE_WEIGHTED)] for n in names]
+    unweighted = [float(n not in _TOKEN_WEIGHTED and n not in _SEQUENCE_WEIGHTED) for n in names]
     nonfinite_at = [float(n == "nonfinite") for n in names]
-    return (
-        torch.tensor(weight_of, dtype=torch.float64, device=device),
-        torch.tensor(nonfinite_at, dtype=torch.float64, device=device),
-    )
+    return tuple(torch.tensor(x, dtype=torch.float64, device=device) for x in (weight_of, unweighted, nonfinite_at))  # type: ignore[return-value]
 
 
 def _add_prob_moments(st: StepStats, batch: PolicyBatch) -> None:

@@ -330,10 +330,15 @@ def test_bad_input() -> None:
         )
 
 
-def test_result_type() -> None:
+def test_result_type_and_logprobs() -> None:
     case = _case(torch.float32)
     out = objective_from_hidden(get_objective("sapo"), case["hidden"], case["weight"], case["targets"], case["batch"])
     assert isinstance(out, LossOutput) and out.loss.dim() == 0 and "entropy" in out.metrics
+    want_lp, want_ent = logprobs_from_hidden(case["hidden"].detach(), case["weight"].detach(), case["targets"])
+    mask = case["batch"].mask
+    torch.testing.assert_close(out.logprobs, want_lp * mask, rtol=1e-5, atol=1e-5)
+    assert want_ent is not None and not out.logprobs.requires_grad
+    torch.testing.assert_close(out.entropies, want_ent * mask, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", WHOLE_BATCH)

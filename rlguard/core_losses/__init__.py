@@ -13,7 +13,7 @@ from rlguard.core_losses.aggregation import (
     masked_mean,
 )
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
-from rlguard.core_losses.fused import RolloutBatch, objective_from_hidden
+from rlguard.core_losses.fused import FusedLossOutput, RolloutBatch, objective_from_hidden
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
 from rlguard.core_losses.objective import Objective
@@ -58,6 +58,7 @@ __all__ = [
     "DPPOBinaryKL",
     "DPPOBinaryTV",
     "DrGRPO",
+    "FusedLossOutput",
     "GSPOToken",
     "GroupAdvantages",
     "KLCov",

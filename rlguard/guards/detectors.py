@@ -773,7 +773,7 @@ class LengthCollapse(Detector):
     """
 
     name = "length_collapse"
-    source = "degenerate short outputs after a policy blow-up (Llama-2 RLHF reward hacking; calibrated on real runs)"
+    source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
     summary = (
         "mean completion length <= 2 tokens (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
         "of the early baseline"

@@ -60,8 +60,10 @@ class Detector(PrivateState):
         """Whether this step carries evidence for the detector. A step without evidence is not judged and does
         not count: neither a clean step (it does not break a streak of findings or clear an alarm) nor a
         warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
-        stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``)."""
-        return any(_finite(stats, name) for name in self.reads())
+        stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
+        detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
+        reads = self.reads()
+        return not reads or any(_finite(stats, name) for name in reads)
 
 
 def _metric(stats: Mapping[str, float], name: str) -> float | None:
@@ -775,13 +777,13 @@ class LengthCollapse(Detector):
     name = "length_collapse"
     source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
     summary = (
-        "mean completion length <= 2 tokens (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
+        "mean completion length <= 1 token (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
         "of the early baseline"
     )
 
     warmup: int = 10
     patience: int = 2
-    critical_tokens: float = 2.0
+    critical_tokens: float = 1.0
     warn_ratio: float = 0.25
     critical_ratio: float = 0.1
     anchor: int = 10

@@ -62,7 +62,8 @@ def trl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_doctor_reads_a_real_trl_trainer_state(trl_run: Path) -> None:
     result = CliRunner().invoke(app, ["doctor", str(trl_run), "--json"])
-    assert result.exit_code == 0, result.output  # a short healthy run: no critical finding
+    # 6 steps, inside every detector's warm-up: no critical finding, but no clean bill of health either
+    assert result.exit_code == 3, result.output
     doc = json.loads(result.stdout)
     assert doc["format"] == "trl" and doc["steps"] == STEPS
     assert doc["path"] == str(trl_run / f"checkpoint-{STEPS}" / "trainer_state.json")
@@ -87,7 +88,7 @@ def test_doctor_table_and_report_on_the_real_run(trl_run: Path, tmp_path: Path) 
     runner = CliRunner()
     state = trl_run / f"checkpoint-{STEPS}" / "trainer_state.json"
     result = runner.invoke(app, ["doctor", str(state), "--html", str(tmp_path / "doctor.html")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3 and "could not judge" in result.stdout, result.output
     assert f"trl, {STEPS} steps (1 to {STEPS})" in result.stdout
     assert (tmp_path / "doctor.html").is_file()
     result = runner.invoke(app, ["report", str(trl_run), "--out", str(tmp_path / "report")])

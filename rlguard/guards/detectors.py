@@ -750,8 +750,8 @@ class LengthExplosion(CusumDetector):
     source = "CUSUM on log mean completion length; DAPO overlong shaping, arXiv 2503.14476"
     summary = (
         "sustained rise of mean completion length: CUSUM >= 15 (warn) / 40 (critical, once >= 2x the early "
-        "baseline); recent median >= 2.5x the early baseline (warn), or >= 2x with reward below its early level "
-        "(critical)"
+        "baseline); recent median >= 2.5x the early baseline (warn), or >= 2x with reward a standard error below its "
+        "early level (critical)"
     )
     metric: str = "length_mean"
     min_sigma: float = 0.05

@@ -402,6 +402,25 @@ def test_mismatch_is_judged_from_whichever_stat_the_run_has(stat: str) -> None:
     assert guard.detectors["mismatch_growth"].reads() == (stat,)
 
 
+def test_mismatch_stat_choice_survives_a_checkpoint() -> None:
+    """A guard restored mid-run judges the same stat against the same bounds (mean |log-prob gap| >= 0.16)."""
+    stream = healthy_stream(60, seed=2)
+    for step, stats in enumerate(stream):
+        del stats["mismatch_kl"]
+        stats["mismatch_logp_abs_mean"] = 0.01 if step < 40 else 0.2
+    first = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(stream[:30]):
+        first.observe(step, stats)
+    resumed = Guard(GuardConfig.preset("monitor"))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for step, stats in enumerate(stream[30:], start=30):
+        first.observe(step, stats)
+        resumed.observe(step, stats)
+    assert [e for e in resumed.events if e.step >= 30] == [e for e in first.events if e.step >= 30]
+    hits = [e for e in resumed.events if e.detector == "mismatch_growth"]
+    assert hits and (hits[0].step, hits[0].severity, hits[0].threshold) == (41, "critical", 0.16), hits
+
+
 def test_entropy_blowup_towards_uniform_is_critical() -> None:
     """The rasbt ch. 7 runs: entropy 0.3 -> 5+ nats (ln V = 11.9) with the reward falling to 0."""
     guard = Guard(GuardConfig.preset("monitor"))

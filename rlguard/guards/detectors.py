@@ -97,7 +97,7 @@ def _absolute(
                 severity,  # type: ignore[arg-type]
                 value,
                 bound,
-                f"{metric}={value:.4g} is above the absolute bound {bound:g}, beyond any healthy run. "
+                f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). "
                 f"{advice}".rstrip(),
             )
     return None
@@ -731,6 +731,7 @@ class MismatchGrowth(CusumDetector):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._s_metric: str | None = None
+        self._k3_bounds = (self.warn_above, self.critical_above)  # the fields (configurable) are k3 KL's
 
     def reads(self) -> tuple[str, ...]:
         return (self._s_metric,) if self._s_metric else tuple(MISMATCH_STATS)
@@ -738,9 +739,11 @@ class MismatchGrowth(CusumDetector):
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         if self._s_metric is None:
             self._s_metric = next(k for k in MISMATCH_STATS if _finite(stats, k))
-            if self._s_metric != "mismatch_kl":  # the k3 bounds are the fields; the others come from the table
-                self.warn_above, self.critical_above = MISMATCH_STATS[self._s_metric]
+        # set on every step, not once: a guard restored from a checkpoint has the stat in its state only
         self.metric = self._s_metric
+        self.warn_above, self.critical_above = (
+            self._k3_bounds if self.metric == "mismatch_kl" else MISMATCH_STATS[self.metric]
+        )
         return super().check(step, stats, armed)
 
 

@@ -97,8 +97,7 @@ def _absolute(
                 severity,  # type: ignore[arg-type]
                 value,
                 bound,
-                f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). "
-                f"{advice}".rstrip(),
+                f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). {advice}".rstrip(),
             )
     return None
 

@@ -839,6 +839,8 @@ class EntropyBlowup(Detector):
     Attributes:
         warn_ratio, critical_ratio: entropy / early baseline that warns / is critical.
         warn_nats, critical_nats: absolute entropy also required (per-token nats).
+        severe_nats: entropy that is critical at ``warn_ratio`` already (a run whose early entropy is 2 nats
+            cannot reach 8x before the uniform limit).
         anchor: observations forming the early baseline (their median).
     """
 
@@ -846,7 +848,9 @@ class EntropyBlowup(Detector):
     source = (
         "the entropy mechanism, arXiv 2505.22617 (both directions); calibrated on rasbt/reasoning-from-scratch ch. 7"
     )
-    summary = "entropy >= 4x (warn) / 8x (critical) its early baseline and >= 2 / 3 nats"
+    summary = (
+        "entropy >= 4x (warn) / 8x (critical) its early baseline and >= 2 / 3 nats; >= 4x and >= 6 nats (critical)"
+    )
 
     warmup: int = 10
     patience: int = 3
@@ -854,6 +858,7 @@ class EntropyBlowup(Detector):
     critical_ratio: float = 8.0
     warn_nats: float = 2.0
     critical_nats: float = 3.0
+    severe_nats: float = 6.0
     anchor: int = 10
     metric: str = "entropy"
 
@@ -875,6 +880,7 @@ class EntropyBlowup(Detector):
             ratio = entropy / anchor
             for severity, r, nats in (
                 ("critical", self.critical_ratio, self.critical_nats),
+                ("critical", self.warn_ratio, self.severe_nats),
                 ("warn", self.warn_ratio, self.warn_nats),
             ):
                 if ratio >= r and entropy >= nats:

@@ -12,6 +12,7 @@ log space), :class:`CusumDetector` (a sustained upward shift, Page's CUSUM) and 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -554,12 +555,13 @@ class RewardCollapse(Detector):
         ewma = self._s_ewma
         finding = None
         if armed and len(self._s_window) >= 5:
-            # spread of step-to-step noise: robust sigma of the window, or its standard deviation where that is
-            # larger (per-step rewards of a few prompts are bimodal: mostly 1 with some 0 has a MAD near 0)
-            values = self._s_window.values
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-            scale = max(self._s_window.sigma(), std, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
+            # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
+            # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
+            # their standard deviation where that is larger (rewards of a few prompts are bimodal, MAD near 0)
+            diffs = [b - a for a, b in itertools.pairwise(self._s_window.values)]
+            std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+            noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+            scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
             drop = (self._s_best - ewma) / scale
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
             low = drop >= self.warn_drop and rel >= self.critical_rel_drop

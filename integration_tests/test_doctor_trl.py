@@ -91,7 +91,7 @@ def test_doctor_table_and_report_on_the_real_run(trl_run: Path, tmp_path: Path) 
     runner = CliRunner()
     state = trl_run / f"checkpoint-{STEPS}" / "trainer_state.json"
     result = runner.invoke(app, ["doctor", str(state), "--html", str(tmp_path / "doctor.html")])
-    assert result.exit_code == 3, result.output  # too short to judge (see above)
+    assert result.exit_code == 3 and "could not judge" in result.stdout, result.output
     assert f"trl, {STEPS} steps (1 to {STEPS})" in result.stdout
     assert (tmp_path / "doctor.html").is_file()
     result = runner.invoke(app, ["report", str(trl_run), "--out", str(tmp_path / "report")])

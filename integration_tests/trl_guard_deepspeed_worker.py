@@ -258,6 +258,7 @@ class Trace(TrainerCallback):
 
 def scripted(model: str, out: Path, name: str, deepspeed_config: str | None) -> dict[str, Any]:
     """:data:`SCRIPT` through the TRL actuator of this setting (DDP, or ZeRO with ``deepspeed_config``)."""
+    start = time.perf_counter()
     args = GuardedGRPOConfig(
         output_dir=str(out / name), ddp_backend="gloo", ddp_timeout=120, deepspeed=deepspeed_config,
         **{**RUN, "max_steps": len(SCRIPT) + 2},
@@ -267,7 +268,8 @@ def scripted(model: str, out: Path, name: str, deepspeed_config: str | None) -> 
     trace.trainer = trainer
     initial = full_weights(trainer.model)
     trainer.train()
-    return {"initial": digest(initial), "trace": trace.rows, "steps": trainer.state.global_step}
+    steps = trainer.state.global_step
+    return {"initial": digest(initial), "trace": trace.rows, "steps": steps, "seconds": time.perf_counter() - start}
 
 
 class Kill(TrainerCallback):

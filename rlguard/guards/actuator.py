@@ -142,7 +142,7 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
     outcome = decision.outcome
     if decision.snapshot and able("snapshot"):
         actuator.snapshot(decision.step)
-    if outcome == "rollback" and not ("restore" in can and actuator.has_snapshot()):
+    if outcome == "rollback" and not (able("restore") and actuator.has_snapshot()):
         outcome = "halt"  # nothing to go back to: stop rather than train on
     if decision.lr_scale != 1.0 and able("lr_scale"):
         actuator.set_lr_scale(decision.lr_scale)
@@ -164,7 +164,7 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
 
 def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, where: str) -> frozenset[str]:
     """Refuse at start-up a guard whose schedules ``where`` (an actuator's name) cannot carry out; return the
-    capabilities its interventions need and it lacks (their actions are recorded only, see :meth:`Guard.bind`)."""
+    capabilities its interventions need and it lacks (their actions are recorded only, see :func:`bind_guard`)."""
     can = frozenset(capabilities)
     unknown = sorted(can - CAPABILITIES)
     if unknown:

@@ -134,6 +134,9 @@ def cpu_overrides(workers: int = 1, *, ray_cpus: int = 16) -> list[str]:
         "trainer.nnodes=1",
         f"+ray_kwargs.ray_init.num_gpus={workers}",
         f"ray_kwargs.ray_init.num_cpus={ray_cpus}",
+        "+ray_kwargs.ray_init.include_dashboard=false",
+        # the V1 trainer's TransferQueue starts 8 storage processes by default; one holds a small run's data
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",

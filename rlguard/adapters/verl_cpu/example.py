@@ -1,7 +1,8 @@
 """A verl run that fits on a laptop CPU: a tiny random Llama, a character tokenizer, "a+b=" prompts, a reward.
 
 :func:`write_example` writes into a folder what ``python -m verl.trainer.main_ppo`` reads: the model and tokenizer
-(``model/``, from :func:`rlguard.tasks.hf.save_tiny_llama`, with a chat template that passes the prompt through),
+(``model/``: :func:`rlguard.tasks.hf.make_tiny_llama` after a short warm start, and its tokenizer with a chat template
+that passes the prompt through),
 ``train.parquet`` and ``val.parquet`` in verl's RL dataset layout, and returns the overrides that point verl at
 them. :func:`compute_score` is the reward (``custom_reward_function.path`` is this file):
 :meth:`rlguard.tasks.tiny.AdditionTask.reward`, 1 for the exact sum, partial credit for its digits.
@@ -45,14 +46,22 @@ def _rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
     ]
 
 
-def write_example(folder: str | Path, *, n_train: int = 64, n_val: int = 8, seed: int = 0) -> Path:
-    """Write ``model/``, ``train.parquet`` and ``val.parquet`` into ``folder`` (created if missing); return it."""
+def write_example(
+    folder: str | Path, *, n_train: int = 64, n_val: int = 8, seed: int = 0, warm_start_steps: int = 40
+) -> Path:
+    """Write ``model/``, ``train.parquet`` and ``val.parquet`` into ``folder`` (created if missing); return it.
+
+    The model gets ``warm_start_steps`` supervised steps on correct sums first (:func:`rlguard.tasks.hf.warm_start`,
+    a few seconds): a random model almost never earns a reward, so most GRPO groups would have zero advantages.
+    """
     from datasets import Dataset
 
-    from rlguard.tasks.hf import make_tokenizer, save_tiny_llama
+    from rlguard.tasks.hf import make_tiny_llama, make_tokenizer, warm_start
 
     out = Path(folder)
-    save_tiny_llama(out / "model", seed=seed)
+    model = make_tiny_llama(seed)
+    warm_start(model, steps=warm_start_steps, seed=seed)
+    model.save_pretrained(out / "model")
     tokenizer = make_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out / "model")

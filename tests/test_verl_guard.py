@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import math
 import os
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -471,3 +473,78 @@ def test_v1_trainer_rolls_back_and_halts_through_its_logger(
     assert loads and loads[0] == str(trainer.rlguard.step_folder(5) / "actor")
     assert logged[-1][1]["rlguard/guard/halted"] == 1.0 and logged[-1][0] == trainer.ran[-1] < 25
     assert [step for step, _ in logged] == trainer.ran  # one record, and one observation, per step
+
+
+def _v1_registry() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verl's imports: Ray's deprecated state API, engines that are not installed
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    return TRAINER_REGISTRY
+
+
+def test_guarded_v1_trainer_runs_as_verls_sync_trainer(tmp_path: Path) -> None:
+    """Registered under its own name (how verl's task runner selects it), the guarded trainer gives verl back the
+    "sync" mode before verl reads it: verl takes its asynchronous paths for any mode other than "sync"."""
+    registry = _v1_registry()
+    cls = verl_trainers.register_v1_trainer("rlguard_test_sync")
+    try:
+        assert registry["rlguard_test_sync"] is cls and cls.__name__ == "GuardedPPOTrainerSync"
+        assert verl_trainers.register_v1_trainer("rlguard_test_sync") is cls  # idempotent
+        assert verl_guard.v1_mode(cls) == "sync" and verl_guard.v1_mode(registry["sync"]) == "sync"
+        config = trainer_config(tmp_path)
+        with open_dict(config):
+            config.trainer.v1 = {"trainer_mode": "rlguard_test_sync"}
+        verl_trainers._keep_v1_mode(cls, config)
+        assert config.trainer.v1.trainer_mode == "sync"
+    finally:
+        registry.pop("rlguard_test_sync", None)
+    with pytest.raises(ValueError, match="would replace verl's own 'sync' trainer"):
+        verl_trainers.register_v1_trainer("sync")
+    assert verl_guard.v1_mode(FakeTrainer) is None  # not a V1 trainer: nothing to restore
+
+
+def test_guard_from_spec_imports_a_factory() -> None:
+    assert verl_guard.guard_from_spec("strict") == "strict"
+    config = verl_guard.guard_from_spec("rlguard.guards:GuardConfig")
+    assert isinstance(config, GuardConfig)
+    with pytest.raises(ValueError, match=r"'no_such_module:f' names no importable callable.*module:factory"):
+        verl_guard.guard_from_spec("no_such_module:f")
+    with pytest.raises(ValueError, match=r"'os:getcwd' returned '.*'; expected a GuardConfig or a Guard"):
+        verl_guard.guard_from_spec("os:getcwd")
+
+
+def test_legacy_task_runner_builds_the_class_bound_in_its_own_globals() -> None:
+    """verl's legacy ``TaskRunner.run`` looks ``RayPPOTrainer`` up in the globals it was shipped with (a copy when Ray
+    pickles the class by value): the binding goes there."""
+    import cloudpickle
+
+    from rlguard.adapters.verl.compat import bind_legacy_trainer, task_runner_class
+
+    _v1_registry()  # imports verl's trainers with their import-time warnings silenced
+    import verl.trainer.main_ppo_v0 as v0
+
+    runner_cls = task_runner_class(v0.TaskRunner)
+    assert issubclass(runner_cls, v0.BaseTaskRunner) and callable(runner_cls.run)
+    run = inspect.unwrap(runner_cls.run)  # Ray wraps actor methods
+    # a by-value copy of run, as Ray ships a class it cannot import by name: its globals are not the module's
+    cloudpickle.register_pickle_by_value(v0)
+    try:
+        shipped = cloudpickle.loads(cloudpickle.dumps(run))
+    finally:
+        cloudpickle.unregister_pickle_by_value(v0)
+    assert shipped.__globals__ is not vars(v0)
+
+    class Marker:
+        pass
+
+    bind_legacy_trainer(shipped, Marker)
+    assert shipped.__globals__["RayPPOTrainer"] is Marker
+    assert v0.RayPPOTrainer is not Marker  # rebinding the module would have been the no-op of the old code
+
+    def run(self: Any, config: Any) -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match="no longer builds its trainer as the global RayPPOTrainer"):
+        bind_legacy_trainer(run, Marker)
+    with pytest.raises(RuntimeError, match="cannot find the class behind Ray actor"):
+        task_runner_class(object())

@@ -9,7 +9,11 @@ upstream fails with a clear message before training, not at the first rollback:
 - ``verl.utils.tracking.Tracking`` replaced while a legacy ``RayPPOTrainer.fit`` runs (:func:`guarded_tracking`);
 - the driver calls the trainer's private ``_save_checkpoint``, ``_load_checkpoint`` (overridden) and
   ``_shutdown_dump_executor`` and uses ``checkpoint_manager.sleep_replicas``/``update_weights`` and the actor
-  worker group's ``set_loss_fn``/``load_checkpoint``.
+  worker group's ``set_loss_fn``/``load_checkpoint``;
+- :mod:`rlguard.adapters.verl.main_ppo` subclasses the classes behind verl's Ray task runners (Ray's
+  ``ActorClass.__ray_metadata__.modified_class``, :func:`task_runner_class`) and gives the legacy ``TaskRunner.run``
+  the guarded trainer under its global name ``RayPPOTrainer`` (:func:`bind_legacy_trainer`), checked before the
+  run starts.
 
 verl's public extension points rlguard uses, needing no gate: ``core_algos.register_policy_loss`` and the
 ``verl.plugins`` entry-point group.
@@ -18,6 +22,7 @@ verl's public extension points rlguard uses, needing no gate: ``core_algos.regis
 from __future__ import annotations
 
 import importlib
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,10 +31,12 @@ from typing import Any
 
 __all__ = [
     "SUPPORTED_VERL",
+    "bind_legacy_trainer",
     "check_verl_compatibility",
     "check_verl_trainer",
     "guarded_tracking",
     "patch_verl_trl_value_head_check",
+    "task_runner_class",
 ]
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
@@ -115,3 +122,38 @@ def patch_verl_trl_value_head_check() -> None:
 
     # verl's module imports the name without re-exporting it, and types it as functools.cache's wrapper
     monkey_patch.is_trl_available = _trl_value_head_available  # type: ignore[attr-defined, assignment]
+
+
+def task_runner_class(actor_class: Any) -> type:
+    """The plain class behind one of verl's ``@ray.remote`` task runners (``TaskRunnerV1``, legacy ``TaskRunner``),
+    to subclass; ``RuntimeError`` if Ray keeps it elsewhere."""
+    metadata = getattr(actor_class, "__ray_metadata__", None)
+    cls = getattr(metadata, "modified_class", None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "run", None)):
+        raise RuntimeError(
+            f"cannot find the class behind Ray actor {actor_class!r} (ActorClass.__ray_metadata__.modified_class); "
+            f"this Ray release differs from the ones rlguard supports with verl{SUPPORTED_VERL}. Install "
+            "'rlguard[verl]'."
+        )
+    return cls
+
+
+def bind_legacy_trainer(run: Callable[..., Any], trainer_class: type) -> None:
+    """Make verl's legacy ``TaskRunner.run`` (``run``, a function or bound method) build ``trainer_class``: ``run``
+    builds ``RayPPOTrainer`` by its global name, so that name is rebound in ``run``'s own globals.
+
+    Ray may ship the task runner's class by value (cloudpickle), giving ``run`` a copy of ``main_ppo_v0``'s globals:
+    rebinding ``verl.trainer.main_ppo_v0.RayPPOTrainer`` would then change nothing. ``run.__globals__`` is the
+    dictionary ``run`` reads, whichever way it arrived (under Ray's method wrapper). Call it in the task-runner
+    process, before ``run``.
+    """
+    function = inspect.unwrap(getattr(run, "__func__", run))  # Ray wraps actor methods (tracing)
+    names = getattr(getattr(function, "__code__", None), "co_names", ())
+    scope = getattr(function, "__globals__", None)
+    if "RayPPOTrainer" not in names or not isinstance(scope, dict) or "RayPPOTrainer" not in scope:
+        raise RuntimeError(
+            f"verl's legacy TaskRunner.run no longer builds its trainer as the global RayPPOTrainer (verl"
+            f"{SUPPORTED_VERL} does); the guarded legacy trainer cannot be used with this verl. Use the V1 trainer "
+            "(trainer.use_v1=true) or install 'rlguard[verl]'."
+        )
+    scope["RayPPOTrainer"] = trainer_class

@@ -1,9 +1,11 @@
 """The guard on verl's driver: :func:`guarded_trainer_class` adds a :class:`VerlGuardDriver` to a verl trainer class:
-``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (``trainer.use_v1=true``; register it as
-``trainer.v1.trainer_mode=rlguard`` with :func:`register_v1_trainer` in the process that runs ``TaskRunnerV1``)
-and ``GuardedRayPPOTrainer`` for the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``, deprecated in 0.9.1).
-Both are built on first access (importing verl's trainers needs Ray and, for V1, TransferQueue) and take
-``guard=`` (default: ``+trainer.rlguard_guard=<preset>`` of the config, else ``"default"``). verl builds each
+``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (``trainer.use_v1=true``; registered as
+``trainer.v1.trainer_mode=rlguard`` by :func:`register_v1_trainer` in the process that runs ``TaskRunnerV1``, and
+running as verl's ``sync`` trainer) and ``GuardedRayPPOTrainer`` for the legacy ``RayPPOTrainer``
+(``trainer.use_v1=false``, deprecated in 0.9.1). ``python -m rlguard.adapters.verl.main_ppo <verl overrides>`` runs
+either from verl's own command line (:mod:`rlguard.adapters.verl.main_ppo`). Both are built on first access
+(importing verl's trainers needs Ray and, for V1, TransferQueue) and take ``guard=`` (default:
+``+trainer.rlguard_guard=<preset or module:factory>`` of the config, else ``"default"``). verl builds each
 step's metrics inside ``fit`` and hands them to a ``Tracking`` logger that ``fit`` creates itself: a V1 ``fit``
 stores it as ``self.logger`` and then calls ``on_train_begin``, where the guard wraps it; ``RayPPOTrainer.fit``
 keeps it in a local variable, so for the length of ``fit`` ``verl.utils.tracking.Tracking`` (imported by ``fit``
@@ -46,17 +48,16 @@ What does not work in verl 0.9.1, and why:
   micro-batch does not make the weights NaN, it throws away the update of the whole mini-batch (the clean
   micro-batches too) while the LR scheduler advances; integration_tests/test_verl_guard_engine.py measures both.
 - Distillation losses (``distillation_ppo_loss``) and verl's own loss modes are not guarded.
-- Not wired into verl's stock ``python -m verl.trainer.main_ppo`` without a few lines of launcher code: its task
-  runners build verl's own trainer class (V1: by name from the trainer registry, inside a Ray actor).
-- Not run end to end: verl's trainers need Ray, a rollout engine (vLLM/SGLang) and, for V1, TransferQueue. The
-  driver is tested on stand-in trainers that follow verl's ``fit``, ``_save_checkpoint`` and
-  ``_load_checkpoint`` with recording worker groups (tests/test_verl_guard.py); the loss runs in verl's real
-  FSDP2 engine on CPU (integration_tests/test_verl_guard_engine.py).
+- verl's stock ``python -m verl.trainer.main_ppo`` builds verl's own trainer class; the guarded trainers run through
+  ``python -m rlguard.adapters.verl.main_ppo`` (same overrides), which is tested end to end with Ray on CPU
+  (integration_tests/test_verl_main_ppo.py, rlguard.verl_cpu); the driver's logic is also tested on
+  stand-in trainers (tests/test_verl_guard.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -86,6 +87,8 @@ __all__ = [
     "GuardHalt",
     "VerlGuardDriver",
     "driver_stats",
+    "guard_from_spec",
+    "v1_mode",
 ]
 
 #: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
@@ -294,6 +297,37 @@ class VerlGuardDriver:
         self.discarded = set(state["discarded"])
         self.push_controls()
         return True
+
+
+def guard_from_spec(spec: str | GuardConfig | Guard) -> str | GuardConfig | Guard:
+    """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, or ``"module:factory"`` naming a callable
+    (importable in verl's task-runner process) that returns a ``GuardConfig`` or a ``Guard``."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return spec
+    module_name, _, attribute = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            f"trainer.rlguard_guard={spec!r} names no importable callable ({err}); give a preset ('monitor', "
+            "'default', 'strict') or 'module:factory' with the module on PYTHONPATH."
+        ) from err
+    guard = factory()
+    if not isinstance(guard, (GuardConfig, Guard)):
+        raise ValueError(f"trainer.rlguard_guard={spec!r} returned {guard!r}; expected a GuardConfig or a Guard.")
+    return guard
+
+
+def v1_mode(cls: type) -> str | None:
+    """The name verl's V1 trainer registry gives ``cls`` or its nearest registered base (``"sync"`` for
+    ``PPOTrainerSync`` and its subclasses); None for a class outside that registry (the legacy trainer)."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    for base in cls.__mro__:
+        names = [name for name, registered in TRAINER_REGISTRY.items() if registered is base]
+        if names and not getattr(base, "rlguard_guarded", False):
+            return "sync" if "sync" in names else names[0]
+    return None
 
 
 def _check_trainer_config(config: Any) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.adapters.verl.compat import guarded_tracking
-from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
+from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, guard_from_spec, v1_mode
 from rlguard.guards import Guard, GuardConfig
 
 __all__ = ["guarded_tracking_for", "guarded_trainer_class", "register_v1_trainer"]
@@ -52,11 +52,17 @@ def guarded_trainer_class(base: type) -> type:
     ``self.logger`` before calling ``on_train_begin``, where it is wrapped.
     """
 
+    is_v1 = hasattr(base, "_build_replay_buffer")  # verl's V1 trainers; the legacy RayPPOTrainer has none
+
     class Guarded(base):  # type: ignore[valid-type, misc]  # verl's class, untyped
+        rlguard_guarded = True
+
         def __init__(self, *args: Any, guard: str | GuardConfig | Guard | None = None, **kwargs: Any) -> None:
+            if is_v1:
+                _keep_v1_mode(type(self), kwargs.get("config", args[0] if args else None))
             super().__init__(*args, **kwargs)
             if guard is None:
-                guard = self.config.trainer.get("rlguard_guard", None) or "default"
+                guard = guard_from_spec(self.config.trainer.get("rlguard_guard", None) or "default")
             self.rlguard = VerlGuardDriver(self, guard)
 
         def fit(self, *args: Any, **kwargs: Any) -> None:
@@ -92,18 +98,49 @@ def guarded_trainer_class(base: type) -> type:
     return Guarded
 
 
+def _keep_v1_mode(cls: type, config: Any) -> None:
+    """Set ``config.trainer.v1.trainer_mode`` back to the mode of ``cls``'s verl base before verl reads it.
+
+    verl selects the V1 trainer class by ``trainer.v1.trainer_mode`` and then *also* branches on it: anything but
+    ``"sync"`` takes the asynchronous paths (async replay buffer, ``gen_batch_size`` 1, TransferQueue state in every
+    checkpoint; ``trainer_base.py``). The guarded class is registered under its own name, so that name selects it;
+    from here on verl sees its base's mode and behaves exactly as that trainer.
+    """
+    from omegaconf import open_dict
+
+    mode = v1_mode(cls)
+    if config is None or mode is None:
+        return
+    with open_dict(config):
+        config.trainer.v1.trainer_mode = mode
+
+
 _TRAINERS: dict[str, type] = {}
 
 
-def register_v1_trainer(name: str = "rlguard") -> type:
-    """Register :data:`GuardedPPOTrainerSync` in verl's V1 trainer registry as ``trainer.v1.trainer_mode=<name>``.
+def register_v1_trainer(name: str = "rlguard", base_mode: str = "sync") -> type:
+    """Register the guarded version of verl's V1 trainer ``base_mode`` (``"sync"``: ``PPOTrainerSync``) in verl's
+    V1 trainer registry as ``trainer.v1.trainer_mode=<name>``; idempotent, returns the class.
 
-    Call it in the process that runs verl's ``TaskRunnerV1`` (a Ray actor: e.g. in a ``TaskRunnerV1`` subclass's
-    ``run`` before ``super().run(config)``); returns the class.
+    Call it in the process that runs verl's ``TaskRunnerV1`` (a Ray actor): :mod:`rlguard.adapters.verl.main_ppo`
+    does. The trainer then runs in ``base_mode`` (verl branches on the mode name; see :func:`_keep_v1_mode`).
     """
-    from verl.trainer.ppo.v1 import register_trainer
+    from verl.trainer.ppo.v1 import get_trainer_cls, register_trainer
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    cls: type = __getattr__("GuardedPPOTrainerSync")
+    if name == base_mode:
+        raise ValueError(
+            f"register_v1_trainer(name={name!r}) would replace verl's own {base_mode!r} trainer; choose another name "
+            "(the guarded trainer still runs in that mode)."
+        )
+    existing = TRAINER_REGISTRY.get(name)
+    if existing is not None and getattr(existing, "rlguard_guarded", False) and v1_mode(existing) == base_mode:
+        return existing
+    key = f"Guarded:{base_mode}"
+    if key not in _TRAINERS:
+        base = get_trainer_cls(base_mode)
+        _TRAINERS[key] = __getattr__("GuardedPPOTrainerSync") if base_mode == "sync" else guarded_trainer_class(base)
+    cls = _TRAINERS[key]
     register_trainer(name)(cls)
     return cls
 

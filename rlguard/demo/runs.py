@@ -229,7 +229,7 @@ def summary_rows(runs: Sequence[RunSummary]) -> list[dict[str, str]]:
     """The summary table's cells, one dict per run (shared by the terminal table and the HTML page)."""
     rows = []
     for r in runs:
-        cells = {"run": r.label, "steps": str(len(r.steps))}
+        cells = {"run": r.label}  # the steps per run are in the title
         for name in SUMMARY_STATS:
             cells[name] = f"{_fmt(r.window_mean(name, end=False))} -> {_fmt(r.window_mean(name, end=True))}"
         cells["exact answers"] = f"{r.accuracy_before:.0%} -> {r.accuracy_after:.0%}"

@@ -100,7 +100,7 @@ def detectors(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """List the guard's detectors and interventions with their default thresholds and sources."""
-    from rlguard.plugins import detector_registry, intervention_registry
+    from rlguard.guards.registry import detector_registry, intervention_registry
 
     dets, acts = detector_registry(), intervention_registry()
     if as_json:

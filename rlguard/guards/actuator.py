@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from rlguard.core_losses import Objective
-from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+from rlguard.guards.decision import Controls, Decision, Outcome
+from rlguard.guards.guard import Guard, GuardConfig
+from rlguard.plugins import plugin_manager
 
 __all__ = [
     "ACTION_CODE",
@@ -155,7 +157,9 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
     actuator.set_controls(controls.without(missing))
     if outcome == "halt" and able("stop"):
         actuator.stop()
-    return Applied(outcome, tuple(dict.fromkeys(skipped)))
+    applied = Applied(outcome, tuple(dict.fromkeys(skipped)))
+    plugin_manager().hook.rlguard_on_decision(decision=decision, applied=applied)
+    return applied
 
 
 def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, where: str) -> frozenset[str]:
@@ -242,11 +246,11 @@ class TorchActuator:
 
     Args:
         model: the trained module (DDP-wrapped or not: its ``state_dict`` and ``parameters``).
-        optimizer: its optimizer; param-group ``lr`` is scaled for one step and restored by :meth:`restore_lr`
-            (called by :meth:`apply_update` when ``owns_step``, else by the loop after its own step).
+        optimizer: its optimizer; param-group ``lr`` is scaled for one step and restored by :meth:`finish_step`.
         objective: the configured objective, whose controls :meth:`set_controls` changes (``current`` holds the
             one to use); None where the loop has no rlguard objective (then clip/beta/entropy are not capable).
-        owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer.
+        owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer, which
+            then calls :meth:`finish_step` after its step.
         snapshot_path: keep the snapshot in this file instead of CPU memory.
         measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
             applied step (one extra copy of the weights), read with :meth:`take_update_ratio`.
@@ -269,6 +273,7 @@ class TorchActuator:
     _unscaled: list[float] | None = field(init=False, default=None, repr=False)
     _dropped: bool = field(init=False, default=False)
     _update_ratio: float | None = field(init=False, default=None)
+    _before: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.current = self.objective
@@ -279,7 +284,7 @@ class TorchActuator:
         can = {"snapshot", "restore", "drop_update", "lr_scale", "stop"}
         if self.objective is not None:
             can |= {"clip", "beta", "entropy_coef"}
-        if self.measure_update and self.owns_step:
+        if self.measure_update:
             can.add("update_ratio")
         return frozenset(can)
 
@@ -313,17 +318,23 @@ class TorchActuator:
         self._dropped = True
 
     def apply_update(self) -> None:
-        if not self.owns_step:
-            self._dropped = False  # the trainer steps next (nothing to step after drop_update)
-            return
-        before = self._flat_weights() if self.measure_update and not self._dropped else None
-        if not self._dropped:
-            self.optimizer.step()
-        self.restore_lr()
-        if before is not None:
-            after = self._flat_weights()
-            self._update_ratio = float(torch.linalg.vector_norm(after - before) / torch.linalg.vector_norm(before))
+        if self.measure_update and not self._dropped:
+            self._before = self._flat_weights()
+        if self.owns_step:
+            if not self._dropped:
+                self.optimizer.step()
+            self.finish_step()
         self._dropped = False
+
+    def finish_step(self) -> None:
+        """After the optimizer step: the LRs back to the scheduler's and, when measured, the update's size.
+        :meth:`apply_update` calls it when it owns the step; otherwise the loop does, after its own step."""
+        self.restore_lr()
+        if self._before is not None:
+            after = self._flat_weights()
+            norm = torch.linalg.vector_norm(self._before)
+            self._update_ratio = float(torch.linalg.vector_norm(after - self._before) / norm.clamp(min=1e-30))
+            self._before = None
 
     @property
     def objective_in_use(self) -> Objective:
@@ -353,7 +364,9 @@ class TorchActuator:
 
     def set_controls(self, controls: Controls) -> None:
         if self.objective is not None:
-            self.current = objective_with_controls(self.objective, controls)
+            updated = objective_with_controls(self.objective, controls)
+            if updated != self.current:  # keep the instance while the controls stay (callers may compare)
+                self.current = updated
 
     def stop(self) -> None:
         self.stopped = True

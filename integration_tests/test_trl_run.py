@@ -161,7 +161,8 @@ def test_stability_callback_on_a_stock_trainer(tiny_model_dir: Path, tmp_path: P
     args = GRPOConfig(
         output_dir=str(tmp_path), **{**RUN, "logging_steps": 10}, max_steps=3, beta=0.04, loss_type="grpo"
     )
-    train(GRPOTrainer, tiny_model_dir, args, callbacks=[callback])
+    with pytest.warns(UserWarning, match="logs after every optimizer step, overriding .*logging_steps=10"):
+        train(GRPOTrainer, tiny_model_dir, args, callbacks=[callback])
     assert [r["step"] for r in callback.history] == [1.0, 2.0, 3.0]  # every step, although logging_steps=10
     expected = {"loss", "entropy", "kl_ref", "clip_frac", "reward_mean", "reward_std", "length_mean", "grad_norm", "lr"}
     for record in callback.history:

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlguard.demo.runs import DEFAULT_RUNS  # framework-free: the demo's run list and settings
+
 if TYPE_CHECKING:
     from rlguard.demo import DemoConfig, DemoResult
     from rlguard.doctor import Diagnosis
@@ -131,10 +133,11 @@ def demo(
     objectives: Annotated[
         str,
         typer.Option(
-            help="Runs, comma-separated: OBJECTIVE or OBJECTIVE+PRESET, the guard preset acting in that run "
-            "(+guard is +default; presets: monitor, default, strict). `rlguard losses` lists the objectives."
+            help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
+            "(+guard is +default; presets: monitor, default, strict), and @FAULT, a fault injected into that run "
+            "(@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives."
         ),
-    ] = "grpo,gspo+guard",
+    ] = DEFAULT_RUNS,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder for report.html and the runs (default: a new folder rlguard-demo-YYYYmmdd-HHMMSS)."),

@@ -192,16 +192,34 @@ def assert_parity(
 ) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Stock TRL and rlguard on the same inputs: equal loss and gradient. Returns TRL's loss and metrics."""
     theta, inputs, policy = make_inputs(seed, **input_options)
-    trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
     mode = "train" if trainer.model.training else "eval"
+    trainer._metrics[mode].clear()
+    trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
     trl_metrics = {k: list(v) for k, v in trainer._metrics[mode].items()}
     trainer._metrics[mode].clear()
     ours_loss, ours_grad = run(trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    ours_metrics = {k: list(v) for k, v in trainer._metrics[mode].items()}
+    assert_trl_metrics_kept(trl_metrics, ours_metrics)
     assert trl_loss.dtype == torch.float64
     assert trl_grad.abs().sum() > 0, "degenerate case: TRL's gradient is zero"
     torch.testing.assert_close(ours_loss, trl_loss.to(ours_loss.dtype), rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(ours_grad, trl_grad, rtol=RTOL, atol=ATOL)
     return trl_loss, trl_metrics
+
+
+def assert_trl_metrics_kept(trl: dict[str, list[float]], ours: dict[str, list[float]]) -> None:
+    """Every key TRL's loss logs is logged by rlguard with TRL's value (its meaning kept), NaN where TRL's is."""
+    missing = sorted(set(trl) - set(ours))
+    assert not missing, f"TRL's keys {missing} are not logged by GuardedGRPOTrainer"
+    for key, values in trl.items():
+        torch.testing.assert_close(
+            torch.tensor(ours[key], dtype=torch.float64),
+            torch.tensor(values, dtype=torch.float64),
+            rtol=RTOL,
+            atol=ATOL,
+            equal_nan=True,
+            msg=lambda m, key=key: f"{key}: {m}",  # type: ignore[misc]
+        )
 
 
 def assert_some_clipped(metrics: dict[str, list[float]], key: str = "clip_ratio/region_mean") -> None:
@@ -596,8 +614,124 @@ def test_command_line_parsing() -> None:
     assert args.objective_mapping().kwargs["clip_high"] == 0.001
 
 
+def _parse(argv: list[str], yaml_text: str | None = None, tmp: Path | None = None) -> GuardedGRPOConfig:
+    """TRL's own parser, as TRL's scripts use it: command line and optionally a YAML ``--config``."""
+    from trl import TrlParser
+
+    base = ["--output_dir", "unused", "--use_cpu", "--bf16", "False", f"--{checkpointing_argument()}", "False"]
+    if yaml_text is not None:
+        assert tmp is not None
+        (tmp / "config.yaml").write_text(yaml_text)
+        base += ["--config", str(tmp / "config.yaml")]
+    (args,) = TrlParser((GuardedGRPOConfig,)).parse_args_and_config(base + argv)
+    return args
+
+
+def test_guard_and_objective_through_trl_parser_command_line_and_yaml(tmp_path: Path) -> None:
+    """``--guard default`` was parsed as GuardConfig("default") (the parsers type a union by its second member)."""
+    from rlguard.guards import GuardConfig
+
+    args = _parse(["--objective", "gspo", "--guard", "default"])
+    assert (args.guard, args.objective_mapping().objective) == ("default", "gspo")
+    args = _parse([], "objective: gspo\nguard: strict\n", tmp_path)
+    assert (args.guard, args.objective) == ("strict", "gspo")
+    as_json = '{"preset": "strict", "snapshot_interval": 3, "detectors": {"entropy_collapse": null}}'
+    args = _parse(["--guard", as_json])
+    assert isinstance(args.guard, GuardConfig)
+    assert args.guard.snapshot_interval == 3 and args.guard.detectors["entropy_collapse"] is None
+    assert args.guard.interventions == GuardConfig.preset("strict").interventions  # the rest is the preset's
+    args = _parse([], "guard:\n  preset: monitor\n  snapshot_interval: 7\n", tmp_path)  # a YAML mapping
+    assert isinstance(args.guard, GuardConfig) and args.guard.observe_only and args.guard.snapshot_interval == 7
+    args = _parse([], "guard: '{\"snapshot_interval\": 4}'\n", tmp_path)  # JSON in YAML: the default preset
+    assert isinstance(args.guard, GuardConfig) and args.guard.snapshot_interval == 4
+
+
+@pytest.mark.parametrize(
+    ("guard", "match"),
+    [
+        ('{"preset": "strict", "snapshot": 3}', r"unknown GuardConfig field\(s\) \['snapshot'\]"),
+        ('{"preset": "strict",', "guard: .* is not valid JSON"),
+        ('{"schedules": {"beta": 0.1}}', r"unknown GuardConfig field\(s\) \['schedules'\].*only from Python"),
+        ('{"preset": "loud"}', "unknown guard preset 'loud'"),
+    ],
+)
+def test_guard_json_errors(guard: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _parse(["--guard", guard])
+
+
+def test_objective_alone_gives_its_papers_clip_range_and_aggregation(caplog: pytest.LogCaptureFixture) -> None:
+    """``--objective gspo`` on TRL's defaults gave epsilon=0.2 (500x GSPO's range) and dapo's token-mean."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.trainer"):
+        args = config(objective="gspo")
+    kwargs = args.objective_mapping().kwargs
+    assert (kwargs["clip_low"], kwargs["clip_high"], kwargs["aggregation"]) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (args.epsilon, args.epsilon_high, args.loss_type) == (3e-4, 4e-4, "grpo")  # what ran is what is saved
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and "(0.0003, 0.0004) (the paper's)" in record.getMessage()
+    assert "'seq-mean-token-mean' (the paper's, loss_type='grpo')" in record.getMessage()
+    parsed = _parse(["--objective", "gspo", "--max_completion_length", str(BASE["max_completion_length"])])
+    assert parsed.objective_mapping().kwargs == kwargs  # the command line alike
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.trainer"):
+        args = config(objective="gspo", epsilon=0.2, loss_type="dapo", expect=(SEQUENCE_WARNING,))  # TRL's values
+    kwargs = args.objective_mapping().kwargs
+    assert (kwargs["clip_low"], kwargs["clip_high"], kwargs["aggregation"]) == (0.2, 0.2, "token-mean")
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "(from epsilon/epsilon_high)" in record.getMessage()
+    # set explicitly to TRL's default values, on the command line or in YAML: kept
+    args = _parse(["--objective", "gspo", "--epsilon", "0.2"])
+    assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.2, None, "grpo")
+    assert args.objective_mapping().kwargs["clip_high"] == 0.2  # TRL's meaning: epsilon_high = epsilon
+    args = config(objective="gspo", epsilon_high=1e-3)  # only the upper bound: the lower stays the paper's
+    assert (args.epsilon, args.epsilon_high) == (3e-4, 1e-3)
+    # without an objective, TRL's defaults and TRL's loss exactly
+    args = config()
+    assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.2, None, "dapo")
+    assert GRPOConfig.__dataclass_fields__["epsilon"].default == 0.2  # the values _TRL_DEFAULTS reads
+
+
+@pytest.mark.parametrize(
+    ("objective", "expected"),
+    [
+        ("grpo", {"epsilon": 0.2, "epsilon_high": 0.2, "loss_type": "grpo"}),
+        ("dapo", {"epsilon": 0.2, "epsilon_high": 0.28, "loss_type": "dapo"}),
+        ("dr_grpo", {"epsilon": 0.2, "epsilon_high": 0.2, "loss_type": "dr_grpo"}),
+        ("gspo", {"epsilon": 3e-4, "epsilon_high": 4e-4, "loss_type": "grpo"}),
+        ("cispo", {"epsilon_high": 5.0, "loss_type": "cispo"}),
+        ("sapo", {"loss_type": "sapo"}),
+        ("gmpo", {"loss_type": "grpo"}),
+    ],
+)
+def test_paper_trl_settings_map_back_to_the_objectives_defaults(objective: str, expected: dict[str, Any]) -> None:
+    from rlguard.adapters.trl.mapping import paper_trl_settings
+    from rlguard.core_losses import get_objective
+
+    assert paper_trl_settings(objective) == expected
+    built = config(objective=objective).objective_mapping().build()
+    default = get_objective(objective)
+    assert built.aggregation == default.aggregation
+    if hasattr(default, "clip_low"):
+        if objective == "cispo":  # TRL's absolute convention for the same cap of 5
+            assert built.weight_bounds() == (None, 5.0) == default.weight_bounds()  # type: ignore[attr-defined]
+        else:
+            assert (built.clip_low, built.clip_high) == (default.clip_low, default.clip_high)  # type: ignore[attr-defined]
+
+
+def test_rollout_corrections_need_a_rollout_engine_at_config_time() -> None:
+    """``rollout_is`` without vLLM passed the config and failed at the first step, after loading the model."""
+    with pytest.raises(ValueError, match=r"rollout_is='token'.*use_vllm=False.*Set use_vllm=True.*remove rollout_is"):
+        config(objective_kwargs={"rollout_is": "token"})
+    with pytest.raises(ValueError, match=r"rollout_mask='geometric'.*use_vllm=False"):
+        config(loss_type="grpo", objective_kwargs={"rollout_mask": "geometric"})
+    assert config(loss_type="grpo", use_vllm=True, objective_kwargs={"rollout_is": "token"}).objective_kwargs
+
+
 def test_sequence_ratio_with_token_sums_warns() -> None:
-    config(objective="gspo", expect=(SEQUENCE_WARNING,))  # TRL's default loss_type is dapo: token-mean
+    config(objective="gspo", loss_type="dapo", expect=(SEQUENCE_WARNING,))  # dapo aggregates by token-mean
     config(objective="gmpo", loss_type="dr_grpo", expect=(SEQUENCE_WARNING,))
     config(objective="gspo", loss_type="grpo")  # no warning
     config(objective="gspo", objective_kwargs={"aggregation": "seq-mean-token-mean"})  # no warning

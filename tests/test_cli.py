@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlguard.cli import _print_demo_summary, app
 from rlguard.core_losses import list_objectives
-from rlguard.demo import TRL_SETTINGS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
+from rlguard.demo import DEFAULT_RUNS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
 from rlguard.guards import Event
 
 runner = CliRunner()
@@ -40,7 +40,22 @@ def test_demo_runs_parse_objectives_and_guard_presets() -> None:
     assert parse_runs("grpo,gspo+guard") == (RunSpec("grpo"), RunSpec("gspo", "default"))
     assert parse_runs("dapo+strict, cispo") == (RunSpec("dapo", "strict"), RunSpec("cispo"))
     assert [r.folder for r in parse_runs("gspo,gspo+monitor")] == ["gspo", "gspo-guard-monitor"]
-    assert sorted(TRL_SETTINGS) == list_objectives()  # every objective can be demonstrated
+    assert [r.objective for r in parse_runs(",".join(list_objectives()))] == list_objectives()  # every objective
+    stressed = parse_runs("grpo@lr_spike, grpo+strict@lr_spike")
+    assert stressed == (RunSpec("grpo", None, "lr_spike"), RunSpec("grpo", "strict", "lr_spike"))
+    assert [r.label for r in stressed] == ["grpo@lr_spike", "grpo+strict@lr_spike"]
+    assert [r.folder for r in stressed] == ["grpo-lr-spike", "grpo-guard-strict-lr-spike"]
+    # the default demo: a healthy pair and the same LR spike without and with the guard
+    assert (
+        DemoConfig().runs
+        == parse_runs(DEFAULT_RUNS)
+        == (RunSpec("grpo"), RunSpec("gspo", "default"), *stressed[:1], RunSpec("grpo", "strict", "lr_spike"))
+    )
+    assert (DemoConfig().fault_at, DemoConfig(steps=4).fault_at, DemoConfig(steps=9, fault_step=5).fault_at) == (
+        20,
+        2,
+        5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -50,6 +65,8 @@ def test_demo_runs_parse_objectives_and_guard_presets() -> None:
         (["--objectives", "gspo+careful"], "unknown guard preset 'careful'"),
         (["--objectives", "grpo,grpo"], "names the same run twice"),
         (["--steps", "1"], "steps must be >= 2"),
+        (["--objectives", "grpo@nan"], "unknown fault 'nan' in 'grpo@nan'; faults: lr_spike"),
+        (["--objectives", "grpo@lr_spike,grpo@lr_spike"], "names the same run twice"),
     ],
 )
 def test_demo_bad_options_exit_2_with_one_line(args: list[str], message: str) -> None:

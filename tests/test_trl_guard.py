@@ -5,8 +5,12 @@ Whole TRL runs with injected faults are in ``integration_tests/test_trl_guard_fa
 from __future__ import annotations
 
 import json
+import re
+import warnings
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -42,7 +46,10 @@ class Loop:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
         self.args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
         self.args.max_grad_norm = max_grad_norm
+        self.args.logging_steps = 1
         self.state, self.control, self.callback = TrainerState(), TrainerControl(), callback
+        # the trainer the callback reads its metrics from and logs to: TRL's per-mode metric lists only
+        callback.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
         callback.on_train_begin(self.args, self.state, self.control)
 
     def step(self, scale: float = 1.0) -> None:
@@ -135,6 +142,7 @@ def test_guard_state_resumes_from_the_checkpoint_folder(tmp_path: Path) -> None:
     assert saved["last_step"] == 3
 
     resumed = StabilityCallback(guard="default")
+    resumed.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
     state = TrainerState()
     state.global_step = 3
     resumed.on_train_begin(loop.args, state, TrainerControl())
@@ -191,10 +199,14 @@ def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path)
 def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_act_on(tmp_path: Path) -> None:
     """Under DeepSpeed the guard decides inside accelerator.backward: it needs the attached trainer, and refuses
     (before changing anything) an engine without ZeRO partitions or with the optimizer offloaded to the CPU."""
-    from types import SimpleNamespace
-
     callback = StabilityCallback(guard=Guard(GuardConfig.preset("default")))
-    args = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}}, output_dir=str(tmp_path), process_index=0)
+    args = SimpleNamespace(
+        deepspeed={"zero_optimization": {"stage": 2}},
+        output_dir=str(tmp_path),
+        process_index=0,
+        logging_strategy="steps",
+        logging_steps=1,
+    )
     state, control = SimpleNamespace(global_step=0), SimpleNamespace()
     with pytest.raises(ValueError, match=r"cb\.attach\(trainer\)"):
         callback.on_train_begin(args, state, control)  # type: ignore[arg-type]
@@ -214,6 +226,59 @@ def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_ac
             callback.on_train_begin(args, state, control)  # type: ignore[arg-type]
         assert stock.accelerator.deepspeed_engine_wrapped.engine is not None  # accelerate's wrapper is untouched
         assert not hasattr(stock.accelerator.deepspeed_engine_wrapped, "callback")
+
+
+def test_a_stock_trainer_with_a_guard_and_no_attach_refuses_at_train_start(tmp_path: Path) -> None:
+    """``GRPOTrainer(callbacks=[StabilityCallback(guard=...)])`` ran with a guard blind to TRL's metrics and no
+    ``rlguard/*`` logs; it now refuses before the first step, naming the fix, and runs once attached."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
+
+    model_dir = save_tiny_llama(tmp_path / "model")
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), **cpu_training_arguments(), per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=4, max_steps=1, logging_steps=1, save_strategy="no",
+        disable_tqdm=True,
+    )  # fmt: skip
+    callback = StabilityCallback(guard="default")
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8),
+        callbacks=[callback],
+    )  # fmt: skip
+    weights = [p.detach().clone() for p in trainer.model.parameters()]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"Call cb\.attach\(trainer\) before trainer\.train\(\), or use GuardedGRPO"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(w, p) for w, p in zip(weights, trainer.model.parameters(), strict=True))  # type: ignore[union-attr]
+    callback.attach(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 1 and len(callback.decisions) == 1
+    logged = trainer.state.log_history[0]
+    assert "rlguard/guard/lr_scale" in logged and callback.observed[0]["reward_mean"] == logged["reward"]
+
+
+def test_forced_logging_is_warned_about_once(tmp_path: Path) -> None:
+    """``logging_steps`` was silently overridden to 1 whenever a StabilityCallback was present."""
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=10)
+    for callback, expected in (
+        (StabilityCallback(), "overriding logging_strategy='steps', logging_steps=10.*every_step=False"),
+        (StabilityCallback(every_step=False), None),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            callback.on_train_begin(args, TrainerState(), TrainerControl())
+            for _ in range(3):
+                callback.on_step_end(args, TrainerState(), TrainerControl())
+        messages = [str(w.message) for w in caught]
+        if expected is None:
+            assert messages == []
+        else:
+            assert len(messages) == 1 and re.search(expected, messages[0]), messages
+    args.logging_steps = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        StabilityCallback().on_train_begin(args, TrainerState(), TrainerControl())  # as configured: silent
 
 
 def test_a_beta_schedule_without_a_reference_model_is_refused_at_start_up(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """``rlguard demo``: real TRL GRPO runs of a tiny model on the embedded addition task, compared in one report.
 
 >>> from rlguard.demo import DemoConfig, parse_runs, run_demo
->>> result = run_demo(DemoConfig(runs=parse_runs("grpo,gspo+guard")), "demo-out")  # doctest: +SKIP
+>>> result = run_demo(DemoConfig(runs=parse_runs("grpo,grpo+strict@lr_spike")), "demo-out")  # doctest: +SKIP
 >>> [(r.label, r.window_mean("reward_mean", end=False), r.window_mean("reward_mean", end=True)) for r in result.runs]
 
 What it does, on CPU with no download:
@@ -11,9 +11,12 @@ What it does, on CPU with no download:
    so RL would have nothing to reinforce. The model is saved in ``OUT/model``; every run starts from it, and it is
    the runs' KL reference;
 2. trains one copy per run with ``GuardedGRPOTrainer``, a real ``trl.GRPOTrainer`` whose loss is the run's rlguard
-   objective, with the run's guard preset if it names one (:func:`parse_runs`). Each run's TRL ``output_dir`` is
-   ``OUT/<run folder>``, holding ``trainer_state.json`` and, with a guard, the guard's ``events.jsonl``, so that
-   ``rlguard report`` and ``rlguard doctor`` read it;
+   objective (its paper's clip range and aggregation), with the run's guard preset if it names one and the run's
+   fault if it names one (:func:`parse_runs`). The default runs (:data:`DEFAULT_RUNS`) are a healthy pair (GRPO;
+   GSPO under the ``default`` guard) and a stressed pair: the same x1000 learning rate at one step, without and
+   with the ``strict`` guard, so that the report shows a collapse and the guard's rescue side by side. Each run's
+   TRL ``output_dir`` is ``OUT/<run folder>``, holding ``trainer_state.json`` and, with a guard, the guard's
+   ``events.jsonl``, so that ``rlguard report`` and ``rlguard doctor`` read it;
 3. writes ``OUT/report.html``: the runs' reward, entropy, KL and clip-fraction curves overlaid (PNGs beside the
    page) with the guard's events marked, the summary table, and each run's own ``rlguard report`` page.
 
@@ -26,9 +29,10 @@ import time
 from pathlib import Path
 
 from rlguard.demo.runs import (
+    DEFAULT_RUNS,
+    FAULTS,
     GUARD_PRESETS,
     SUMMARY_STATS,
-    TRL_SETTINGS,
     WARM_START,
     DemoConfig,
     DemoResult,
@@ -66,9 +70,10 @@ def run_demo(
 
 
 __all__ = [
+    "DEFAULT_RUNS",
+    "FAULTS",
     "GUARD_PRESETS",
     "SUMMARY_STATS",
-    "TRL_SETTINGS",
     "WARM_START",
     "DemoConfig",
     "DemoResult",

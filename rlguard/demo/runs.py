@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlguard.core_losses import list_objectives
 from rlguard.guards import Event
 
-#: TRL settings that make ``GuardedGRPOConfig(objective=name)`` the paper's objective with its own clip range
-#: (the loss_type fixes the aggregation; see :mod:`rlguard.adapters.trl`)
-TRL_SETTINGS: dict[str, dict[str, Any]] = {
-    "grpo": {"loss_type": "grpo"},
-    "dr_grpo": {"loss_type": "dr_grpo"},
-    "dapo": {"loss_type": "dapo", "epsilon_high": 0.28},
-    "gspo": {"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4},
-    "gspo_token": {"loss_type": "grpo", "epsilon": 3e-4, "epsilon_high": 4e-4},
-    "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
-    "sapo": {"loss_type": "sapo"},
-    "gmpo": {"loss_type": "grpo"},
-    "luspo": {"loss_type": "luspo", "epsilon": 3e-4, "epsilon_high": 4e-4},
-    "vespo": {"loss_type": "vespo"},
-    # verl's losses: verl's default aggregation is token-mean (TRL's dapo loss_type)
-    "clip_cov": {"loss_type": "dapo"},
-    "kl_cov": {"loss_type": "dapo"},
-    "gpg": {"loss_type": "dapo"},
-    "dppo_kl": {"loss_type": "dapo"},
-    "dppo_tv": {"loss_type": "dapo"},
-    "dro": {"loss_type": "dapo"},
+#: faults a run can inject (``OBJECTIVE@FAULT``), each the same in a guarded and an unguarded run
+FAULTS: dict[str, str] = {
+    "lr_spike": "the learning rate x1000 for one optimizer step (DemoConfig.fault_step)",
 }
+#: the default runs: a healthy pair (GRPO; GSPO under the default guard) and a stressed pair (an LR spike, without
+#: and with the strict guard)
+DEFAULT_RUNS = "grpo,gspo+guard,grpo@lr_spike,grpo+strict@lr_spike"
 GUARD_PRESETS = ("monitor", "default", "strict")
 #: the progress task of the supervised warm start
 WARM_START = "warm start"
@@ -43,32 +29,40 @@ SUMMARY_STATS = ("reward_mean", "entropy", "kl_ref", "clip_frac")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of the demo: an objective, and a guard preset or ``None``."""
+    """One run of the demo: an objective, a guard preset or ``None``, and a fault (:data:`FAULTS`) or ``None``."""
 
     objective: str
     guard: str | None = None
+    fault: str | None = None
 
     @property
     def label(self) -> str:
-        """``objective`` or ``objective+preset``, as written in ``--objectives``."""
-        return self.objective if self.guard is None else f"{self.objective}+{self.guard}"
+        """``objective[+preset][@fault]``, as written in ``--objectives``."""
+        guard = "" if self.guard is None else f"+{self.guard}"
+        fault = "" if self.fault is None else f"@{self.fault}"
+        return f"{self.objective}{guard}{fault}"
 
     @property
     def folder(self) -> str:
-        """The run's folder name: ``objective`` or ``objective-guard-preset``."""
-        return self.objective if self.guard is None else f"{self.objective}-guard-{self.guard}"
+        """The run's folder name: ``objective[-guard-preset][-fault]``."""
+        guard = "" if self.guard is None else f"-guard-{self.guard}"
+        fault = "" if self.fault is None else f"-{self.fault.replace('_', '-')}"
+        return f"{self.objective}{guard}{fault}"
 
 
 def parse_runs(spec: str) -> tuple[RunSpec, ...]:
-    """``"grpo,gspo+guard"`` -> runs. Each comma-separated item is ``OBJECTIVE`` or ``OBJECTIVE+PRESET``, with
-    PRESET one of :data:`GUARD_PRESETS` (``guard`` means ``default``). Bad items raise ``ValueError``."""
+    """``"grpo,gspo+guard,grpo+strict@lr_spike"`` -> runs. Each comma-separated item is ``OBJECTIVE``, optionally
+    followed by ``+PRESET`` (one of :data:`GUARD_PRESETS`; ``guard`` means ``default``) and ``@FAULT`` (one of
+    :data:`FAULTS`). Bad items raise ``ValueError``."""
     runs = []
     for item in (s.strip() for s in spec.split(",")):
-        objective, _, preset = item.partition("+")
-        if objective not in TRL_SETTINGS:
+        head, _, fault = item.partition("@")
+        objective, _, preset = head.partition("+")
+        if objective not in list_objectives():
             raise ValueError(
                 f"objectives: unknown objective {objective!r} in {spec!r}; use a comma-separated list of "
-                f"{sorted(TRL_SETTINGS)}, each optionally followed by +guard or +PRESET ({', '.join(GUARD_PRESETS)})."
+                f"{list_objectives()}, each optionally followed by +guard or +PRESET ({', '.join(GUARD_PRESETS)}) "
+                f"and @FAULT ({', '.join(FAULTS)})."
             )
         guard = None if not preset else "default" if preset == "guard" else preset
         if guard is not None and guard not in GUARD_PRESETS:
@@ -76,10 +70,12 @@ def parse_runs(spec: str) -> tuple[RunSpec, ...]:
                 f"objectives: unknown guard preset {preset!r} in {item!r}; use +guard (the default preset) or one of "
                 f"{', '.join('+' + p for p in GUARD_PRESETS)}."
             )
-        runs.append(RunSpec(objective, guard))
+        if fault and fault not in FAULTS:
+            raise ValueError(f"objectives: unknown fault {fault!r} in {item!r}; faults: {', '.join(FAULTS)}.")
+        runs.append(RunSpec(objective, guard, fault or None))
     folders = [r.folder for r in runs]
     if len(set(folders)) != len(folders):
-        raise ValueError(f"objectives: {spec!r} names the same run twice; name each objective+guard once.")
+        raise ValueError(f"objectives: {spec!r} names the same run twice; name each objective+guard@fault once.")
     return tuple(runs)
 
 
@@ -99,11 +95,14 @@ class DemoConfig:
             so the importance ratios and clip fractions are not trivially 1 and 0.
         learning_rate: AdamW learning rate (constant).
         beta: KL coefficient to the warm-started reference model.
+        fault_step: the optimizer step of a run's fault (``@lr_spike``); default: a third of the way in (at
+            least step 2, so that the guard has judged healthy steps and holds a snapshot).
+        lr_spike: the factor of the ``lr_spike`` fault.
     """
 
     steps: int = 60
     seed: int = 0
-    runs: tuple[RunSpec, ...] = (RunSpec("grpo"), RunSpec("gspo", "default"))
+    runs: tuple[RunSpec, ...] = field(default_factory=lambda: parse_runs(DEFAULT_RUNS))
     warm_start_steps: int = 100
     prompts_per_step: int = 16
     num_generations: int = 8
@@ -111,6 +110,8 @@ class DemoConfig:
     steps_per_generation: int = 2
     learning_rate: float = 5e-4
     beta: float = 0.04
+    fault_step: int | None = None
+    lr_spike: float = 1000.0
 
     def __post_init__(self) -> None:
         if self.steps < 2:
@@ -120,6 +121,13 @@ class DemoConfig:
         unknown = [r.objective for r in self.runs if r.objective not in list_objectives()]
         if unknown:
             raise ValueError(f"runs: objectives {unknown} are not registered; `rlguard losses` lists them.")
+        if self.fault_step is not None and not 2 <= self.fault_step <= self.steps:
+            raise ValueError(f"fault_step must be in [2, steps={self.steps}]; got {self.fault_step}.")
+
+    @property
+    def fault_at(self) -> int:
+        """The optimizer step of a run's fault (:attr:`fault_step`, or a third of the way in, at least 2)."""
+        return self.fault_step if self.fault_step is not None else max(2, self.steps // 3)
 
     @classmethod
     def quick(cls, **changes: Any) -> DemoConfig:
@@ -221,7 +229,7 @@ def summary_rows(runs: Sequence[RunSummary]) -> list[dict[str, str]]:
     """The summary table's cells, one dict per run (shared by the terminal table and the HTML page)."""
     rows = []
     for r in runs:
-        cells = {"run": r.label, "steps": str(len(r.steps))}
+        cells = {"run": r.label}  # the steps per run are in the title
         for name in SUMMARY_STATS:
             cells[name] = f"{_fmt(r.window_mean(name, end=False))} -> {_fmt(r.window_mean(name, end=True))}"
         cells["exact answers"] = f"{r.accuracy_before:.0%} -> {r.accuracy_after:.0%}"
@@ -245,9 +253,10 @@ def _fmt(value: float) -> str:
 
 
 __all__ = [
+    "DEFAULT_RUNS",
+    "FAULTS",
     "GUARD_PRESETS",
     "SUMMARY_STATS",
-    "TRL_SETTINGS",
     "WARM_START",
     "DemoConfig",
     "DemoResult",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from transformers import (
 )
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
-from rlguard.demo.runs import TRL_SETTINGS, WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
+from rlguard.demo.runs import WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
 from rlguard.guards.actuator import EVENTS_FILE
 from rlguard.metrics import canonical_stats
 from rlguard.tasks.hf import (
@@ -54,12 +55,12 @@ def warm_started_model(path: Path, config: DemoConfig, on_progress: ProgressHook
 
 
 def grpo_config(output_dir: Path, spec: RunSpec, config: DemoConfig) -> GuardedGRPOConfig:
-    """The run's TRL configuration: CPU, no tqdm, a log every step, no checkpoint; the objective's clip range."""
+    """The run's TRL configuration: CPU, no tqdm, a log every step, no checkpoint; the objective alone, which gives
+    its paper's clip range and aggregation (:class:`~rlguard.adapters.trl.GuardedGRPOConfig`)."""
     return GuardedGRPOConfig(
         output_dir=str(output_dir),
         objective=spec.objective,
         guard=spec.guard,
-        **TRL_SETTINGS[spec.objective],
         **cpu_training_arguments(),
         use_vllm=False,
         per_device_train_batch_size=config.prompts_per_step * config.num_generations,
@@ -105,7 +106,8 @@ def train_run(
     (output_dir / EVENTS_FILE).unlink(missing_ok=True)  # the guard appends: a rerun into the same folder starts anew
     dataset = addition_dataset(config.steps * config.prompts_per_step, seed=config.seed)
     callbacks = [] if on_progress is None else [ProgressCallback(spec.label, on_progress)]
-    trainer = GuardedGRPOTrainer(
+    trainer_class = GuardedGRPOTrainer if spec.fault is None else with_lr_spike(config.fault_at, config.lr_spike)
+    trainer = trainer_class(
         model=str(model_dir),
         reward_funcs=addition_reward,
         args=grpo_config(output_dir, spec, config),
@@ -134,14 +136,39 @@ def train_run(
     )
 
 
+def with_lr_spike(at: int, factor: float) -> type[GuardedGRPOTrainer]:
+    """``GuardedGRPOTrainer`` whose learning rate is ``factor`` times the schedule's at optimizer step ``at`` only
+    (through ``Trainer.create_scheduler``, transformers' extension point for the schedule): the demo's fault, the
+    same with and without a guard."""
+
+    class LRSpikeTrainer(GuardedGRPOTrainer):
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+            if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):  # "constant" is one
+                raise TypeError(f"the LR spike needs a LambdaLR schedule; got {type(scheduler).__name__}.")
+            # LambdaLR: optimizer step s (1-based) runs at base_lr * lambda(s - 1), set by the scheduler step before
+            scheduler.lr_lambdas = [_spiked(f, at - 1, factor) for f in scheduler.lr_lambdas]
+            return scheduler
+
+    return LRSpikeTrainer
+
+
+def _spiked(schedule: Callable[[int], float], at: int, factor: float) -> Callable[[int], float]:
+    """``schedule`` times ``factor`` at scheduler step ``at`` only."""
+    return lambda step: schedule(step) * (factor if step == at else 1.0)
+
+
 @contextmanager
 def demo_environment() -> Iterator[None]:
     """The demo's process settings, restored on exit: one torch thread (the tiny model's matrices are too small to
     share: 10 steps took 5.6 s with 1 thread and 23.5 s with 2 on the busy 2-core test machine); transformers' info
-    logs and progress bars, and the deprecation warning TRL 1.16 triggers while generating, hidden (a user of the
-    demo cannot act on them)."""
+    logs and progress bars, the deprecation warning TRL 1.16 triggers while generating, and the adapter's line on
+    each objective's paper settings (the demo asks for them), hidden (a user of the demo cannot act on them)."""
     from transformers.utils import logging as hf_logging
 
+    adapter_log = logging.getLogger("rlguard.adapters.trl")
+    level = adapter_log.level
+    adapter_log.setLevel(logging.ERROR)
     verbosity, bars, threads = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), torch.get_num_threads()
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # as above; hides "Loading weights" bars
@@ -153,10 +180,18 @@ def demo_environment() -> Iterator[None]:
             )
             yield
     finally:
+        adapter_log.setLevel(level)
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
         torch.set_num_threads(threads)
 
 
-__all__ = ["ProgressCallback", "demo_environment", "grpo_config", "train_run", "warm_started_model"]
+__all__ = [
+    "ProgressCallback",
+    "demo_environment",
+    "grpo_config",
+    "train_run",
+    "warm_started_model",
+    "with_lr_spike",
+]

@@ -37,8 +37,11 @@ and then, at the accumulation boundary, ``engine.step`` (clip, optimizer step, z
 ``on_pre_optimizer_step`` the weights have changed. So ``on_train_begin`` puts a stand-in for accelerate's
 ``trainer.accelerator.deepspeed_engine_wrapped`` whose ``backward`` runs ``engine.backward``, then, at the
 boundary, the guard, then ``engine.step()`` with the decision applied (everything else is delegated to
-accelerate's wrapper, which ``on_train_end`` puts back). This needs the trainer: ``GuardedGRPOTrainer`` attaches
-its callbacks; on a stock trainer call ``cb.attach(trainer)`` (``on_train_begin`` raises ``ValueError`` otherwise).
+accelerate's wrapper, which ``on_train_end`` puts back).
+
+A guard needs the trainer (its metrics of each step, its logs, its DeepSpeed engine), which transformers does not
+give callbacks: ``GuardedGRPOTrainer`` attaches its callbacks; on a stock trainer call ``cb.attach(trainer)``
+(``on_train_begin`` raises ``ValueError`` with that fix otherwise).
 
 =================  ================================  ================================  ==========================
 decision           ZeRO-2                            ZeRO-3                            how
@@ -143,9 +146,11 @@ _TRL_LOSS_KEYS = ("entropy", "kl", "clip_ratio/region_mean", "clip_ratio/low_mea
 class StabilityCallback(TrainerCallback):
     """Records the canonical stats of every optimizer step and, given a ``guard``, acts on its decisions.
 
-    Works on a stock ``trl.GRPOTrainer``. TRL averages its metrics over the steps between two logs, so with
-    ``every_step=True`` (the default, and always with a guard) the callback asks the trainer to log after every
-    optimizer step. Records are identical on every process: TRL reduces its metrics before logging.
+    Works on a stock ``trl.GRPOTrainer``; with a guard, call ``cb.attach(trainer)`` first (training refuses to
+    start otherwise). TRL averages its metrics over the steps between two logs, so with ``every_step=True`` (the
+    default, and always with a guard) the callback asks the trainer to log after every optimizer step (warned about
+    once at train start unless ``logging_steps=1``). Records are identical on every process: TRL reduces its
+    metrics before logging.
 
     Args:
         every_step: log after every optimizer step.
@@ -199,8 +204,16 @@ class StabilityCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._warn_forced_logging(args)
         if self.guard is None:
             return
+        if self._trainer is None:
+            raise ValueError(
+                "StabilityCallback(guard=...) needs its trainer: the guard judges TRL's rewards, lengths, entropy, "
+                "KL and clip fractions of each step and logs rlguard/* to the tracker through it, which a callback "
+                "is not given. Call cb.attach(trainer) before trainer.train(), or use GuardedGRPOTrainer with "
+                "GuardedGRPOConfig(guard=...), which attaches its callbacks itself."
+            )
         deepspeed = bool(getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False))
         where = f"{type(self._trainer).__name__ if self._trainer is not None else 'a Trainer'}"
         if deepspeed:
@@ -219,6 +232,21 @@ class StabilityCallback(TrainerCallback):
         if not deepspeed:
             # the guard needs the norm before clipping, which the trainer does not pass to callbacks: clip here
             self._max_grad_norm, args.max_grad_norm = args.max_grad_norm, 0.0
+
+    def _warn_forced_logging(self, args: TrainingArguments) -> None:
+        """Say once per training run that the callback logs every optimizer step whatever ``logging_steps`` says."""
+        every_step = self.every_step or self.guard is not None
+        strategy = str(getattr(args.logging_strategy, "value", args.logging_strategy))
+        if every_step and (strategy != "steps" or args.logging_steps != 1):
+            warnings.warn(
+                f"StabilityCallback logs after every optimizer step, overriding logging_strategy={strategy!r}, "
+                f"logging_steps={args.logging_steps}: TRL averages its metrics between two logs, and the callback"
+                f"{' and its guard' if self.guard is not None else ''} need each step's. Set logging_steps=1 to "
+                "silence this"
+                + ("." if self.guard is not None else ", or StabilityCallback(every_step=False) to log as configured."),
+                UserWarning,
+                stacklevel=2,
+            )
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -352,11 +380,6 @@ class StabilityCallback(TrainerCallback):
 
     def _install_engine_wrapper(self, args: TrainingArguments) -> None:
         """Put the guarded wrapper in place of accelerate's ``deepspeed_engine_wrapped`` (see the module)."""
-        if self._trainer is None:
-            raise ValueError(
-                "StabilityCallback(guard=...) under DeepSpeed decides inside accelerator.backward and needs the "
-                "trainer: call cb.attach(trainer) before trainer.train() (GuardedGRPOTrainer does it itself)."
-            )
         self._engine_wrapper = install_engine_wrapper(self._trainer, self._decide_in_engine)
         folder = Path(self.snapshot_dir or Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
         self._actuator = ZeroActuator(self._engine_wrapper.engine, folder, self._trainer)

@@ -46,7 +46,14 @@ from rlguard.guards.actuator import make_guard
 if TYPE_CHECKING:
     from trl.trainer.grpo_config import GRPOConfig
 
-__all__ = ["LOSS_TYPE_AGGREGATION", "LOSS_TYPE_OBJECTIVE", "TRLLossMapping", "map_trl_config"]
+__all__ = [
+    "LOSS_TYPE_AGGREGATION",
+    "LOSS_TYPE_OBJECTIVE",
+    "TRLLossMapping",
+    "map_trl_config",
+    "needs_rollout_logprobs",
+    "paper_trl_settings",
+]
 
 #: The TRL loss types rlguard reproduces, with the objective and aggregation each one means.
 LOSS_TYPE_OBJECTIVE = {
@@ -131,11 +138,58 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
         **_rollout_kwargs(args),
     }
     kwargs.update(user)
+    _check_rollout_logprobs(args, kwargs)
     mapping = TRLLossMapping(name, kwargs, _normaliser(args, kwargs["aggregation"], "aggregation" in user))
     mapping.build()  # validates every value now, at configuration time
     if warn:
         _warn_on_known_differences(args, cls, mapping)
     return mapping
+
+
+def paper_trl_settings(objective: str) -> dict[str, Any]:
+    """The TRL settings under which :func:`map_trl_config` gives ``objective`` its own (its paper's) clip range and
+    aggregation: ``epsilon``/``epsilon_high`` from the objective's default bounds (GRPO family; CISPO's absolute
+    cap), and the ``loss_type`` whose aggregation is the objective's default. ``GuardedGRPOConfig`` fills the ones
+    the user did not set. SAPO and GMPO take no clip range from TRL; an aggregation no ``loss_type`` has is
+    returned as ``{"aggregation": ...}`` for ``objective_kwargs``.
+
+    >>> paper_trl_settings("gspo")
+    {'epsilon': 0.0003, 'epsilon_high': 0.0004, 'loss_type': 'grpo'}
+    """
+    cls = objective_class(objective)
+    defaults = cls()
+    out: dict[str, Any] = {}
+    if isinstance(defaults, (GRPO, ClipCov)):  # the objectives whose clip_low/clip_high TRL's epsilons set
+        out = {"epsilon": defaults.clip_low, "epsilon_high": defaults.clip_high}
+    elif isinstance(defaults, CISPO):
+        out = {"epsilon_high": defaults.weight_bounds()[1]}  # TRL's CISPO caps the weight at epsilon_high
+    # the loss type of this objective first (dapo -> dapo), then one of the same aggregation (gspo -> grpo); bnpo
+    # last: its normaliser is the micro-batch's own tokens
+    order = sorted(LOSS_TYPE_AGGREGATION, key=lambda t: (LOSS_TYPE_OBJECTIVE[t] != objective, t == "bnpo"))
+    loss_type = next((t for t in order if LOSS_TYPE_AGGREGATION[t] == defaults.aggregation), None)
+    if loss_type is None:
+        out["aggregation"] = defaults.aggregation
+    else:
+        out["loss_type"] = loss_type
+    return out
+
+
+def needs_rollout_logprobs(kwargs: dict[str, Any]) -> list[str]:
+    """The objective arguments among ``kwargs`` that need the rollout engine's log-probs (``rollout_is``,
+    ``rollout_mask``), as ``name=value`` strings; empty if none."""
+    return [f"{k}={kwargs[k]!r}" for k in ("rollout_is", "rollout_mask") if kwargs.get(k) is not None]
+
+
+def _check_rollout_logprobs(args: GRPOConfig, kwargs: dict[str, Any]) -> None:
+    """Rollout corrections need log-probs from a rollout engine, which TRL passes only when it generates with vLLM."""
+    needed = needs_rollout_logprobs(kwargs)
+    if needed and not args.use_vllm:
+        raise ValueError(
+            f"objective_kwargs {', '.join(needed)} corrects for the rollout engine's log-probs, but use_vllm=False: "
+            "TRL then generates with the trained model itself and passes no rollout log-probs, so the first step "
+            "would fail. Set use_vllm=True (TRL's vLLM generation reports them), or remove "
+            f"{' and '.join(n.split('=')[0] for n in needed)} from objective_kwargs."
+        )
 
 
 def _reject_unsupported(args: GRPOConfig) -> None:

@@ -82,21 +82,29 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlguard.adapters.verl import trainers
-from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
-from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
-from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
-from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
-from rlguard.adapters.verl.mapping import (
-    LOSS_MODE_PREFIX,
-    VERL_LOSS_AGG_MODES,
-    Normalisers,
-    loss_mode,
-    normalisers,
-    objective_hyperparameters,
-)
-from rlguard.adapters.verl.registration import register
-from rlguard.adapters.verl.trainers import guarded_trainer_class, register_v1_trainer
+from rlguard.adapters._optional import install_hint
+
+try:
+    from rlguard.adapters.verl import trainers
+    from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
+    from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
+    from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
+    from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
+    from rlguard.adapters.verl.mapping import (
+        LOSS_MODE_PREFIX,
+        VERL_LOSS_AGG_MODES,
+        Normalisers,
+        loss_mode,
+        normalisers,
+        objective_hyperparameters,
+    )
+    from rlguard.adapters.verl.registration import register
+    from rlguard.adapters.verl.trainers import guarded_trainer_class, register_v1_trainer
+except ModuleNotFoundError as err:  # verl or a module it needs and does not declare: say how to install them
+    hint = install_hint(err, "rlguard.adapters.verl", "verl", ("verl", "fastapi", "uvicorn"))
+    if hint is None:
+        raise
+    raise hint from err
 
 __all__ = [
     "LOSS_MODE_PREFIX",

@@ -1,0 +1,1 @@
+"""Long-completion collapse benchmark (docstring to come)."""

@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-integration lint format clean
+.PHONY: setup demo test test-fast test-integration lint format clean dist-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,15 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-demo: setup
+# the demo needs TRL only: no verl, DeepSpeed or development tools
+$(VENV)/.demo-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[trl]" "$(TORCH_SPEC)"
+	touch $@
+
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/rlguard demo
 
 test: setup
@@ -41,6 +49,16 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff format rlguard tests benchmarks integration_tests
 	$(VENV)/bin/ruff check --fix rlguard tests benchmarks integration_tests
+
+# a release build: sdist + wheel pass `twine check`, and the unpacked sdist's tests collect and its CLI tests pass
+dist-check: setup
+	$(PY) -m pip install --quiet -e ".[release]" "$(TORCH_SPEC)"
+	rm -rf dist build/sdist-check
+	$(PY) -m build --sdist --wheel --outdir dist . > /dev/null
+	$(VENV)/bin/twine check --strict dist/*
+	mkdir -p build/sdist-check && tar xzf dist/rlguard-*.tar.gz -C build/sdist-check --strip-components=1
+	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest --collect-only -q -p no:cacheprovider | tail -1
+	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/test_cli.py tests/test_objectives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

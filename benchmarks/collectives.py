@@ -87,7 +87,7 @@ def _source(frame: Any) -> tuple[str, str]:
             caller = f"{Path(path).stem}.{frame.f_code.co_name}"
             if "rlguard" in parts:
                 name = Path(path).name
-                guard = name in ("trl_guard.py", "stats.py", "guard.py")
+                guard = name in ("callback.py", "actuator.py", "stats.py", "guard.py")
                 return ("rlguard guard" if guard else "rlguard adapter"), caller
             for package in ("trl", "transformers"):
                 if package in parts:

@@ -26,8 +26,7 @@ from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl_guard_faults import RUN, build, guard_config, summary
 
-from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
-from rlguard.adapters.trl_guard import EVENTS_FILE, GUARD_STATE_FILE
+from rlguard.adapters.trl import EVENTS_FILE, GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.tasks.hf import save_tiny_llama
 
 pytestmark = [

@@ -45,8 +45,7 @@ from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl_guard_faults import RUN, build, guard_config
 
-from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
-from rlguard.adapters.trl_guard import GUARD_STATE_FILE
+from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.guards.schedules import Constant
 
 AT, STEPS, PLAIN_STEPS = 4, 7, 3

@@ -39,7 +39,7 @@ from verl_worker import global_batch, old_log_probs, tiny_model_dir, to_no_paddi
 
 ROWS = 4  # one mini-batch: one optimizer step of 4 micro-batches
 POISONED = 2  # the sequence (and micro-batch) that is poisoned
-GUARDED = "rlguard.adapters.verl_guard.GuardedPolicyLossConfig"
+GUARDED = "rlguard.adapters.verl.GuardedPolicyLossConfig"
 _BASE_OVERRIDES = verl_worker.actor_overrides
 
 

@@ -28,6 +28,24 @@ app = typer.Typer(
 console = Console() if sys.stdout.isatty() else Console(width=150)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rlguard import __version__
+
+        console.print(f"rlguard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print rlguard's version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Exact GRPO-family objectives and stability guards for RL on LLMs."""
+
+
 def _format_default(value: object) -> str:
     return (
         "None"

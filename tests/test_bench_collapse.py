@@ -3,7 +3,6 @@ guard's decisions are applied with the adapter's semantics, the command line, an
 
 from __future__ import annotations
 
-import copy
 import csv
 import math
 import os
@@ -16,7 +15,6 @@ import pytest
 import torch
 
 from rlguard.bench.collapse import (
-    GuardApplier,
     RunConfig,
     Stressor,
     behaviour_policy,
@@ -28,8 +26,7 @@ from rlguard.bench.collapse import (
     perturbed_copy,
     run_one,
 )
-from rlguard.core_losses import PolicyBatch, get_objective
-from rlguard.guards import Decision
+from rlguard.core_losses import PolicyBatch
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import make_tiny_model, sample_rollouts, sequence_logprobs
 
@@ -207,44 +204,6 @@ def test_high_lr_multiplies_the_learning_rate_only_under_its_stressor() -> None:
 def test_stressor_rejects_bad_knobs(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Stressor(**kwargs)  # type: ignore[arg-type]
-
-
-# -- the guard's decisions ------------------------------------------------------------------------------------------
-def _setup() -> tuple[torch.nn.Module, torch.optim.Optimizer, GuardApplier]:
-    model = make_tiny_model(0)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    obj = get_objective("grpo")
-    return model, opt, GuardApplier(obj, obj)
-
-
-def test_rollback_restores_the_snapshot_of_model_and_optimizer() -> None:
-    model, opt, applier = _setup()
-    assert applier.apply(Decision(step=0, snapshot=True), model, opt, 0.1) == "continue"
-    saved = copy.deepcopy(model.state_dict())
-    model(torch.ones(2, 3, dtype=torch.long)).sum().backward()  # type: ignore[no-untyped-call]
-    opt.step()
-    assert not torch.equal(model.head.bias, saved["head.bias"])
-    assert applier.apply(Decision(step=1, action="rollback"), model, opt, 0.1) == "rollback"
-    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
-    assert opt.state_dict()["state"] == {} and applier.rollbacks == 1
-
-
-def test_rollback_without_a_snapshot_halts_and_skip_is_reported() -> None:
-    model, opt, applier = _setup()
-    assert applier.apply(Decision(step=0, action="rollback"), model, opt, 0.1) == "halt"
-    assert applier.apply(Decision(step=1, action="skip_step"), model, opt, 0.1) == "skip_step"
-    assert applier.skips == 1
-
-
-def test_lr_scale_applies_to_the_base_lr_and_clip_scale_rebuilds_from_the_configured_range() -> None:
-    model, opt, applier = _setup()
-    applier.apply(Decision(step=0, action="scale_lr", lr_scale=0.5, clip_scale=0.5), model, opt, 0.1)
-    applier.apply(Decision(step=1, lr_scale=0.25, clip_scale=0.5), model, opt, 0.1)
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)  # 0.1 x 0.25, not compounded with 0.5
-    assert applier.objective.clip_low == pytest.approx(0.1) and applier.objective.clip_high == pytest.approx(0.1)
-    assert applier.lr_backoffs == 2 and applier.clip_changes == 1
-    applier.apply(Decision(step=2, clip_low=0.3), model, opt, 0.1)
-    assert applier.objective.clip_low == pytest.approx(0.3) and applier.objective.clip_high == pytest.approx(0.2)
 
 
 # -- the grid and its command line ----------------------------------------------------------------------------------

@@ -105,3 +105,11 @@ def test_bench_collapse_bad_input_exits_2() -> None:
     result = CliRunner().invoke(app, ["bench", "collapse", "--stressors", "none,typo"])
     assert result.exit_code == 2
     assert "typo" in result.output
+
+
+def test_version_flag_prints_the_package_version() -> None:
+    import rlguard
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"rlguard {rlguard.__version__}"

@@ -1,4 +1,4 @@
-"""``rlguard.adapters.trl_guard``: each decision applied by ``StabilityCallback`` to a real model and Adam optimizer
+"""``rlguard.adapters.trl.callback``: each decision applied by ``StabilityCallback`` to a real model and Adam optimizer
 through the callback events transformers' ``Trainer`` calls, in its order; checkpoint round trip of guard state.
 Whole TRL runs with injected faults are in ``integration_tests/test_trl_guard_faults.py``."""
 
@@ -16,9 +16,8 @@ pytest.importorskip("trl")
 
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from rlguard.adapters.trl import GuardedGRPOConfig
-from rlguard.adapters.trl_guard import GUARD_STATE_FILE, StabilityCallback, canonical_stats, make_guard
-from rlguard.guards import Decision, Guard, GuardConfig
+from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, StabilityCallback, canonical_stats, make_guard
+from rlguard.guards import Controls, Decision, Guard, GuardConfig
 
 
 class ScriptedGuard(Guard):
@@ -177,16 +176,16 @@ def test_guarded_trainer_masks_nonfinite_and_sets_the_clip_range(tmp_path: Path)
     assert objective.on_nonfinite == "mask"
     callbacks = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
     assert len(callbacks) == 1 and callbacks[0].guard is trainer.rlguard_guard is not None
-    trainer.rlguard_set_clip(0.5)
+    trainer.rlguard_set_controls(Controls(clip_scale=0.5))
     assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.1, 0.14)  # type: ignore[attr-defined]
-    trainer.rlguard_set_clip(1.0, clip_high=0.2)  # a scheduled value replaces the configured one
+    trainer.rlguard_set_controls(Controls(clip_high=0.2))  # a scheduled value replaces the configured one
     assert (trainer.rlguard_objective.clip_low, trainer.rlguard_objective.clip_high) == (0.2, 0.2)  # type: ignore[attr-defined]
-    trainer.rlguard_set_clip(1.0)
+    trainer.rlguard_set_controls(Controls())
     assert trainer.rlguard_objective is objective or trainer.rlguard_objective == objective
-    trainer.rlguard_set_clip(1.0, entropy_coef=0.01, beta=0.0)  # scheduled entropy bonus and KL weight
+    trainer.rlguard_set_controls(Controls(entropy_coef=0.01, beta=0.0))  # scheduled entropy bonus and KL weight
     assert (trainer.rlguard_objective.entropy_coef, trainer.rlguard_objective.beta) == (0.01, 0.0)
     with pytest.raises(ValueError, match="configured with beta=0"):
-        trainer.rlguard_set_clip(1.0, beta=0.04)  # TRL loaded no reference model
+        trainer.rlguard_set_controls(Controls(beta=0.04))  # TRL loaded no reference model
 
 
 def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_act_on(tmp_path: Path) -> None:

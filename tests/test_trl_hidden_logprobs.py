@@ -25,7 +25,7 @@ import trl.trainer.utils as trl_utils
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
-from rlguard.adapters.trl_logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
+from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
 from rlguard.core_losses import logprobs_from_logits
 from rlguard.tasks.hf import (
     addition_dataset,

@@ -1,4 +1,5 @@
-"""``rlguard.adapters.verl_guard``: the guarded policy loss against verl's own, and the driver on a stand-in trainer.
+"""``rlguard.adapters.verl.guarded`` and ``.driver``: the guarded policy loss against verl's own, and the driver on
+a stand-in trainer.
 
 Loss: float64 inputs through verl's registry (``rlguard.gspo`` under ``GuardedPolicyLossConfig``); references are
 verl's own ``gspo`` (equal to ``rlguard.gspo`` for per-sequence advantages, tests/test_adapters_verl.py) on the
@@ -30,14 +31,13 @@ from omegaconf import open_dict  # after the skip: verl brings omegaconf
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-from rlguard.adapters import verl_guard
-from rlguard.adapters.verl import RLGuardPolicyLossConfig
-from rlguard.adapters.verl_guard import GuardedPolicyLossConfig, guarded_trainer_class
+from rlguard.adapters.verl import GuardedPolicyLossConfig, RLGuardPolicyLossConfig, guarded_trainer_class
+from rlguard.adapters.verl import driver as verl_guard
 from rlguard.guards import GuardConfig
 
 B, T = 4, 6
 GLOBAL = {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": 8, "loss_scale_factor": None}
-GUARDED_TARGET = "rlguard.adapters.verl_guard.GuardedPolicyLossConfig"
+GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
 
 
 def actor(policy_loss: Any = None, **overrides: Any) -> ActorConfig:
@@ -411,9 +411,7 @@ def test_resume_restores_the_guard_and_the_workers_controls(
 def test_driver_rejects_an_unguarded_loss(tmp_path: Path) -> None:
     config = trainer_config(tmp_path)
     config.actor_rollout_ref.actor.policy_loss._target_ = "rlguard.adapters.verl.RLGuardPolicyLossConfig"
-    with pytest.raises(
-        ValueError, match=r"policy_loss._target_=rlguard\.adapters\.verl_guard\.GuardedPolicyLossConfig"
-    ):
+    with pytest.raises(ValueError, match=r"policy_loss._target_=rlguard\.adapters\.verl\.GuardedPolicyLossConfig"):
         Trainer(config, [])
 
 

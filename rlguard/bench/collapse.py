@@ -10,7 +10,8 @@ paper's defaults); the old log-probs are those of the policy that sampled, so th
 by one step, as with TRL's ``steps_per_generation`` or verl's mini-batches (without it ratios are 1 and no
 objective clips). With ``guard="default"`` every optimizer step's stats
 (:func:`~rlguard.guards.collect_step_stats`) go to ``Guard(GuardConfig.preset("default"))`` and its decision is
-applied as :mod:`rlguard.adapters.trl_guard` applies it (:class:`GuardApplier`).
+carried out by :func:`~rlguard.guards.actuator.apply_decision` on the plain-torch
+:class:`~rlguard.guards.actuator.TorchActuator`, the same executor as the adapters'.
 
 Warm start: before RL, ``warm_start_steps`` [100] supervised steps on correct answers of prompts from a separate
 seed stream give the policy the answer format and some arithmetic, as RL fine-tuning starts from an SFT model;
@@ -71,8 +72,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlguard.core_losses import Objective, PolicyBatch, get_objective, group_advantages
-from rlguard.guards import Decision, Guard, GuardConfig, collect_step_stats
+from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
+from rlguard.guards import Guard, GuardConfig, collect_step_stats
+from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import (
     AdditionTask,
@@ -353,55 +355,11 @@ def warm_start(model: TinyLM, *, steps: int, seed: int, lr: float = 3e-3, batch:
         opt.step()
 
 
-# -- the guard's decisions ----------------------------------------------------------------------------------------
-@dataclass
-class GuardApplier:
-    """Applies a :class:`~rlguard.guards.Decision` to a plain torch loop with the semantics of
-    :mod:`rlguard.adapters.trl_guard`: snapshot before the update, rollback restores it (halt without one),
-    skip/rollback/halt drop the update, ``lr_scale`` applies to this step only, clip changes rebuild the objective
-    from the configured one and apply from the next step."""
-
-    base_objective: Objective
-    objective: Objective
-    snapshot: dict[str, Any] | None = None
-    skips: int = 0
-    rollbacks: int = 0
-    lr_backoffs: int = 0
-    clip_changes: int = 0
-    _last_lr_scale: float = 1.0
-
-    def apply(self, decision: Decision, model: nn.Module, optimizer: torch.optim.Optimizer, base_lr: float) -> str:
-        """Apply ``decision`` before ``optimizer.step()``; returns the action taken (``continue`` means step)."""
-        action = decision.action
-        if decision.snapshot:
-            self.snapshot = {
-                "model": copy.deepcopy(model.state_dict()),
-                "optimizer": copy.deepcopy(optimizer.state_dict()),
-            }
-        if action == "rollback":
-            if self.snapshot is None:
-                action = "halt"
-            else:
-                model.load_state_dict(self.snapshot["model"])
-                optimizer.load_state_dict(self.snapshot["optimizer"])
-                self.rollbacks += 1
-        self.skips += action == "skip_step"
-        self.lr_backoffs += decision.lr_scale < self._last_lr_scale
-        self._last_lr_scale = decision.lr_scale
-        for group in optimizer.param_groups:
-            group["lr"] = base_lr * decision.lr_scale
-        changes: dict[str, Any] = {}
-        for name, scheduled in (("clip_low", decision.clip_low), ("clip_high", decision.clip_high)):
-            value = scheduled if scheduled is not None else getattr(self.base_objective, name, None)
-            if value is not None:
-                changes[name] = value * decision.clip_scale
-        if any(getattr(self.objective, k) != v for k, v in changes.items()):
-            self.objective = dataclasses.replace(self.base_objective, **changes)
-            self.clip_changes += 1
-        return "continue" if action in ("continue", "scale_lr", "set_clip") else action
-
-
 # -- one run ------------------------------------------------------------------------------------------------------
+def _finite_step(stats: dict[str, float], grad_norm: Tensor) -> bool:
+    return math.isfinite(stats.get("loss", 0.0)) and math.isfinite(float(grad_norm))
+
+
 def _finite_model(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
@@ -455,7 +413,11 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
     guard = Guard(GuardConfig.preset("default")) if config.guard == "default" else None
-    applier = GuardApplier(objective, objective)
+    actuator = TorchActuator(model, optimizer, objective=objective)  # the guard's decisions act through it
+    if guard is not None:
+        bind_guard(guard, actuator, where="the collapse benchmark's loop")
+    counts = {"skip": 0, "rollback": 0, "lr_backoffs": 0, "clip_changes": 0}
+    last_lr_scale = 1.0
     gen = torch.Generator().manual_seed(config.seed)
     history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
     rewards: list[float] = []
@@ -492,7 +454,7 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             )
             if on_batch is not None:
                 on_batch(it, batch)
-            out = applier.objective(batch)
+            out = actuator.objective_in_use(batch)
             optimizer.zero_grad()
             out.loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -507,21 +469,31 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             ).reduce()
             batch_entropy.append(stats.get("entropy", math.nan))
             clip_fracs.append(stats.get("clip_frac", 0.0))
-            action = "continue"
+            outcome = "step"
             if guard is not None:
-                action = applier.apply(guard.observe(step, stats), model, optimizer, lr)
+                decision = guard.observe(step, stats)
+                if decision.outcome == "step" and not _finite_step(stats, grad_norm):
+                    nonfinite = True  # the guard let a non-finite step through: the run has failed
+                    break
+                current = actuator.objective_in_use
+                outcome = apply_decision(decision, actuator).outcome
+                counts[outcome] = counts.get(outcome, 0) + 1
+                counts["lr_backoffs"] += decision.lr_scale < last_lr_scale
+                counts["clip_changes"] += actuator.objective_in_use is not current
+                last_lr_scale = decision.lr_scale
             step += 1
-            if action == "halt":
+            if outcome == "halt":
                 halted = True
                 break
-            if action == "rollback" and st.name == "stale":
+            if outcome == "rollback" and st.name == "stale":
                 history.clear()
-            if action != "continue":
+            if outcome != "step":
                 continue
-            if not math.isfinite(stats.get("loss", 0.0)) or not math.isfinite(float(grad_norm)):
-                nonfinite = True
-                break
-            optimizer.step()
+            if guard is None:
+                if not _finite_step(stats, grad_norm):
+                    nonfinite = True
+                    break
+                optimizer.step()
             if not _finite_model(model):
                 nonfinite = True
                 break
@@ -545,10 +517,10 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
         rewards=rewards,
         entropies=entropies,
         verdict=verdict,
-        skips=applier.skips,
-        rollbacks=applier.rollbacks,
-        lr_backoffs=applier.lr_backoffs,
-        clip_changes=applier.clip_changes,
+        skips=counts["skip"],
+        rollbacks=counts["rollback"],
+        lr_backoffs=counts["lr_backoffs"],
+        clip_changes=counts["clip_changes"],
         halted=halted,
         nonfinite=nonfinite,
         clip_frac_mean=statistics.fmean(clip_fracs) if clip_fracs else 0.0,

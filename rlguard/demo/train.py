@@ -20,9 +20,9 @@ from transformers import (
 )
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
-from rlguard.adapters.trl_guard import EVENTS_FILE
 from rlguard.demo.runs import TRL_SETTINGS, WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
-from rlguard.doctor.keys import canonical_stats
+from rlguard.guards.actuator import EVENTS_FILE
+from rlguard.metrics import canonical_stats
 from rlguard.tasks.hf import (
     addition_accuracy,
     addition_dataset,

@@ -7,7 +7,7 @@
 
 from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
 from rlguard.guards.events import Event, Finding, Severity
-from rlguard.guards.guard import Decision, Guard, GuardConfig
+from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
 from rlguard.guards.interventions import Action, Intervention, Proposal, StepContext
 from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
 from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
@@ -16,6 +16,7 @@ __all__ = [
     "STAT_REDUCTIONS",
     "Action",
     "Constant",
+    "Controls",
     "Cosine",
     "CusumDetector",
     "Decision",
@@ -26,6 +27,7 @@ __all__ = [
     "GuardConfig",
     "Intervention",
     "Linear",
+    "Outcome",
     "Piecewise",
     "Proposal",
     "Severity",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
@@ -20,6 +20,14 @@ from rlguard.guards.interventions import ACTION_PRIORITY, Action, Intervention, 
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
+#: the actuator capability each action needs (``rlguard.guards.actuator``)
+_ACTION_CAPABILITY = {
+    "skip_step": "drop_update",
+    "rollback": "restore",
+    "halt": "stop",
+    "scale_lr": "lr_scale",
+    "set_clip": "clip",
+}
 
 
 @dataclass
@@ -91,18 +99,74 @@ def _strict() -> GuardConfig:
     )
 
 
+Outcome = Literal["step", "skip", "rollback", "halt"]
+_OUTCOME: dict[str, Outcome] = {"skip_step": "skip", "rollback": "rollback", "halt": "halt"}
+
+
+@dataclass(frozen=True)
+class Controls:
+    """The knobs a decision sets, whatever its outcome (``docs/design.md``, "Actuator contract").
+
+    Attributes:
+        lr_scale: this step's LR is the scheduler's times this. It is the whole multiplier (interventions' persistent
+            scales, e.g. the LR back-off's, times the ``lr_scale`` schedule), restated every step: actuators apply
+            it to one step and never compound it.
+        clip_scale: multiplies both clip bounds (the clip controller).
+        clip_high_scale: multiplies the upper clip bound only, on top of ``clip_scale`` (clip-higher, DAPO).
+        clip_low, clip_high: scheduled bounds replacing the configured ones before scaling; None keeps them.
+        beta: scheduled KL coefficient; None keeps the configured one.
+        entropy_coef: scheduled entropy-bonus coefficient; None keeps the configured one.
+    """
+
+    lr_scale: float = 1.0
+    clip_scale: float = 1.0
+    clip_high_scale: float = 1.0
+    clip_low: float | None = None
+    clip_high: float | None = None
+    beta: float | None = None
+    entropy_coef: float | None = None
+
+    def capabilities_needed(self) -> frozenset[str]:
+        """The actuator capabilities these controls need beyond ``lr_scale`` (``clip``, ``beta``, ``entropy_coef``)."""
+        needed = set()
+        if (
+            self.clip_scale != 1.0
+            or self.clip_high_scale != 1.0
+            or self.clip_low is not None
+            or self.clip_high is not None
+        ):
+            needed.add("clip")
+        if self.beta is not None:
+            needed.add("beta")
+        if self.entropy_coef is not None:
+            needed.add("entropy_coef")
+        return frozenset(needed)
+
+    def without(self, capabilities: Iterable[str]) -> Controls:
+        """These controls with the objective's knobs of ``capabilities`` back at their configured values."""
+        drop = set(capabilities)
+        changes: dict[str, Any] = {}
+        if "clip" in drop:
+            changes.update(clip_scale=1.0, clip_high_scale=1.0, clip_low=None, clip_high=None)
+        if "beta" in drop:
+            changes["beta"] = None
+        if "entropy_coef" in drop:
+            changes["entropy_coef"] = None
+        return replace(self, **changes) if changes else self
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What the adapter applies this step, identically on every rank.
+    """What the adapter applies this step, identically on every rank: an outcome plus :class:`Controls`.
+
+    Carried out by :func:`rlguard.guards.actuator.apply_decision`, the one place where a decision takes effect.
 
     Attributes:
         step: the optimizer step judged.
-        action: the one action of highest priority: ``continue``, ``set_clip``, ``scale_lr``, ``skip_step``,
-            ``rollback`` or ``halt``.
-        lr_scale: multiply the scheduler's learning rate by this (backoff x ``lr_scale`` schedule); applies
-            whatever the action.
-        clip_scale: multiply the objective's clip range (or the scheduled one) by this.
-        clip_low, clip_high, beta, entropy_coef: scheduled values, or None where no schedule is set.
+        action: the winning intervention's action: ``continue``, ``set_clip``, ``scale_lr`` (these three give the
+            outcome ``step``), ``skip_step``, ``rollback`` or ``halt``.
+        lr_scale, clip_scale, clip_high_scale, clip_low, clip_high, beta, entropy_coef: the controls
+            (:class:`Controls`), applied whatever the outcome.
         rollback_to: the healthy step to restore, for ``rollback``.
         snapshot: this step was healthy and a snapshot is due: save model and optimizer state.
         events: events raised this step.
@@ -121,6 +185,25 @@ class Decision:
     snapshot: bool = False
     events: tuple[Event, ...] = ()
     reason: str = ""
+    clip_high_scale: float = 1.0
+
+    @property
+    def outcome(self) -> Outcome:
+        """``step`` (the update is applied), ``skip``, ``rollback`` or ``halt``."""
+        return _OUTCOME.get(self.action, "step")
+
+    @property
+    def controls(self) -> Controls:
+        """The knobs this decision sets."""
+        return Controls(
+            lr_scale=self.lr_scale,
+            clip_scale=self.clip_scale,
+            clip_high_scale=self.clip_high_scale,
+            clip_low=self.clip_low,
+            clip_high=self.clip_high,
+            beta=self.beta,
+            entropy_coef=self.entropy_coef,
+        )
 
 
 @dataclass
@@ -155,6 +238,8 @@ class Guard:
         self._last_healthy_step: int | None = None
         self._last_snapshot_step: int | None = None
         self._last_step: int | None = None
+        self._record_only: frozenset[str] = frozenset()
+        self._actuator_name = ""
 
     @property
     def last_healthy_step(self) -> int | None:
@@ -214,31 +299,55 @@ class Guard:
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
         return findings, events
 
+    def set_record_only(self, capabilities: Iterable[str], *, where: str) -> None:
+        """Mark the events of actions needing ``capabilities`` as ``record-only``: ``where`` (the training loop's
+        actuator) cannot carry them out. Called by :func:`rlguard.guards.actuator.bind_guard` at start-up."""
+        self._record_only = frozenset(capabilities)
+        self._actuator_name = where
+
     def _decide(
         self, step: int, proposals: list[Proposal], findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
         best = max(proposals, key=lambda p: ACTION_PRIORITY[p.action], default=Proposal("continue"))
         lr_scale = math.prod(p.lr_scale for p in proposals if p.lr_scale is not None)
         clip_scale = math.prod(p.clip_scale for p in proposals if p.clip_scale is not None)
+        clip_high_scale = math.prod(p.clip_high_scale for p in proposals if p.clip_high_scale is not None)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
         lr_scale *= scheduled.pop("lr_scale", 1.0)
         healthy = not findings and not any(a.level for a in self._alarms.values())
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
+        value_of = {"scale_lr": lr_scale, "set_clip": clip_scale}
         if best.action != "continue" and best.reason:
             sev: Severity = "critical" if best.action in ("halt", "rollback", "skip_step") else "warn"
-            value = {"scale_lr": lr_scale, "set_clip": clip_scale}.get(best.action, float(len(findings)))
-            events.append(Event(step, f"action:{best.action}", sev, value, best.reason))
+            value = value_of.get(best.action, float(len(findings)))
+            events.append(Event(step, f"action:{best.action}", sev, value, self._marked(best.action, best.reason)))
+        # a control change proposed by an intervention that lost to a higher-priority action still takes effect
+        # (controls apply whatever the outcome): it gets its own event
+        for p in proposals:
+            if p is not best and p.action in value_of and p.reason:
+                reason = f"{p.reason}; with {best.action}"
+                events.append(
+                    Event(step, f"action:{p.action}", "warn", value_of[p.action], self._marked(p.action, reason))
+                )
         return Decision(
             step=step,
             action=best.action,
             lr_scale=lr_scale,
             clip_scale=clip_scale,
+            clip_high_scale=clip_high_scale,
             rollback_to=best.rollback_to,
             snapshot=healthy and due and best.action == "continue",
             events=tuple(events),
             reason=best.reason,
             **scheduled,
         )
+
+    def _marked(self, action: str, reason: str) -> str:
+        """``reason``, marked record-only when the bound actuator cannot carry out ``action``."""
+        capability = _ACTION_CAPABILITY.get(action)
+        if capability is not None and capability in self._record_only:
+            return f"{reason} [record-only: {self._actuator_name} cannot {capability}]"
+        return reason
 
     def _after(self, decision: Decision, findings: Mapping[str, Finding]) -> None:
         self._consecutive_skips = self._consecutive_skips + 1 if decision.action == "skip_step" else 0

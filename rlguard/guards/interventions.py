@@ -50,13 +50,15 @@ class StepContext:
 
 @dataclass(frozen=True)
 class Proposal:
-    """An intervention's verdict: an action and why; ``lr_scale``/``clip_scale`` set the multipliers."""
+    """An intervention's verdict: an action and why; ``lr_scale``/``clip_scale``/``clip_high_scale`` set its
+    multipliers (the guard multiplies those of all interventions; None leaves them alone)."""
 
     action: Action
     reason: str = ""
     lr_scale: float | None = None
     clip_scale: float | None = None
     rollback_to: int | None = None
+    clip_high_scale: float | None = None
 
 
 @dataclass(kw_only=True)

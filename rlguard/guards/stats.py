@@ -10,60 +10,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlguard.core_losses.advantages import group_advantages
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
+from rlguard.metrics import REDUCTIONS, WEIGHTS, Reduction
 
-Reduction = Literal["mean", "sum", "max", "min"]
-
-#: Canonical stats (DESIGN.md) and how ranks combine them. Internal moments (prefix ``_``) let
-#: ``reward_std`` and ``mismatch_prob_corr`` be computed exactly from the combined data.
-STAT_REDUCTIONS: dict[str, Reduction] = {
-    "loss": "mean",
-    "entropy": "mean",
-    "kl_ref": "mean",
-    "kl_old": "mean",
-    "ratio_mean": "mean",
-    "ratio_min": "min",
-    "ratio_max": "max",
-    "seq_ratio_mean": "mean",
-    "seq_ratio_min": "min",
-    "seq_ratio_max": "max",
-    "clip_frac": "mean",
-    "clip_frac_low": "mean",
-    "clip_frac_high": "mean",
-    "mismatch_logp_abs_mean": "mean",
-    "mismatch_logp_abs_max": "max",
-    "mismatch_kl": "mean",
-    "masked_frac": "mean",
-    "grad_norm": "max",
-    "lr": "max",
-    "reward_mean": "mean",
-    "frac_zero_std_groups": "mean",
-    "frac_zero_std_solved": "mean",
-    "length_mean": "mean",
-    "length_max": "max",
-    "truncated_frac": "mean",
-    "repetition_rate": "mean",
-    "nonfinite": "sum",
-    "_reward_sq_mean": "mean",
-    "_p_n": "sum",
-    "_p_x": "sum",
-    "_p_y": "sum",
-    "_p_xx": "sum",
-    "_p_yy": "sum",
-    "_p_xy": "sum",
-}
+#: Canonical stats and how ranks combine them, from the one metric table (:mod:`rlguard.metrics`). Internal
+#: moments (prefix ``_``) let ``reward_std`` and ``mismatch_prob_corr`` be computed exactly from the combined data.
+STAT_REDUCTIONS: dict[str, Reduction] = dict(REDUCTIONS)
 _ORDER = tuple(STAT_REDUCTIONS)
 _INDEX = {name: i for i, name in enumerate(_ORDER)}
-# objective metrics averaged over tokens; the rest of LossOutput.metrics are extremes, counts or per-rank values
-_TOKEN_MEANS = {"entropy", "kl_ref", "kl_old", "ratio_mean", "clip_frac", "clip_frac_low", "clip_frac_high"}
-_TOKEN_MEANS |= {"mismatch_logp_abs_mean", "mismatch_kl", "masked_frac"}
+#: the weight of each objective metric of ``LossOutput.metrics``: unmasked tokens, live sequences, or 1
+_TOKEN_WEIGHTED = frozenset(name for name, w in WEIGHTS.items() if w == "tokens")
+_SEQUENCE_WEIGHTED = frozenset(name for name, w in WEIGHTS.items() if w == "sequences")
 
 
 class StepStats:
@@ -246,14 +210,18 @@ def collect_step_stats(
     """
     st = StepStats() if stats is None else stats
     tokens: float | Tensor = 1.0
+    sequences: float | Tensor = 1.0
     if batch is not None:
-        tokens = batch.mask.detach().double().sum()
+        mask = batch.mask.detach()
+        tokens = mask.double().sum()
+        sequences = (mask != 0).any(dim=-1).double().sum() if mask.dim() > 1 else 1.0
         _add_prob_moments(st, batch)
     if output is not None:
         for name, value in output.metrics.items():
             if name not in STAT_REDUCTIONS:
                 continue
-            st.add(name, value, weight=tokens if name in _TOKEN_MEANS else 1.0)
+            weight = tokens if name in _TOKEN_WEIGHTED else sequences if name in _SEQUENCE_WEIGHTED else 1.0
+            st.add(name, value, weight=weight)
         st.add("nonfinite", (~torch.isfinite(output.loss.detach())).double())
     if grad_norm is not None:
         g = grad_norm if isinstance(grad_norm, Tensor) else torch.tensor(float(grad_norm))
@@ -302,8 +270,6 @@ def _add_reward_stats(st: StepStats, rewards: Tensor, group_ids: Tensor | None) 
     st.add("reward_mean", r.mean(), weight=r.numel())
     st.add("_reward_sq_mean", (r * r).mean(), weight=r.numel())
     if group_ids is not None:
-        from rlguard.core_losses.advantages import group_advantages
-
         ga = group_advantages(r, group_ids.reshape(-1))
         n_groups = int(torch.unique(group_ids).numel())
         st.add("frac_zero_std_groups", ga.frac_zero_std_groups, weight=n_groups)

@@ -17,7 +17,6 @@ FSDP (sharded LM head). The reference model keeps TRL's kernel (it runs without 
 from __future__ import annotations
 
 import functools
-import types
 from typing import Any
 
 import torch
@@ -26,8 +25,9 @@ from torch import Tensor, nn
 try:
     from trl.trainer.utils import FusedCausalLMOutput
 except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(f"rlguard.adapters.trl_logprobs needs TRL: pip install 'rlguard[trl]' ({err}).") from err
+    raise ImportError(f"rlguard.adapters.trl.logprobs needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
+from rlguard.adapters.trl.compat import install_forward
 from rlguard.core_losses import logprobs_from_hidden
 
 __all__ = ["check_hidden_logprobs_supported", "use_hidden_logprobs"]
@@ -140,4 +140,4 @@ def use_hidden_logprobs(model: Any, temperature: float, *, chunk_size: int | Non
             loss=-log_probs.sum() / count, log_probs=log_probs, entropy=entropies, label_mask=mask
         )
 
-    model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]
+    install_forward(model, forward)

@@ -1,28 +1,4 @@
-"""The guard in verl 0.9.1: the workers act through the policy loss, the driver watches verl's metrics.
-
-Workers. Select the guarded loss with the usual ``rlguard.<name>`` loss mode and this module's config::
-
-    actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo
-    actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig
-    +actor_rollout_ref.actor.policy_loss.max_poisoned_frac=0.5
-
-Each micro-batch, :func:`guarded_policy_loss` (what ``rlguard.<name>`` runs under this config):
-
-- masks poisoned sequences: a response with a NaN/Inf log-prob, old log-prob, advantage or IS weight at an
-  unmasked position leaves the loss (zero gradient through ``torch.where``; the mini-batch's normalisers,
-  which verl fixes from ``global_batch_info``, are unchanged), so the other sequences train as if it were
-  absent;
-- returns a zero loss, still connected to the graph (zero gradient, finite, and every FSDP rank runs its
-  backward), when more than ``max_poisoned_frac`` of its sequences are poisoned or the driver set ``skip``;
-- takes its clip range from the driver: ``clip_scale`` multiplies ``clip_ratio_low``/``clip_ratio_high``
-  (and clip values in ``objective_kwargs``); ``clip_low``/``clip_high``, where set, replace them first
-  (the guard's clip schedules);
-- reports ``rlguard/nonfinite`` (non-finite values at unmasked positions), ``rlguard/masked_frac`` (tokens
-  dropped, poisoned sequences included) and ``rlguard/guard/poisoned_seqs``, ``rlguard/guard/skipped``,
-  ``rlguard/guard/clip_scale`` next to the objective's ``rlguard/*`` metrics. verl averages every policy-loss
-  metric over micro-batches and ranks, so ``rlguard/guard/skipped`` is the fraction of micro-batches skipped.
-
-Driver. :func:`guarded_trainer_class` adds a :class:`VerlGuardDriver` to a verl trainer class:
+"""The guard on verl's driver: :func:`guarded_trainer_class` adds a :class:`VerlGuardDriver` to a verl trainer class:
 ``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (``trainer.use_v1=true``; register it as
 ``trainer.v1.trainer_mode=rlguard`` with :func:`register_v1_trainer` in the process that runs ``TaskRunnerV1``)
 and ``GuardedRayPPOTrainer`` for the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``, deprecated in 0.9.1).
@@ -33,7 +9,7 @@ stores it as ``self.logger`` and then calls ``on_train_begin``, where the guard 
 keeps it in a local variable, so for the length of ``fit`` ``verl.utils.tracking.Tracking`` (imported by ``fit``
 when it starts) is a subclass that feeds the guard. Either way the guard sees what the loggers see, once per
 step, after that step's update. The metrics are mapped to canonical stats with
-:func:`rlguard.doctor.keys.canonical_stats` (one table for the doctor and this; the workers' ``rlguard/<name>``
+:func:`rlguard.metrics.canonical_stats` (the one metric table; the workers' ``rlguard/<name>``
 arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides, and the driver:
 
 - ``set_clip`` (and schedules): sends the workers a new loss through verl's ``set_loss_fn`` (a registered
@@ -82,179 +58,47 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from functools import partial
 from numbers import Real
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
-from torch import Tensor
-
-from rlguard.adapters.trl_guard import EVENTS_FILE, GUARD_STATE_FILE, make_guard
-from rlguard.adapters.verl import RLGuardPolicyLossConfig, _get, policy_loss
-from rlguard.doctor.keys import canonical_stats
+from rlguard.adapters.verl.compat import check_verl_trainer, guarded_tracking
+from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.guards import Decision, Guard, GuardConfig
+from rlguard.guards.actuator import (
+    ACTION_CODE,
+    EVENTS_FILE,
+    GUARD_STATE_FILE,
+    SEVERITY_CODE,
+    apply_decision,
+    bind_guard,
+    make_guard,
+)
+from rlguard.guards.guard import Controls
+from rlguard.metrics import canonical_stats
 
 __all__ = [
+    "GUARDED_TARGET",
     "GuardHalt",
-    "GuardedPolicyLossConfig",
     "VerlGuardDriver",
     "driver_stats",
-    "guarded_policy_loss",
-    "guarded_tracking",
+    "guarded_tracking_for",
     "guarded_trainer_class",
-    "poisoned_sequences",
     "register_v1_trainer",
 ]
 
-_CLIP_KEYS = ("clip_low", "clip_high")
+#: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
+GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
+_GUARDED_TARGETS = (GUARDED_TARGET, f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}")
+#: the controls the driver sends the workers, at their neutral values
+_CLIP_CONTROLS = ("clip_scale", "clip_high_scale", "clip_low", "clip_high")
+_NO_CONTROLS: dict[str, Any] = {**dict.fromkeys(_CLIP_CONTROLS), "clip_scale": 1.0, "clip_high_scale": 1.0}
+_NO_CONTROLS.update(beta=None, entropy_coef=None)
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
-_SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
-_ACTION_CODE = {"continue": 0.0, "set_clip": 1.0, "scale_lr": 2.0, "skip_step": 3.0, "rollback": 4.0, "halt": 5.0}
-
-
-@dataclasses.dataclass
-class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
-    """``actor_rollout_ref.actor.policy_loss`` for the guarded ``rlguard.<name>`` losses.
-
-    Select it with ``policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig``; set
-    ``max_poisoned_frac`` with hydra's ``+``. The other fields are the driver's controls, sent by
-    :class:`VerlGuardDriver` (leave them at their defaults on the command line).
-
-    Attributes:
-        max_poisoned_frac: a micro-batch with more than this fraction of its sequences poisoned (NaN/Inf inputs)
-            gives a zero loss; below it, only the poisoned sequences are masked. 1.0 never skips.
-        clip_scale: multiplies the clip range (the guard's clip controller).
-        clip_low, clip_high: replace ``clip_ratio_low``/``clip_ratio_high`` before scaling (clip schedules).
-        skip: every micro-batch gives a zero loss (zero gradient; verl's optimizer still steps).
-    """
-
-    rlguard_guarded: ClassVar[bool] = True  # read by rlguard.adapters.verl's loss functions
-
-    max_poisoned_frac: float = 0.5
-    clip_scale: float = 1.0
-    clip_low: float | None = None
-    clip_high: float | None = None
-    skip: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.max_poisoned_frac <= 1.0:
-            raise ValueError(
-                f"policy_loss.max_poisoned_frac must be in [0, 1] (1 never skips); got {self.max_poisoned_frac!r}."
-            )
-        if not (isinstance(self.clip_scale, Real) and self.clip_scale > 0 and math.isfinite(self.clip_scale)):
-            raise ValueError(f"policy_loss.clip_scale must be a finite number > 0; got {self.clip_scale!r}.")
-        for key in _CLIP_KEYS:
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, Real) and value >= 0):
-                raise ValueError(f"policy_loss.{key} must be null or a number >= 0; got {value!r}.")
-
-
-def poisoned_sequences(response_mask: Tensor, *tensors: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Rows with a NaN/Inf at an unmasked position of any of ``tensors`` (each ``(B, T)``, None skipped).
-
-    Returns:
-        ``(poisoned (B,) bool, nonfinite () count of non-finite values at unmasked positions)``.
-    """
-    keep = response_mask.bool()  # (B, T)
-    bad = torch.zeros_like(keep)
-    count = torch.zeros((), dtype=torch.float64, device=keep.device)
-    for value in tensors:
-        if value is None:
-            continue
-        hit = ~torch.isfinite(value.detach()) & keep  # (B, T)
-        bad = bad | hit
-        count = count + hit.sum()
-    return bad.any(dim=-1), count
-
-
-class _ClipOverlay:
-    """verl's actor config with the driver's clip range: ``get`` answers the clip keys, the rest is the config's."""
-
-    def __init__(self, config: Any, guard: GuardedPolicyLossConfig) -> None:
-        self._config = config
-        ratio = _get(config, "clip_ratio", 0.2)
-        low = guard.clip_low if guard.clip_low is not None else _get(config, "clip_ratio_low")
-        high = guard.clip_high if guard.clip_high is not None else _get(config, "clip_ratio_high")
-        scale = guard.clip_scale
-        self._values: dict[str, Any] = {
-            "clip_ratio_low": (ratio if low is None else low) * scale,
-            "clip_ratio_high": (ratio if high is None else high) * scale,
-        }
-        kwargs = dict(guard.objective_kwargs)
-        scaled = {key: kwargs[key] * scale for key in _CLIP_KEYS if kwargs.get(key) is not None}
-        if scaled:
-            self._values["policy_loss"] = dataclasses.replace(guard, objective_kwargs={**kwargs, **scaled})
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self._values:
-            return self._values[key]
-        return _get(self._config, key, default)
-
-
-def guarded_policy_loss(
-    name: str,
-    *,
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """rlguard objective ``name`` under ``config.policy_loss`` (a :class:`GuardedPolicyLossConfig`), with verl's
-    calling convention; all tensors ``(B, T)``. See the module for what it masks, skips and reports."""
-    guard = _get(config, "policy_loss")
-    if not isinstance(guard, GuardedPolicyLossConfig):
-        raise ValueError(
-            "guarded_policy_loss needs config.policy_loss to be a GuardedPolicyLossConfig; got "
-            f"{type(guard).__name__}. Set policy_loss._target_=rlguard.adapters.verl_guard.GuardedPolicyLossConfig."
-        )
-    mask = response_mask.bool()  # (B, T)
-    poisoned, nonfinite = poisoned_sequences(mask, log_prob, old_log_prob, advantages, rollout_is_weights)  # (B,)
-    kept = mask & ~poisoned.unsqueeze(-1)  # (B, T)
-    live = mask.any(dim=-1)  # (B,)
-    poisoned_frac = poisoned.sum() / live.sum().clamp(min=1)
-    skip = (poisoned_frac > guard.max_poisoned_frac) | guard.skip  # () bool, no host sync
-    loss, metrics = policy_loss(
-        name,
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=kept.to(response_mask.dtype),
-        loss_agg_mode=loss_agg_mode,
-        config=_ClipOverlay(config, guard),
-        rollout_is_weights=rollout_is_weights,
-    )
-    # zero loss, zero gradient, graph intact (every rank's FSDP backward must run)
-    zero = torch.where(torch.zeros_like(mask), log_prob, torch.zeros_like(log_prob)).sum().to(loss.dtype)
-    loss = torch.where(skip, zero, loss)
-    with torch.no_grad():
-        tokens = mask.sum()
-        dropped = tokens - kept.sum()
-        extra = torch.stack([nonfinite, dropped.double(), tokens.double(), poisoned.sum().double(), skip.double()])
-    nonfinite_count, dropped_tokens, all_tokens, n_poisoned, skipped = extra.tolist()
-    objective_dropped = metrics.get("rlguard/masked_frac", 0.0) * (all_tokens - dropped_tokens)
-    metrics.update(
-        {
-            "rlguard/nonfinite": nonfinite_count,
-            "rlguard/masked_frac": (dropped_tokens + objective_dropped) / max(all_tokens, 1.0),
-            "rlguard/guard/poisoned_seqs": n_poisoned,
-            "rlguard/guard/skipped": skipped,
-            "rlguard/guard/clip_scale": float(guard.clip_scale),
-        }
-    )
-    return loss, metrics
-
-
-# -- driver ---------------------------------------------------------------------------------------------------
 
 
 class GuardHalt(Exception):
@@ -266,8 +110,8 @@ class GuardHalt(Exception):
 
 
 def driver_stats(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Canonical stats of one step's metrics as ``fit`` logs them, through the doctor's key table (which also reads
-    the guarded loss's ``rlguard/<name>`` metrics, logged by verl's trainers as ``actor/rlguard/<name>``)."""
+    """Canonical stats of one step's metrics as ``fit`` logs them, through the metric table (which also reads the
+    guarded loss's ``rlguard/<name>`` metrics, logged by verl's trainers as ``actor/rlguard/<name>``)."""
     return canonical_stats({k: float(v) for k, v in metrics.items() if isinstance(v, Real) and not isinstance(v, bool)})
 
 
@@ -286,13 +130,65 @@ class VerlGuardDriver:
 
     def __init__(self, trainer: Any, guard: str | GuardConfig | Guard = "default") -> None:
         self.trainer = trainer
+        check_verl_trainer(trainer)
         _check_trainer_config(trainer.config)
         self.guard = make_guard(guard)
         if self.guard.config.events_path is None:
             self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
-        self.controls: dict[str, Any] = {"clip_scale": 1.0, "clip_low": None, "clip_high": None}
+        self.controls: dict[str, Any] = dict(_NO_CONTROLS)
         self.discarded: set[int] = set()  # checkpoints holding weights a rollback threw away
         self.halted: Decision | None = None
+        self._step = 0
+        self._rollback_to: int | None = None
+        self._restored_from: Path | None = None
+        bind_guard(self.guard, self, where="verl's driver")
+
+    # -- the actuator (rlguard.guards.actuator.Actuator) ---------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Snapshot (a verl checkpoint), restore (rollback), stop, the clip range; ``beta`` with ``use_kl_loss``
+        and ``entropy_coef`` where verl computes entropies. Not ``drop_update`` (verl logs a step after its
+        update) nor ``lr_scale`` (verl offers the driver no call that sets the actor's LR): recorded only."""
+        actor = self.trainer.config.actor_rollout_ref.actor
+        can = {"snapshot", "restore", "stop", "clip"}
+        if actor.get("use_kl_loss", False):
+            can.add("beta")
+        if actor.get("calculate_entropy", False) or actor.get("entropy_coeff", 0.0) != 0.0:
+            can.add("entropy_coef")  # verl computes entropies only then (ray_trainer / v1 trainer_base)
+        return frozenset(can)
+
+    def snapshot(self, step: int) -> None:
+        if not _nonempty(self.step_folder(step) / "actor"):
+            self.trainer._save_checkpoint()
+
+    def has_snapshot(self) -> bool:
+        return self.rollback_folder(self._rollback_to) is not None
+
+    def set_lr_scale(self, scale: float) -> None:
+        raise NotImplementedError("verl's driver cannot set the actor's LR (not in its capabilities).")
+
+    def drop_update(self) -> None:
+        raise NotImplementedError("verl's driver judges a step after its update (not in its capabilities).")
+
+    def apply_update(self) -> None:
+        """verl has applied the update already."""
+
+    def restore(self) -> bool:
+        folder = self.rollback_folder(self._rollback_to)
+        if folder is None:
+            return False
+        self.rollback(folder, self._step)
+        self._restored_from = folder
+        return True
+
+    def set_controls(self, controls: Controls) -> None:
+        values = {key: getattr(controls, key) for key in _NO_CONTROLS}
+        if values != self.controls:
+            self.controls = values
+            self.push_controls()
+
+    def stop(self) -> None:
+        """``fit`` returns after logging this step (see :func:`guarded_tracking_for`)."""
 
     @property
     def checkpoint_root(self) -> Path:
@@ -308,28 +204,21 @@ class VerlGuardDriver:
             return {}
         decision = self.guard.observe(step, driver_stats(data))
         logged = {
-            "rlguard/guard/action": _ACTION_CODE[decision.action],
+            "rlguard/guard/action": ACTION_CODE[decision.action],
             "rlguard/guard/lr_scale": decision.lr_scale,
             "rlguard/guard/clip_scale": decision.clip_scale,
         }
-        logged.update({f"rlguard/event/{e.detector}": _SEVERITY_LEVEL[e.severity] for e in decision.events})
-        if decision.action == "halt":
+        logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
+        self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
+        applied = apply_decision(decision, self)
+        if applied.outcome == "halt":
             self.halted = decision
-        elif decision.action == "rollback":
-            folder = self.rollback_folder(decision.rollback_to)
-            if folder is None:
+            if decision.outcome == "rollback":
                 why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
                 self.halted = dataclasses.replace(decision, action="halt", reason=f"{decision.reason}; {why}")
-            else:
-                self.rollback(folder, step)
-                logged["rlguard/guard/rollback_to"] = float(_step_of(folder))
-        controls = {"clip_scale": decision.clip_scale, "clip_low": decision.clip_low, "clip_high": decision.clip_high}
-        if controls != self.controls:
-            self.controls = controls
-            self.push_controls()
+        if self._restored_from is not None:
+            logged["rlguard/guard/rollback_to"] = float(_step_of(self._restored_from))
         folder = self.step_folder(step)
-        if decision.snapshot and not _nonempty(folder / "actor"):
-            self.trainer._save_checkpoint()
         if folder.is_dir():
             self.save(folder)  # this step's checkpoint also holds the guard's judgement of the step
         logged["rlguard/guard/halted"] = float(self.halted is not None)
@@ -341,7 +230,13 @@ class VerlGuardDriver:
         from verl.utils.config import omega_conf_to_dataclass
 
         config = omega_conf_to_dataclass(self.trainer.config.actor_rollout_ref.actor)
-        return dataclasses.replace(config, policy_loss=dataclasses.replace(config.policy_loss, **self.controls))
+        clip = {key: self.controls[key] for key in _CLIP_CONTROLS}
+        actor: dict[str, Any] = {"policy_loss": dataclasses.replace(config.policy_loss, **clip)}
+        if self.controls["beta"] is not None:
+            actor["kl_loss_coef"] = self.controls["beta"]
+        if self.controls["entropy_coef"] is not None:
+            actor["entropy_coeff"] = self.controls["entropy_coef"]
+        return dataclasses.replace(config, **actor)
 
     def push_controls(self) -> None:
         """Send every actor worker verl's ``ppo_loss`` bound to :meth:`actor_config` (``set_loss_fn``)."""
@@ -398,7 +293,7 @@ class VerlGuardDriver:
             return False
         state = json.loads(path.read_text(encoding="utf-8"))
         self.guard.load_state_dict(state["guard"])
-        self.controls = dict(state["controls"])
+        self.controls = {**_NO_CONTROLS, **state["controls"]}
         self.discarded = set(state["discarded"])
         self.push_controls()
         return True
@@ -407,8 +302,8 @@ class VerlGuardDriver:
 def _check_trainer_config(config: Any) -> None:
     policy = config.actor_rollout_ref.actor.policy_loss
     mode, target = policy.get("loss_mode", ""), policy.get("_target_", "")
-    expected = f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}"
-    if not str(mode).startswith("rlguard.") or target != expected:
+    expected = GUARDED_TARGET
+    if not str(mode).startswith("rlguard.") or target not in _GUARDED_TARGETS:
         raise ValueError(
             "the verl guard acts through rlguard's losses: set actor_rollout_ref.actor.policy_loss.loss_mode="
             f"rlguard.<objective> and policy_loss._target_={expected}; got loss_mode={mode!r}, _target_={target!r}."
@@ -450,24 +345,10 @@ def _log_guarded(driver: VerlGuardDriver, log: Any, data: dict[str, Any], step: 
         raise GuardHalt(driver.halted)
 
 
-@contextmanager
-def guarded_tracking(driver: VerlGuardDriver) -> Iterator[None]:
-    """Within the block, ``verl.utils.tracking.Tracking`` (what ``RayPPOTrainer.fit`` instantiates) is a subclass
-    whose ``log`` also feeds ``driver`` and logs its metrics; it raises :class:`GuardHalt` after logging a halted
-    step."""
-    import verl.utils.tracking as tracking
-
-    base: type = tracking.Tracking
-
-    class GuardedTracking(base):  # type: ignore[valid-type, misc]  # verl's class, untyped
-        def log(self, data: dict[str, Any], step: int, backend: Any = None) -> None:
-            _log_guarded(driver, super().log, data, step, backend)
-
-    setattr(tracking, "Tracking", GuardedTracking)  # noqa: B010  # rebinding verl's name is the point
-    try:
-        yield
-    finally:
-        setattr(tracking, "Tracking", base)  # noqa: B010
+def guarded_tracking_for(driver: VerlGuardDriver) -> Any:
+    """:func:`~rlguard.adapters.verl.compat.guarded_tracking` feeding ``driver``: within it, verl's ``Tracking``
+    logs the guard's metrics too and raises :class:`GuardHalt` after logging a halted step."""
+    return guarded_tracking(partial(_log_guarded, driver))
 
 
 def guarded_trainer_class(base: type) -> type:
@@ -489,7 +370,7 @@ def guarded_trainer_class(base: type) -> type:
 
         def fit(self, *args: Any, **kwargs: Any) -> None:
             """verl's ``fit``, with the guard watching each step; returns early when the guard halts."""
-            with guarded_tracking(self.rlguard):
+            with guarded_tracking_for(self.rlguard):
                 try:
                     super().fit(*args, **kwargs)
                 except GuardHalt as halt:

@@ -20,7 +20,7 @@ gradients of the step are complete and all-reduced, just before ``optimizer.step
 - ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right
   after, so the scheduler never sees (and never compounds) the scale; it is re-applied every step;
 - ``clip_scale`` and scheduled ``clip_low``/``clip_high``/``beta``/``entropy_coef``:
-  ``GuardedGRPOTrainer.rlguard_set_clip`` rebuilds the objective; the new values apply from the next step;
+  ``GuardedGRPOTrainer.rlguard_set_controls`` rebuilds the objective; the new values apply from the next step;
 - ``snapshot``: model and optimizer state before this step's update (the weights the healthy stats came from)
   are copied to CPU memory, or saved to ``snapshot_dir``;
 - ``rollback``: the last snapshot is loaded back and this step's gradients dropped; without a snapshot (e.g.
@@ -91,24 +91,35 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError(f"rlguard.adapters.trl_guard needs transformers: pip install 'rlguard[trl]' ({err}).") from err
+    raise ImportError(f"rlguard.adapters.trl needs transformers: pip install 'rlguard[trl]' ({err}).") from err
 
-from rlguard.doctor.keys import TRL_TO_CANONICAL  # one table for the live callback and the doctor
+from rlguard.adapters.trl.actuators import TrainerActuator, ZeroActuator, trainer_capabilities
+from rlguard.adapters.trl.compat import (
+    GuardedEngineWrapper,
+    install_engine_wrapper,
+    remove_engine_wrapper,
+    zero_grad_norm,
+)
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
+from rlguard.guards.actuator import (
+    EVENTS_FILE,
+    GUARD_STATE_FILE,
+    SEVERITY_CODE,
+    apply_decision,
+    check_capabilities,
+    make_guard,
+)
+from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
-GUARD_STATE_FILE = "rlguard_guard.json"
+__all__ = ["StabilityCallback"]
+
 _ENGINE_SNAPSHOT_DIR = "rlguard_snapshot"
-_ENGINE_SNAPSHOT_TAG = "rlguard_snapshot"
-#: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
-_ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
-EVENTS_FILE = "events.jsonl"
-_SEVERITY_LEVEL = {"warn": 1.0, "critical": 2.0}
 
 #: TRL metrics written when completions are generated and scored (the rest come from TRL's loss).
 _GENERATION_KEYS = (
@@ -122,40 +133,6 @@ _GENERATION_KEYS = (
 )
 #: TRL metrics written by TRL's own loss (stock trainer only; GuardedGRPOTrainer gives the objective's).
 _TRL_LOSS_KEYS = ("entropy", "kl", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
-_PREFIX = "rlguard/"
-
-
-def canonical_stats(logs: Mapping[str, Any]) -> dict[str, float]:
-    """The canonical stats in one of TRL's training log records (``None`` and non-numeric values are skipped;
-    the guard's own ``rlguard/guard/*`` and ``rlguard/event/*`` keys are not stats)."""
-    stats: dict[str, float] = {}
-    for key, name in TRL_TO_CANONICAL.items():
-        value = logs.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            stats[name] = float(value)
-    for key, value in logs.items():
-        name = key[len(_PREFIX) :]
-        if (
-            key.startswith(_PREFIX)
-            and "/" not in name
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-        ):
-            stats[name] = float(value)
-    return stats
-
-
-def make_guard(guard: str | GuardConfig | Guard) -> Guard:
-    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
-    if isinstance(guard, Guard):
-        return guard
-    if isinstance(guard, GuardConfig):
-        return Guard(guard)
-    if isinstance(guard, str):
-        return Guard(GuardConfig.preset(guard))
-    raise ValueError(
-        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
-    )
 
 
 class StabilityCallback(TrainerCallback):
@@ -189,15 +166,16 @@ class StabilityCallback(TrainerCallback):
         self.snapshot_dir = snapshot_dir
         self.history: list[dict[str, float]] = []
         self.decisions: list[Decision] = []
-        self.snapshot_step: int | None = None
         self._trainer: Any = None
-        self._snapshot: dict[str, Any] | None = None
         self.observed: list[dict[str, float]] = []
         self._max_grad_norm: float | None = None
-        self._unscaled_lrs: list[float] | None = None
-        self._engine_wrapper: _GuardedEngineWrapper | None = None
-        self._accelerate_wrapper: Any = None
-        self._halt = False
+        self._engine_wrapper: GuardedEngineWrapper | None = None
+        self._actuator: TrainerActuator | ZeroActuator | None = None
+
+    @property
+    def snapshot_step(self) -> int | None:
+        """The step of the last rollback snapshot, or None."""
+        return None if self._actuator is None else self._actuator.snapshot_step
 
     @property
     def last(self) -> dict[str, float] | None:
@@ -215,8 +193,14 @@ class StabilityCallback(TrainerCallback):
         if self.guard is None:
             return
         deepspeed = bool(getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False))
+        where = f"{type(self._trainer).__name__ if self._trainer is not None else 'a Trainer'}"
         if deepspeed:
-            self._install_engine_wrapper()  # raises before anything changes when it cannot act
+            self._install_engine_wrapper(args)  # raises before anything changes when it cannot act
+            where += " under DeepSpeed"
+        guard = self.guard
+        guard.set_record_only(
+            check_capabilities(guard.config, trainer_capabilities(self._trainer), where=where), where=where
+        )
         if self.guard.config.events_path is None or args.process_index != 0:
             self.guard.config.events_path = (
                 str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None
@@ -233,8 +217,8 @@ class StabilityCallback(TrainerCallback):
         if self._max_grad_norm is not None:
             args.max_grad_norm, self._max_grad_norm = self._max_grad_norm, None
         if self._engine_wrapper is not None:
-            self._trainer.accelerator.deepspeed_engine_wrapped = self._accelerate_wrapper
-            self._engine_wrapper = self._accelerate_wrapper = None
+            remove_engine_wrapper(self._trainer, self._engine_wrapper)
+            self._engine_wrapper = None
 
     def on_pre_optimizer_step(
         self,
@@ -247,9 +231,7 @@ class StabilityCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         if self._engine_wrapper is not None:  # DeepSpeed: decided and applied inside accelerator.backward
-            if self._halt:
-                control.should_training_stop = True
-                self._halt = False
+            self._stop_if_requested(control)
             return
         if self.guard is None or model is None or optimizer is None:
             return
@@ -258,7 +240,9 @@ class StabilityCallback(TrainerCallback):
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
         stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
         decision = self._observe(state.global_step + 1, stats)
-        self._apply(decision, args, control, model, optimizer)
+        actuator = self._trainer_actuator(args, model, optimizer)
+        self._log(decision, apply_decision(decision, actuator).action)
+        self._stop_if_requested(control)
 
     def on_optimizer_step(
         self,
@@ -268,10 +252,8 @@ class StabilityCallback(TrainerCallback):
         optimizer: torch.optim.Optimizer | None = None,
         **kwargs: Any,
     ) -> None:
-        if self._unscaled_lrs is not None and optimizer is not None:
-            for group, lr in zip(optimizer.param_groups, self._unscaled_lrs, strict=True):
-                group["lr"] = lr
-            self._unscaled_lrs = None
+        if isinstance(self._actuator, TrainerActuator):
+            self._actuator.restore_lr()  # the LR scale was for this optimizer step only
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -325,120 +307,52 @@ class StabilityCallback(TrainerCallback):
                 stats.add(name, sum(values) / len(values))
         return stats
 
-    # -- applying a decision ----------------------------------------------------------------------------
-    def _apply(
-        self,
-        decision: Decision,
-        args: TrainingArguments,
-        control: TrainerControl,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-    ) -> None:
-        action = decision.action
-        if decision.snapshot:
-            self._take_snapshot(decision.step, args, model, optimizer)
-        if action == "rollback" and not self._restore(args, model, optimizer):
-            action = "halt"  # nothing to go back to: stop rather than train on
-        if action in ("skip_step", "rollback", "halt"):
-            for p in model.parameters():
-                p.grad = None  # optimizer.step() skips parameters without a gradient
-        if action == "halt":
+    # -- the actuators --------------------------------------------------------------------------------
+    def _trainer_actuator(self, args: TrainingArguments, model: nn.Module, optimizer: Any) -> TrainerActuator:
+        """The actuator of this trainer's model and optimizer (kept across steps: it holds the snapshot)."""
+        actuator = self._actuator
+        if (
+            not isinstance(actuator, TrainerActuator)
+            or actuator.model is not model
+            or actuator.optimizer is not optimizer
+        ):
+            path = None
+            if self.snapshot_dir is not None:
+                path = str(Path(self.snapshot_dir) / f"rlguard_snapshot_rank{args.process_index}.pt")
+            old = actuator.snapshot_step if isinstance(actuator, TrainerActuator) else None
+            actuator = TrainerActuator(model, optimizer, owns_step=False, snapshot_path=path, trainer=self._trainer)
+            if path is not None and old is not None:
+                actuator.snapshot_step = old  # the file on disk is still this run's snapshot
+            self._actuator = actuator
+        return actuator
+
+    def _stop_if_requested(self, control: TrainerControl) -> None:
+        if self._actuator is not None and self._actuator.stop_requested:
             control.should_training_stop = True
-        if decision.lr_scale != 1.0:
-            self._unscaled_lrs = [group["lr"] for group in optimizer.param_groups]
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * decision.lr_scale
-        self._set_objective_controls(decision)
-        self._log(decision, action)
+            self._actuator.stop_requested = False
 
-    def _set_objective_controls(self, decision: Decision) -> None:
-        """Clip range and scheduled ``beta``/``entropy_coef`` for the next loss (``GuardedGRPOTrainer`` only)."""
-        set_clip = getattr(self._trainer, "rlguard_set_clip", None)
-        if set_clip is not None:
-            set_clip(
-                decision.clip_scale,
-                decision.clip_low,
-                decision.clip_high,
-                beta=decision.beta,
-                entropy_coef=decision.entropy_coef,
-            )
-
-    # -- DeepSpeed: deciding between engine.backward and engine.step ------------------------------------
-    def _install_engine_wrapper(self) -> None:
+    def _install_engine_wrapper(self, args: TrainingArguments) -> None:
         """Put the guarded wrapper in place of accelerate's ``deepspeed_engine_wrapped`` (see the module)."""
-        trainer = self._trainer
-        if trainer is None:
+        if self._trainer is None:
             raise ValueError(
                 "StabilityCallback(guard=...) under DeepSpeed decides inside accelerator.backward and needs the "
                 "trainer: call cb.attach(trainer) before trainer.train() (GuardedGRPOTrainer does it itself)."
             )
-        current = getattr(trainer.accelerator, "deepspeed_engine_wrapped", None)
-        if isinstance(current, _GuardedEngineWrapper):
-            current = current.accelerate_wrapper  # a second train() call on the same trainer
-        engine = getattr(current, "engine", None)
-        if engine is None:
-            raise ValueError(
-                "StabilityCallback(guard=...) under DeepSpeed found no DeepSpeed engine in "
-                f"trainer.accelerator.deepspeed_engine_wrapped ({current!r}); it must run inside trainer.train()."
-            )
-        optimizer = engine.optimizer
-        stage = int(engine.zero_optimization_stage())
-        if stage == 0 or not hasattr(optimizer, "averaged_gradients"):
-            raise NotImplementedError(
-                f"StabilityCallback(guard=...) acts under DeepSpeed ZeRO stages 1-3 only; got stage {stage} with "
-                f"{type(optimizer).__name__}. Set zero_optimization.stage to 2 or 3 in the DeepSpeed config."
-            )
-        if getattr(optimizer, "cpu_offload", False) or getattr(optimizer, "offload_optimizer", False):
-            raise NotImplementedError(
-                "StabilityCallback(guard=...) does not act under ZeRO-Offload (zero_optimization.offload_optimizer): "
-                "the gradients live in CPU buffers it does not read. Remove offload_optimizer from the DeepSpeed "
-                "config, or use StabilityCallback() without a guard to record the stats."
-            )
-        self._accelerate_wrapper = current
-        self._engine_wrapper = _GuardedEngineWrapper(engine, self, current)
-        trainer.accelerator.deepspeed_engine_wrapped = self._engine_wrapper
+        self._engine_wrapper = install_engine_wrapper(self._trainer, self._decide_in_engine)
+        folder = Path(self.snapshot_dir or Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
+        self._actuator = ZeroActuator(self._engine_wrapper.engine, folder, self._trainer)
 
     def _decide_in_engine(self, engine: Any) -> None:
         """At the accumulation boundary, after ``engine.backward``: judge the step, then ``engine.step()`` it."""
-        trainer = self._trainer
-        args, state = trainer.args, trainer.state
+        assert isinstance(self._actuator, ZeroActuator)
+        state = self._trainer.state
         grad_norm = zero_grad_norm(engine.optimizer)  # before the engine clips
         lr = float(engine.optimizer.param_groups[0]["lr"])
         decision = self._observe(
             state.global_step + 1, collect_step_stats(grad_norm=grad_norm, lr=lr, stats=self._step_stats())
         )
-        action = decision.action
-        if decision.snapshot:
-            self._save_engine_snapshot(decision.step, args, engine)
-        if action == "rollback" and self.snapshot_step is None:
-            action = "halt"
-        drop = action in ("skip_step", "rollback", "halt")
-        with _EngineStepApplying(engine.optimizer, drop=drop, lr_scale=decision.lr_scale, grad_norm=grad_norm):
-            engine.step()
-        if action == "rollback" and not self._load_engine_snapshot(args, engine):
-            action = "halt"
-        self._halt = action == "halt"
-        self._set_objective_controls(decision)
-        self._log(decision, action)
-
-    def _engine_snapshot_dir(self, args: TrainingArguments) -> Path:
-        return Path(self.snapshot_dir or Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
-
-    def _save_engine_snapshot(self, step: int, args: TrainingArguments, engine: Any) -> None:
-        """A DeepSpeed checkpoint of the weights and optimizer state before this step's update (collective)."""
-        engine.save_checkpoint(str(self._engine_snapshot_dir(args)), tag=_ENGINE_SNAPSHOT_TAG, save_latest=False)
-        self.snapshot_step = step
-
-    def _load_engine_snapshot(self, args: TrainingArguments, engine: Any) -> bool:
-        """Load the snapshot back on every rank, keeping the engine's step counters (collective)."""
-        folder = self._engine_snapshot_dir(args)  # no local existence check: every rank must take the same path
-        counters = {name: getattr(engine, name) for name in _ENGINE_COUNTERS if hasattr(engine, name)}
-        path, _ = engine.load_checkpoint(
-            str(folder), tag=_ENGINE_SNAPSHOT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
-        for name, value in counters.items():
-            setattr(engine, name, value)
-        return path is not None
+        self._actuator.grad_norm = grad_norm
+        self._log(decision, apply_decision(decision, self._actuator).action)
 
     def _log(self, decision: Decision, action: str) -> None:
         if self._trainer is None:
@@ -453,33 +367,7 @@ class StabilityCallback(TrainerCallback):
         if action == "halt":
             metrics["rlguard/guard/halted"].append(1.0)
         for event in decision.events:
-            metrics[f"rlguard/event/{event.detector}"].append(_SEVERITY_LEVEL[event.severity])
-
-    def _take_snapshot(
-        self, step: int, args: TrainingArguments, model: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> None:
-        snapshot = {"model": _to_cpu(model.state_dict()), "optimizer": _to_cpu(optimizer.state_dict())}
-        if self.snapshot_dir is None:
-            self._snapshot = snapshot
-        else:
-            Path(self.snapshot_dir).mkdir(parents=True, exist_ok=True)
-            torch.save(snapshot, self._snapshot_path(args))
-        self.snapshot_step = step
-
-    def _restore(self, args: TrainingArguments, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-        if self.snapshot_step is None:
-            return False
-        snapshot = self._snapshot
-        if self.snapshot_dir is not None:
-            snapshot = torch.load(self._snapshot_path(args), weights_only=True)
-        if snapshot is None:
-            return False
-        model.load_state_dict(snapshot["model"])
-        optimizer.load_state_dict(snapshot["optimizer"])
-        return True
-
-    def _snapshot_path(self, args: TrainingArguments) -> Path:
-        return Path(str(self.snapshot_dir)) / f"rlguard_snapshot_rank{args.process_index}.pt"
+            metrics[f"rlguard/event/{event.detector}"].append(SEVERITY_CODE[event.severity])
 
     def _load_guard_state(self, args: TrainingArguments, state: TrainerState) -> None:
         assert self.guard is not None
@@ -493,120 +381,3 @@ class StabilityCallback(TrainerCallback):
                 UserWarning,
                 stacklevel=2,
             )
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A deep copy of a (nested) state dict with every tensor on the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
-
-
-def zero_grad_norm(optimizer: Any) -> Tensor:
-    """The 2-norm of the full averaged gradient held by a DeepSpeed ZeRO optimizer (stages 1-3), unscaled.
-
-    Each rank holds the partition of the reduced gradient it updates (``optimizer.averaged_gradients``, filled at
-    the accumulation boundary); the squares are summed locally and once over the data-parallel group. NaN and
-    inf stay in the result (DeepSpeed's own norm masks them), so the guard counts them.
-    """
-    device = None
-    squares: list[Tensor] = []
-    for group in optimizer.averaged_gradients.values():
-        for grad in group or ():
-            if isinstance(grad, Tensor):
-                squares.append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).square())
-                device = grad.device
-    total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float32, device=device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(total, group=getattr(optimizer, "dp_process_group", None))
-    return total.sqrt() / float(getattr(optimizer, "loss_scale", 1.0))
-
-
-def _drop_zero_gradients(optimizer: Any) -> None:
-    """Drop the step's gradients the way DeepSpeed's own overflow branch does, without touching the loss scale.
-
-    Mirrors ``DeepSpeedZeroOptimizer.step`` (ZeRO-1/2) and ``DeepSpeedZeroOptimizer_Stage3.step`` (ZeRO-3) of
-    deepspeed 0.19 when they find an overflow: the next accumulation starts from empty partitions.
-    """
-    if hasattr(optimizer, "_overflow_clean_up"):  # ZeRO-3
-        optimizer._pre_step()  # micro-step id and backward flags reset, stale bucket entries cleared
-        optimizer._partition_all_parameters()
-        optimizer._overflow_clean_up(optimizer.loss_scale)
-        return
-    from deepspeed.runtime.zero.stage_1_and_2 import INITIAL_MICRO_STEP_ID
-
-    optimizer.micro_step_id = INITIAL_MICRO_STEP_ID
-    optimizer.zero_grad(set_to_none=True)
-    optimizer._release_preflattened_grad_buffers()
-    for key in list(optimizer.averaged_gradients):
-        optimizer.averaged_gradients[key] = None
-        optimizer.all_grad_tensors[key] = None
-
-
-class _EngineStepApplying:
-    """During ``engine.step()``: the ZeRO optimizer's ``step`` runs with the LR scaled (restored before the engine
-    steps its scheduler), or is replaced by :func:`_drop_zero_gradients` when the step is dropped."""
-
-    def __init__(self, optimizer: Any, *, drop: bool, lr_scale: float, grad_norm: Tensor) -> None:
-        self.optimizer = optimizer
-        self.drop = drop
-        self.lr_scale = lr_scale
-        self.grad_norm = float(grad_norm)
-        self._shadowed: Any = None
-        self._previous: Any = None
-
-    def _step(self, *args: Any, **kwargs: Any) -> None:
-        optimizer = self.optimizer
-        lrs = [group["lr"] for group in optimizer.param_groups]
-        try:
-            if self.drop:
-                _drop_zero_gradients(optimizer)
-                optimizer.overflow = False  # the step counts as taken: the engine advances its scheduler
-                optimizer._global_grad_norm = self.grad_norm  # what the Trainer logs as grad_norm
-            else:
-                for group in optimizer.param_groups:
-                    group["lr"] = group["lr"] * self.lr_scale
-                self._shadowed(*args, **kwargs)
-        finally:
-            for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-
-    def __enter__(self) -> None:
-        self._shadowed = self.optimizer.step
-        # an instance attribute shadows the class's method (or torch's LR-scheduler patch, itself an instance
-        # attribute) for this call only
-        self._previous = vars(self.optimizer).get("step")
-        self.optimizer.step = self._step
-
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is None:
-            del self.optimizer.step
-        else:
-            self.optimizer.step = self._previous
-
-
-class _GuardedEngineWrapper:
-    """Stands in for accelerate's ``DeepSpeedEngineWrapper``: its ``backward`` with the guard between
-    ``engine.backward`` and ``engine.step``; everything else is accelerate's wrapper's."""
-
-    def __init__(self, engine: Any, callback: StabilityCallback, accelerate_wrapper: Any) -> None:
-        self.engine = engine
-        self.callback = callback
-        self.accelerate_wrapper = accelerate_wrapper
-
-    def backward(self, loss: Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
-        """accelerate's ``DeepSpeedEngineWrapper.backward``, with the guard deciding how ``engine.step()`` applies."""
-        self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
-        self.engine.backward(loss, **kwargs)
-        if sync_gradients:
-            self.callback._decide_in_engine(self.engine)
-
-    def __getattr__(self, name: str) -> Any:
-        wrapper = self.__dict__.get("accelerate_wrapper")
-        if wrapper is None:
-            raise AttributeError(name)
-        return getattr(wrapper, name)  # get_global_grad_norm, ...

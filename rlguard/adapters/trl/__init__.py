@@ -1,0 +1,36 @@
+"""TRL adapter: every rlguard objective inside ``trl.GRPOTrainer``, and the guard acting in its training loop.
+
+>>> from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
+>>> args = GuardedGRPOConfig(objective="gspo", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4)  # doctest: +SKIP
+>>> GuardedGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data).train()  # doctest: +SKIP
+
+Modules (``docs/design.md``, "Adapters"):
+
+- :mod:`~rlguard.adapters.trl.mapping`: what a ``GRPOConfig`` means in rlguard (pure, no framework import);
+- :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOConfig`` and ``GuardedGRPOTrainer`` (the loss glue);
+- :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue) and the actuators it drives;
+- :mod:`~rlguard.adapters.trl.logprobs`: ``GuardedGRPOConfig(logprobs_from_hidden=True)``;
+- :mod:`~rlguard.adapters.trl.compat`: every version gate and every patch of TRL, accelerate and DeepSpeed.
+"""
+
+from rlguard.adapters.trl.callback import StabilityCallback
+from rlguard.adapters.trl.compat import SUPPORTED_TRL, check_trl_compatibility
+from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
+from rlguard.adapters.trl.trainer import GuardedGRPOConfig, GuardedGRPOTrainer
+from rlguard.guards.actuator import EVENTS_FILE, GUARD_STATE_FILE, make_guard
+from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
+
+__all__ = [
+    "EVENTS_FILE",
+    "GUARD_STATE_FILE",
+    "SUPPORTED_TRL",
+    "TRL_TO_CANONICAL",
+    "GuardedGRPOConfig",
+    "GuardedGRPOTrainer",
+    "StabilityCallback",
+    "TRLLossMapping",
+    "canonical_stats",
+    "check_trl_compatibility",
+    "make_guard",
+    "map_trl_config",
+]

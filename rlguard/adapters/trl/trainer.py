@@ -1,0 +1,318 @@
+"""TRL adapter: every rlguard objective inside ``trl.GRPOTrainer``; TRL's own settings keep their meaning.
+
+>>> from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
+>>> args = GuardedGRPOConfig(objective="gspo", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4)  # doctest: +SKIP
+>>> GuardedGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data).train()  # doctest: +SKIP
+
+``GuardedGRPOTrainer`` overrides one private TRL method, ``GRPOTrainer._compute_loss``. It obtains the per-token
+log-probs and entropies exactly as TRL does, puts them with TRL's advantages, old, reference and vLLM log-probs
+and loss mask into a :class:`~rlguard.core_losses.PolicyBatch`, and calls the objective with the normalisers of
+TRL's ``loss_type``. No loss formula lives in this module; :func:`~rlguard.adapters.trl.mapping.map_trl_config`
+is the whole translation (see :mod:`rlguard.adapters.trl.mapping` for every setting and the normalisers).
+
+
+With ``GuardedGRPOConfig(guard="default")`` (or ``"monitor"``, ``"strict"``, a ``GuardConfig``) a
+:class:`~rlguard.adapters.trl.callback.StabilityCallback` acts on the guard's decisions every optimizer step (skip,
+LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl.callback`), and the objective drops and counts
+non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
+
+``GuardedGRPOConfig(logprobs_from_hidden=True)`` computes the policy's log-probs and entropies with
+:func:`rlguard.core_losses.logprobs_from_hidden` instead of TRL's fused LM head (:mod:`rlguard.adapters.trl.logprobs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from accelerate.utils import is_peft_model  # type: ignore[import-untyped]  # accelerate ships no py.typed
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
+
+from rlguard.adapters.trl.callback import StabilityCallback
+from rlguard.adapters.trl.compat import FORWARD_KEYS, check_trl_compatibility
+from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
+from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
+from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
+from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
+from rlguard.guards.actuator import make_guard, objective_with_controls
+from rlguard.guards.guard import Controls
+from rlguard.metrics import REDUCTIONS, WEIGHTS, trl_log_key
+
+__all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer"]
+
+
+@dataclass
+class GuardedGRPOConfig(GRPOConfig):
+    """``trl.GRPOConfig`` plus the choice of rlguard objective. Every TRL field keeps its meaning (see the module).
+
+    Attributes:
+        objective: a registered rlguard objective (``rlguard losses`` lists them); ``None`` follows ``loss_type``.
+        objective_kwargs: arguments of the objective, overriding what TRL's settings map to, e.g.
+            ``{"aggregation": "seq-mean-token-mean"}`` or ``{"rollout_mask": "geometric"}``; a JSON object string
+            (the command line) is parsed. Not ``beta``.
+        guard: stability guard acting in the loop (:mod:`rlguard.adapters.trl.callback`): a preset name
+            (``"monitor"``, ``"default"``, ``"strict"``) or a ``GuardConfig``; ``None`` for none. With a guard the
+            objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip the step.
+        logprobs_from_hidden: compute the policy's per-token log-probs and entropies with
+            :func:`rlguard.core_losses.logprobs_from_hidden` (chunked over tokens, logits recomputed in backward)
+            instead of TRL's fused LM head kernel; see :mod:`rlguard.adapters.trl.logprobs` for what it refuses.
+    """
+
+    objective: str | None = field(
+        default=None,
+        metadata={"help": "rlguard objective (see `rlguard losses`); None follows loss_type."},
+    )
+    objective_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Arguments of the rlguard objective, as a dict or a JSON string; they override the values mapped "
+            "from TRL's settings."
+        },
+    )
+    guard: str | GuardConfig | None = field(
+        default=None,
+        metadata={"help": "Stability guard acting in the loop: 'monitor', 'default', 'strict' or a GuardConfig."},
+    )
+    logprobs_from_hidden: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute the policy's per-token log-probs and entropies with rlguard's logprobs_from_hidden from "
+            "the last hidden states and the LM head weight, a chunk of tokens at a time (logits recomputed in "
+            "backward), instead of TRL's fused LM head kernel (TRL 1.16 does not build the full logits either; "
+            "rlguard's chunks are smaller, see benchmarks/logprobs_memory.py). Float32 accumulation; the "
+            "temperature divides the hidden states, which is exact. Refused for LM heads with a bias or LoRA, "
+            "logit soft-capping or scaling, MoE auxiliary losses, DeepSpeed ZeRO-3 and FSDP. The reference model "
+            "keeps TRL's kernel."
+        },
+    )
+
+    # a JSON string given for these (e.g. on the command line) is parsed into a dict; the base declares it unannotated
+    _VALID_DICT_FIELDS = [*GRPOConfig._VALID_DICT_FIELDS, "objective_kwargs"]  # noqa: RUF012
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[no-untyped-call]  # parses a JSON string given for objective_kwargs
+        if self.objective_kwargs is None:
+            self.objective_kwargs = {}
+        if not isinstance(self.objective_kwargs, dict):
+            raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
+        map_trl_config(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's dict of the settings, JSON-ready (a ``GuardConfig`` given as ``guard`` appears as its repr)."""
+        out: dict[str, Any] = super().to_dict()
+        if isinstance(out.get("guard"), GuardConfig):
+            out["guard"] = repr(out["guard"])
+        return out
+
+    def objective_mapping(self) -> TRLLossMapping:
+        """How this config translates into an rlguard objective (:func:`map_trl_config`, without warnings)."""
+        return map_trl_config(self, warn=False)
+
+
+class GuardedGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` whose policy loss is an rlguard objective; everything else is TRL's.
+
+    Takes the arguments of ``GRPOTrainer``; ``args`` may be a :class:`GuardedGRPOConfig` or a plain ``GRPOConfig``
+    (then the objective follows ``loss_type``). The objective's canonical metrics are logged as ``rlguard/<name>``
+    next to TRL's own keys (``kl``, ``entropy``, ``clip_ratio/*_mean``, ``cispo_clip_ratio``), which are filled
+    from them. ``clip_ratio/low_min`` and ``clip_ratio/high_max`` are not logged.
+
+    Every ``StabilityCallback`` among the callbacks is attached to the trainer; ``args.guard`` gives one a guard
+    (adding a callback if there is none), which then also sees the objective's metrics of every micro-batch.
+
+    Attributes:
+        rlguard_mapping: how the config was translated (:class:`TRLLossMapping`).
+        rlguard_objective: the objective computing the loss (rebuilt when the guard changes the clip range).
+        rlguard_guard: the guard acting on this trainer's steps, or None.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_trl_compatibility()
+        super().__init__(*args, **kwargs)
+        config = cast(GRPOConfig, self.args)
+        mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
+        guard = self._attach_stability_callbacks(getattr(config, "guard", None))
+        if guard is not None and "on_nonfinite" not in mapping.kwargs:
+            # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
+            mapping = dataclasses.replace(mapping, kwargs={**mapping.kwargs, "on_nonfinite": "mask"})
+        self.rlguard_mapping = mapping
+        self.rlguard_guard: Guard | None = guard
+        self.rlguard_objective: Objective = mapping.build()
+        self._rlguard_configured_objective = self.rlguard_objective
+        self._rlguard_step_stats = StepStats()
+        if getattr(config, "logprobs_from_hidden", False):
+            self._use_hidden_logprobs()
+
+    def _use_hidden_logprobs(self) -> None:
+        """Route TRL's fused LM head of the policy through ``logprobs_from_hidden`` (the model TRL patched)."""
+        model: Any = self.model
+        model = model.get_base_model() if is_peft_model(model) else model
+        check_hidden_logprobs_supported(model, zero3=is_deepspeed_zero3_enabled(), fsdp=bool(self.is_fsdp_enabled))
+        use_hidden_logprobs(model, self.temperature)
+
+    def _attach_stability_callbacks(self, spec: str | GuardConfig | None) -> Guard | None:
+        """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback
+        is added if there is none). Returns the acting guard, if any."""
+        callbacks = [cb for cb in self.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
+        if spec is not None and not any(cb.guard is not None for cb in callbacks):
+            if not callbacks:
+                callbacks.append(StabilityCallback())
+                self.add_callback(callbacks[0])
+            callbacks[0].guard = make_guard(spec)
+        for cb in callbacks:
+            cb.attach(self)
+        return next((cb.guard for cb in callbacks if cb.guard is not None), None)
+
+    def rlguard_take_step_stats(self) -> StepStats:
+        """The objective's stats of the micro-batches since the last call (this rank's share; not reduced)."""
+        stats, self._rlguard_step_stats = self._rlguard_step_stats, StepStats()
+        return stats
+
+    def rlguard_set_controls(self, controls: Controls) -> None:
+        """The guard's controls for the objective from the next loss on: clip range, ``beta``, ``entropy_coef``
+        (:func:`~rlguard.guards.actuator.objective_with_controls` of the configured objective)."""
+        self.rlguard_objective = objective_with_controls(self._rlguard_configured_objective, controls)
+
+    def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
+        logprobs, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in FORWARD_KEYS},
+        )  # (B, T), (B, T), () or None
+        training = self._training()
+        accumulation = self.current_gradient_accumulation_steps if training else 1
+        batch = self._policy_batch(inputs, logprobs, entropies, mask)
+        out = self.rlguard_objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+        if training and self.rlguard_guard is not None:
+            collect_step_stats(batch=batch, output=out, stats=self._rlguard_step_stats)
+        loss = out.loss
+        mode = "train" if training else "eval"
+        if self._entropy_bonus_enabled:
+            # TRL's bonus: coef * (token mean of the entropy over this micro-batch) / GA, whatever the loss_type
+            fmask = mask.to(entropies.dtype)
+            mean_entropy = aggregate(entropies, fmask, "token-mean", num_tokens=fmask.sum().clamp(min=1) * accumulation)
+            loss = loss - self.entropy_coef * mean_entropy
+            policy_loss = self.accelerator.gather(out.loss.detach() * accumulation).mean().item()
+            self._metrics[mode]["policy_loss"].append(policy_loss)
+            if training and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+        self._log_rlguard_metrics(mode, out.metrics, mask, accumulation)
+        return loss
+
+    def _training(self) -> bool:
+        """TRL's mode switch: ``self.model.training``."""
+        return self.model is not None and bool(self.model.training)
+
+    def _policy_batch(
+        self, inputs: Mapping[str, Any], logprobs: Tensor, entropies: Tensor, mask: Tensor
+    ) -> PolicyBatch:
+        old = inputs.get("old_per_token_logps")
+        rollout = inputs.get("sampling_per_token_logps")
+        if rollout is not None:
+            # TRL gives tokens vLLM could not score (NaN) an IS ratio of 1: their rollout log-prob is pi_old's
+            behaviour = (logprobs if old is None else old).detach()
+            rollout = torch.where(torch.isnan(rollout), behaviour, rollout)
+        return PolicyBatch(
+            logprobs=logprobs,
+            advantages=inputs["advantages"],
+            mask=mask,
+            old_logprobs=old,
+            ref_logprobs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
+            rollout_logprobs=rollout,
+            entropies=entropies,
+        )
+
+    def _normalisers(
+        self, inputs: Mapping[str, Any], logprobs: Tensor, mask: Tensor, accumulation: int
+    ) -> dict[str, Any]:
+        """TRL's denominators of this micro-batch (see the module docstring), in the objective's compute dtype."""
+        kind = self.rlguard_mapping.normaliser
+        if kind == "sequences":
+            return {"num_sequences": mask.size(0) * accumulation}
+        dtype = torch.promote_types(logprobs.dtype, torch.float32)
+        if kind == "local_tokens":
+            return {"num_tokens": mask.sum().to(dtype).clamp(min=1.0) * accumulation}
+        # num_items_in_batch spans the generation batch of all processes: rescale it to one accumulation window
+        # of one process, as TRL does (its loss is averaged over processes by DDP)
+        tokens = inputs["num_items_in_batch"].to(dtype).clamp(min=1.0) / self.accelerator.num_processes
+        if self._training():
+            tokens = tokens * accumulation / cast(GRPOConfig, self.args).steps_per_generation
+        return {"num_tokens": tokens}
+
+    def _log_rlguard_metrics(self, mode: str, metrics: Mapping[str, Tensor], mask: Tensor, accumulation: int) -> None:
+        """Reduce the objective's metrics over processes (one gather) and log them, also under TRL's keys."""
+        names = sorted(metrics)
+        tokens = mask.sum().to(torch.float64)
+        sequences = (mask != 0).any(dim=-1).sum().to(torch.float64)
+        local = torch.stack([*(metrics[n].detach().to(torch.float64) for n in names), tokens, sequences])
+        gathered = self.accelerator.gather(local.unsqueeze(0))  # (W, K + 2)
+        values = _reduce_over_processes(names, gathered[:, :-2], gathered[:, -2], gathered[:, -1]).tolist()
+        reduced = dict(zip(names, values, strict=True))
+        reduced["loss"] = reduced["loss"] * accumulation  # the micro-batch's share at the scale of one step
+        for name, value in reduced.items():
+            self._metrics[mode][f"rlguard/{name}"].append(value)
+        for name, key in _trl_keys(self.rlguard_objective, self.beta != 0.0).items():
+            if name in reduced:
+                self._metrics[mode][key].append(reduced[name])
+
+
+def _reduce_over_processes(names: list[str], values: Tensor, tokens: Tensor, sequences: Tensor) -> Tensor:
+    """Per metric, the reduction and weighting of the metric table (:mod:`rlguard.metrics`): max, min, sum, or a
+    mean weighted by tokens, sequences or equally. values ``(W, K)``, tokens and sequences ``(W,)``; returns
+    ``(K,)``."""
+    weights = {
+        "tokens": tokens / tokens.sum().clamp(min=1.0),
+        "sequences": sequences / sequences.sum().clamp(min=1.0),
+        "samples": tokens / tokens.sum().clamp(min=1.0),
+        "equal": torch.full_like(tokens, 1.0 / tokens.numel()),
+    }  # (W,) each
+    out = []
+    for k, name in enumerate(names):
+        column = values[:, k]
+        reduction = REDUCTIONS.get(name, "mean")
+        if reduction == "max":
+            out.append(column.max())
+        elif reduction == "min":
+            out.append(column.min())
+        elif reduction == "sum":
+            out.append(column.sum())
+        else:
+            out.append((column * weights[WEIGHTS.get(name, "tokens")]).sum())
+    return torch.stack(out)
+
+
+_TRL_LOSS_METRICS = ("entropy", "kl_ref", "clip_frac_low", "clip_frac_high", "clip_frac")
+
+
+def _trl_keys(objective: Objective, with_kl: bool) -> dict[str, str]:
+    """Canonical metric -> the key TRL's own _compute_loss logs it under, for this objective (from the metric table;
+    TRL's CISPO logs only its upper-cap fraction, as ``cispo_clip_ratio``, and SAPO no clip fraction)."""
+    keys = {name: key for name in _TRL_LOSS_METRICS if (key := trl_log_key(name)) is not None}
+    if not with_kl:
+        del keys["kl_ref"]
+    if isinstance(objective, (CISPO, SAPO)):
+        for name in ("clip_frac_low", "clip_frac_high", "clip_frac"):
+            del keys[name]
+    if isinstance(objective, CISPO):
+        keys["clip_frac_high"] = "cispo_clip_ratio"
+    return keys

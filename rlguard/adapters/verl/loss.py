@@ -1,0 +1,149 @@
+"""verl's calling convention around an rlguard objective: ``policy_loss`` (no formula here) and the loss config.
+
+See :mod:`rlguard.adapters.verl` for the translation and where rlguard and verl's own losses differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from verl.workers.config import PolicyLossConfig
+
+from rlguard.adapters.verl.mapping import ROLLOUT_KEYS, config_get, loss_mode, normalisers, objective_hyperparameters
+from rlguard.core_losses import Objective, PolicyBatch, kl_estimate, masked_mean
+from rlguard.core_losses.aggregation import AGGREGATIONS
+from rlguard.core_losses.batch import NONFINITE_POLICIES, PreparedBatch
+from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.registry import objective_class
+
+__all__ = ["RLGuardPolicyLossConfig", "policy_loss"]
+
+
+@dataclasses.dataclass
+class RLGuardPolicyLossConfig(PolicyLossConfig):
+    """``actor_rollout_ref.actor.policy_loss`` for the ``rlguard.*`` loss modes, with rlguard's own settings.
+
+    Select it with ``actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl.RLGuardPolicyLossConfig``
+    (verl's ``PolicyLossConfig`` rejects unknown keys) and set the new keys with hydra's ``+`` prefix. verl's own
+    keys (``clip_ratio_*``, ``loss_agg_mode``, ``tau_pos``/``tau_neg``, ...) keep their meaning.
+
+    Attributes:
+        aggregation: rlguard's aggregation, overriding ``loss_agg_mode`` for the policy term only (verl's entropy
+            and KL terms keep ``loss_agg_mode``). None: ``loss_agg_mode``, except for sapo and gmpo, which keep
+            their paper's ``seq-mean-token-mean`` as verl's ``sapo`` and ``geo_mean`` do.
+        off_policy_mask_delta: DeepSeek-V3.2's off-policy sequence masking (arXiv 2512.02556, eq. 9): drop the
+            sequences with negative advantage whose mean ``log pi_old - log pi`` exceeds ``delta``. None: off.
+        on_nonfinite: ``"raise"`` stops on NaN/Inf in unmasked log-probs or advantages; ``"mask"`` drops those
+            tokens and reports them in ``rlguard/nonfinite``.
+        objective_kwargs: any other constructor argument of the objective (``{"bounds": "absolute"}`` for CISPO,
+            ``{"clip_c": 3.0}`` for GSPO, ...); overrides the values mapped from verl's keys.
+    """
+
+    aggregation: str | None = None
+    off_policy_mask_delta: float | None = None
+    on_nonfinite: str = "raise"
+    objective_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"policy_loss.aggregation must be null or one of {list(AGGREGATIONS)}; got {self.aggregation!r}."
+            )
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"policy_loss.on_nonfinite must be one of {list(NONFINITE_POLICIES)}; got {self.on_nonfinite!r}."
+            )
+        rollout = sorted(set(self.objective_kwargs) & set(ROLLOUT_KEYS))
+        if rollout:
+            raise ValueError(
+                f"policy_loss.objective_kwargs sets {rollout}: verl does not pass the rollout engine's log-probs to "
+                "a policy loss. Use verl's algorithm.rollout_correction (rollout_is, rollout_rs); its weights and "
+                "rejection mask reach rlguard's loss as rollout_is_weights and response_mask."
+            )
+
+
+_WITH_TOKEN_WEIGHTS: dict[type[Objective], Callable[..., Objective]] = {}
+
+
+def _with_token_weights(cls: type[Objective]) -> Callable[..., Objective]:
+    """``cls`` whose per-token policy terms are multiplied by ``token_weights``, as verl applies
+    ``rollout_is_weights``: after the surrogate, before KL, entropy and aggregation. One subclass per class."""
+    if cls in _WITH_TOKEN_WEIGHTS:
+        return _WITH_TOKEN_WEIGHTS[cls]
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class WithTokenWeights(cls):  # type: ignore[valid-type, misc]  # a class built at run time
+        token_weights: Tensor | None = None  # (B, T), detached
+
+        def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
+            terms: Surrogate = super().surrogate(log_ratio, batch, mask)
+            if self.token_weights is None:
+                return terms
+            return dataclasses.replace(terms, loss=terms.loss * self.token_weights.to(terms.loss.dtype))
+
+    WithTokenWeights.__name__ = WithTokenWeights.__qualname__ = f"{cls.__name__}WithTokenWeights"
+    _WITH_TOKEN_WEIGHTS[cls] = WithTokenWeights
+    return WithTokenWeights
+
+
+def policy_loss(
+    name: str,
+    *,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """rlguard objective ``name`` with verl's calling convention. All tensors ``(B, T)``.
+
+    Returns:
+        ``(loss, metrics)``: the 0-dim loss of this micro-batch (its share of the mini-batch loss under
+        ``config.global_batch_info``) and verl-named plus ``rlguard/``-prefixed canonical metrics, as floats.
+    """
+    if config is None:
+        raise ValueError(f"policy loss {loss_mode(name)!r} needs verl's actor config; got config=None.")
+    hyperparameters = objective_hyperparameters(name, config, loss_agg_mode)
+    cls = objective_class(name)
+    aggregation = hyperparameters.get("aggregation", _field_default(cls, "aggregation"))
+    norm = normalisers(config_get(config, "global_batch_info") or {}, loss_agg_mode, aggregation)
+    if norm.max_length is not None and "max_length" not in hyperparameters:
+        hyperparameters["max_length"] = norm.max_length
+    if rollout_is_weights is not None:
+        # padding may hold anything; 1 keeps a NaN there from reaching the loss through 0 * NaN
+        weights = torch.where(response_mask.bool(), rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
+        objective = _with_token_weights(cls)(token_weights=weights, **hyperparameters)
+    else:
+        objective = cls(**hyperparameters)
+    batch = PolicyBatch(logprobs=log_prob, advantages=advantages, mask=response_mask, old_logprobs=old_log_prob)
+    out = objective(batch, num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
+    return out.loss, _verl_metrics(out.metrics, old_log_prob, log_prob, response_mask)
+
+
+def _field_default(cls: type[Objective], name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _verl_metrics(
+    metrics: Mapping[str, Tensor], old_log_prob: Tensor, log_prob: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """verl's keys and the canonical ones under ``rlguard/``, read from the device in one transfer."""
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=torch.float64, device=log_prob.device)
+        # verl's ppo_kl: the k1 estimate of KL(pi_old || pi) from pi_old's samples, mean of log pi_old - log pi
+        k1 = kl_estimate(old_log_prob.detach(), log_prob.detach(), "k1")
+        named: dict[str, Tensor] = {
+            "actor/pg_clipfrac": metrics.get("clip_frac", zero),
+            "actor/pg_clipfrac_lower": metrics.get("clip_frac_low", zero),
+            "actor/ppo_kl": masked_mean(k1, response_mask.to(k1.dtype)),
+        }
+        # "loss" is the micro-batch's share of the mini-batch loss; verl reports it as actor/pg_loss
+        named.update({f"rlguard/{key}": value for key, value in metrics.items() if key != "loss"})
+        values = torch.stack([value.detach().to(device=zero.device, dtype=torch.float64) for value in named.values()])
+        return dict(zip(named, values.tolist(), strict=True))

@@ -1,0 +1,359 @@
+"""How a guard's :class:`~rlguard.guards.Decision` takes effect: the one executor and the ``Actuator`` protocol.
+
+A decision is an *outcome* (``step``, ``skip``, ``rollback``, ``halt``) plus *controls* (:class:`Controls`: the
+LR multiplier, the clip range, ``beta``, the entropy coefficient). :func:`apply_decision` is the single place
+where a decision becomes actions; every training loop supplies only an :class:`Actuator`: TRL under DDP and under
+DeepSpeed ZeRO-2/3 (:mod:`rlguard.adapters.trl.callback`), verl's driver (:mod:`rlguard.adapters.verl.driver`),
+the benchmarks' plain-torch loop (:class:`TorchActuator`). See ``docs/design.md`` ("Actuator contract").
+
+Per optimizer step, after the step's gradients are complete and before the optimizer applies them::
+
+    snapshot (if due) -> set this step's LR scale -> drop the update (skip, rollback, halt)
+    -> apply the update (the optimizer step, or nothing if dropped) -> restore (rollback; none: halt)
+    -> set the objective's controls (from the next loss on) -> stop (halt)
+
+An actuator declares :attr:`Actuator.capabilities`. :func:`check_capabilities` runs at start-up: a schedule the
+actuator cannot carry out is refused with a ``ValueError``; an intervention whose effect it cannot carry out is
+accepted and its actions are recorded with ``record-only`` in the event's message (:func:`bind_guard`), never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from rlguard.core_losses import Objective
+from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+
+__all__ = [
+    "ACTION_CODE",
+    "CAPABILITIES",
+    "EVENTS_FILE",
+    "GUARD_STATE_FILE",
+    "SEVERITY_CODE",
+    "Actuator",
+    "Applied",
+    "Capability",
+    "TorchActuator",
+    "apply_decision",
+    "bind_guard",
+    "check_capabilities",
+    "make_guard",
+    "objective_with_controls",
+]
+
+#: the guard's state in each checkpoint folder, and its events next to the run's logs
+GUARD_STATE_FILE = "rlguard_guard.json"
+EVENTS_FILE = "events.jsonl"
+#: how an event's severity and a step's action are logged as numbers (``rlguard/event/*``, ``rlguard/guard/action``)
+SEVERITY_CODE: dict[str, float] = {"warn": 1.0, "critical": 2.0}
+ACTION_CODE: dict[str, float] = {
+    "continue": 0.0,
+    "set_clip": 1.0,
+    "scale_lr": 2.0,
+    "skip_step": 3.0,
+    "rollback": 4.0,
+    "halt": 5.0,
+}
+
+Capability = Literal[
+    "snapshot", "restore", "drop_update", "lr_scale", "clip", "beta", "entropy_coef", "stop", "update_ratio"
+]
+#: every capability: what an actuator may declare
+CAPABILITIES: frozenset[str] = frozenset(Capability.__args__)  # type: ignore[attr-defined]
+
+
+class Actuator(Protocol):
+    """What a training loop implements so that a decision can act on it. Methods are called by
+    :func:`apply_decision` only, in the order of the module docstring, identically on every rank.
+
+    Attributes:
+        capabilities: what this actuator can do (:data:`CAPABILITIES`); a method outside them is never called.
+    """
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What this actuator can do (:data:`CAPABILITIES`)."""
+
+    def snapshot(self, step: int) -> None:
+        """Save model and optimizer state before this step's update (the weights the healthy stats came from)."""
+
+    def has_snapshot(self) -> bool:
+        """Whether :meth:`restore` has something to restore."""
+
+    def set_lr_scale(self, scale: float) -> None:
+        """This step's LR is the scheduler's times ``scale``; the scale never compounds (restored after the step)."""
+
+    def drop_update(self) -> None:
+        """This step's update is dropped: weights and optimizer state stay as they are; the scheduler advances."""
+
+    def apply_update(self) -> None:
+        """Run the optimizer step now (with the LR scale; a no-op after :meth:`drop_update`), where the actuator
+        owns it; where the training loop steps right after the decision, nothing."""
+
+    def restore(self) -> bool:
+        """Load the last snapshot back (after the dropped update); False when there is none."""
+
+    def set_controls(self, controls: Controls) -> None:
+        """The objective's clip range, ``beta`` and entropy coefficient from the next loss on."""
+
+    def stop(self) -> None:
+        """End training on every rank after this step."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What :func:`apply_decision` did.
+
+    Attributes:
+        outcome: the outcome carried out (``rollback`` without a snapshot becomes ``halt``).
+        record_only: parts of the decision the actuator cannot carry out (recorded, not applied).
+    """
+
+    outcome: Outcome
+    record_only: tuple[str, ...] = ()
+
+    @property
+    def action(self) -> str:
+        """The outcome in the guard's action names (``continue``, ``skip_step``, ``rollback``, ``halt``)."""
+        return {"step": "continue", "skip": "skip_step"}.get(self.outcome, self.outcome)
+
+
+def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
+    """Carry out ``decision`` on ``actuator``: the one place where a decision takes effect (module docstring)."""
+    can = actuator.capabilities
+    skipped: list[str] = []
+
+    def able(capability: str) -> bool:
+        if capability not in can:
+            skipped.append(capability)
+            return False
+        return True
+
+    outcome = decision.outcome
+    if decision.snapshot and able("snapshot"):
+        actuator.snapshot(decision.step)
+    if outcome == "rollback" and not ("restore" in can and actuator.has_snapshot()):
+        outcome = "halt"  # nothing to go back to: stop rather than train on
+    if decision.lr_scale != 1.0 and able("lr_scale"):
+        actuator.set_lr_scale(decision.lr_scale)
+    if outcome != "step" and able("drop_update"):
+        actuator.drop_update()
+    actuator.apply_update()
+    if outcome == "rollback" and not actuator.restore():
+        outcome = "halt"
+    controls = decision.controls
+    missing = sorted(controls.capabilities_needed() - can)
+    skipped.extend(missing)
+    actuator.set_controls(controls.without(missing))
+    if outcome == "halt" and able("stop"):
+        actuator.stop()
+    return Applied(outcome, tuple(dict.fromkeys(skipped)))
+
+
+def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, where: str) -> frozenset[str]:
+    """Refuse at start-up a guard whose schedules ``where`` (an actuator's name) cannot carry out; return the
+    capabilities its interventions need and it lacks (their actions are recorded only, see :meth:`Guard.bind`)."""
+    can = frozenset(capabilities)
+    unknown = sorted(can - CAPABILITIES)
+    if unknown:
+        raise ValueError(f"{where} declares unknown capabilities {unknown}; known: {sorted(CAPABILITIES)}.")
+    needed = {"lr_scale": "lr_scale", "clip_low": "clip", "clip_high": "clip", "beta": "beta"}
+    needed["entropy_coef"] = "entropy_coef"
+    refused = sorted(k for k in config.schedules if needed[k] not in can)
+    if refused:
+        raise ValueError(
+            f"the guard's schedules {refused} cannot be carried out by {where} (it can: {sorted(can)}): remove "
+            "them from GuardConfig.schedules or use a training loop whose adapter supports them (docs/design.md)."
+        )
+    if config.observe_only:
+        return frozenset()
+    wanted = {"snapshot", "restore", "drop_update", "stop", "lr_scale", "clip"}
+    return frozenset(wanted - can)
+
+
+def bind_guard(guard: Guard, actuator: Actuator, *, where: str) -> None:
+    """At start-up: refuse ``guard``'s schedules that ``actuator`` (named ``where`` in messages) cannot carry out
+    and mark the actions it cannot carry out as record-only in the guard's events (:func:`check_capabilities`)."""
+    guard.set_record_only(check_capabilities(guard.config, actuator.capabilities, where=where), where=where)
+
+
+def objective_with_controls(base: Objective, controls: Controls) -> Objective:
+    """``base`` (the configured objective) with the controls: ``clip_scale`` (and ``clip_high_scale`` on the upper
+    bound) times the scheduled ``clip_low``/``clip_high`` where given, else the configured ones; the scheduled
+    ``beta``/``entropy_coef`` where given. Objectives without a clip range keep theirs."""
+    changes: dict[str, Any] = {}
+    for name, scheduled, scale in (
+        ("clip_low", controls.clip_low, controls.clip_scale),
+        ("clip_high", controls.clip_high, controls.clip_scale * controls.clip_high_scale),
+    ):
+        value = scheduled if scheduled is not None else getattr(base, name, None)
+        if value is not None:
+            changes[name] = value * scale
+    if controls.beta is not None:
+        if controls.beta > 0 and base.beta == 0:
+            raise ValueError(
+                f"the guard sets beta={controls.beta:g}, but the run was configured with beta=0, so no reference "
+                "log-probs are computed: configure beta > 0 (the guard then replaces it) or drop the beta schedule."
+            )
+        changes["beta"] = controls.beta
+    if controls.entropy_coef is not None:
+        changes["entropy_coef"] = controls.entropy_coef
+    if all(getattr(base, k) == v for k, v in changes.items()):
+        return base
+    return dataclasses.replace(base, **changes)
+
+
+def make_guard(guard: str | GuardConfig | Guard) -> Guard:
+    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
+    if isinstance(guard, Guard):
+        return guard
+    if isinstance(guard, GuardConfig):
+        return Guard(guard)
+    if isinstance(guard, str):
+        return Guard(GuardConfig.preset(guard))
+    raise ValueError(
+        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
+    )
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A deep copy of a (nested) state dict with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+@dataclass
+class TorchActuator:
+    """The actuator of a plain PyTorch loop (and of transformers' ``Trainer`` under DDP, where the trainer runs
+    ``optimizer.step()`` right after the decision: ``owns_step=False``).
+
+    Args:
+        model: the trained module (DDP-wrapped or not: its ``state_dict`` and ``parameters``).
+        optimizer: its optimizer; param-group ``lr`` is scaled for one step and restored by :meth:`restore_lr`
+            (called by :meth:`apply_update` when ``owns_step``, else by the loop after its own step).
+        objective: the configured objective, whose controls :meth:`set_controls` changes (``current`` holds the
+            one to use); None where the loop has no rlguard objective (then clip/beta/entropy are not capable).
+        owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer.
+        snapshot_path: keep the snapshot in this file instead of CPU memory.
+        measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
+            applied step (one extra copy of the weights), read with :meth:`take_update_ratio`.
+
+    Attributes:
+        current: the objective with the latest controls.
+        stopped: :meth:`stop` was called.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    objective: Objective | None = None
+    owns_step: bool = True
+    snapshot_path: str | None = None
+    measure_update: bool = False
+    current: Objective | None = field(init=False, default=None)
+    stopped: bool = field(init=False, default=False)
+    snapshot_step: int | None = field(init=False, default=None)
+    _snapshot: dict[str, Any] | None = field(init=False, default=None, repr=False)
+    _unscaled: list[float] | None = field(init=False, default=None, repr=False)
+    _dropped: bool = field(init=False, default=False)
+    _update_ratio: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.current = self.objective
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Everything; the objective's controls only with an objective; ``update_ratio`` when measured."""
+        can = {"snapshot", "restore", "drop_update", "lr_scale", "stop"}
+        if self.objective is not None:
+            can |= {"clip", "beta", "entropy_coef"}
+        if self.measure_update and self.owns_step:
+            can.add("update_ratio")
+        return frozenset(can)
+
+    def snapshot(self, step: int) -> None:
+        state = {"model": _to_cpu(self.model.state_dict()), "optimizer": _to_cpu(self.optimizer.state_dict())}
+        if self.snapshot_path is None:
+            self._snapshot = state
+        else:
+            Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, self.snapshot_path)
+        self.snapshot_step = step
+
+    def has_snapshot(self) -> bool:
+        return self.snapshot_step is not None and (self._snapshot is not None or self.snapshot_path is not None)
+
+    def set_lr_scale(self, scale: float) -> None:
+        self._unscaled = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["lr"] * scale
+
+    def restore_lr(self) -> None:
+        """Put back the LRs :meth:`set_lr_scale` scaled (after the optimizer step)."""
+        if self._unscaled is not None:
+            for group, lr in zip(self.optimizer.param_groups, self._unscaled, strict=True):
+                group["lr"] = lr
+            self._unscaled = None
+
+    def drop_update(self) -> None:
+        for p in self.model.parameters():
+            p.grad = None  # optimizer.step() skips parameters without a gradient
+        self._dropped = True
+
+    def apply_update(self) -> None:
+        if not self.owns_step:
+            self._dropped = False  # the trainer steps next (nothing to step after drop_update)
+            return
+        before = self._flat_weights() if self.measure_update and not self._dropped else None
+        if not self._dropped:
+            self.optimizer.step()
+        self.restore_lr()
+        if before is not None:
+            after = self._flat_weights()
+            self._update_ratio = float(torch.linalg.vector_norm(after - before) / torch.linalg.vector_norm(before))
+        self._dropped = False
+
+    @property
+    def objective_in_use(self) -> Objective:
+        """The objective with the latest controls (the configured one until the guard changes them)."""
+        if self.current is None:
+            raise ValueError("this TorchActuator was built without an objective (objective=None).")
+        return self.current
+
+    def take_update_ratio(self) -> float | None:
+        """The relative size of the last applied update (None if none was measured since the last call)."""
+        ratio, self._update_ratio = self._update_ratio, None
+        return ratio
+
+    def _flat_weights(self) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1).double() for p in self.model.parameters()])
+
+    def restore(self) -> bool:
+        state = self._snapshot
+        if self.snapshot_path is not None and self.snapshot_step is not None:
+            state = torch.load(self.snapshot_path, weights_only=True)
+        if state is None:
+            return False
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return True
+
+    def set_controls(self, controls: Controls) -> None:
+        if self.objective is not None:
+            self.current = objective_with_controls(self.objective, controls)
+
+    def stop(self) -> None:
+        self.stopped = True

@@ -17,13 +17,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from rlguard.bench.collapse import CollapseVerdict, GuardApplier, collapse_verdict
+from rlguard.bench.collapse import CollapseVerdict, collapse_verdict
 from rlguard.bench.collapse_long.engine import mismatch_stats, sample_rollouts, trainer_pass
 from rlguard.bench.collapse_long.model import ModelConfig, TinyTransformer, make_model
 from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
 from rlguard.bench.collapse_long.task import NUM_SPECIAL, ReverseShiftTask
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
-from rlguard.guards import Decision, Guard, GuardConfig, collect_step_stats
+from rlguard.guards import Guard, GuardConfig, collect_step_stats
+from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
 
 GUARDS: tuple[str, ...] = ("off", "default")
 GuardName = Literal["off", "default"]
@@ -174,13 +175,40 @@ def warm_started_model(config: RunConfig) -> TinyTransformer:
     return model
 
 
-def apply_decision(
-    applier: GuardApplier, decision: Decision, model: nn.Module, optimizer: torch.optim.Optimizer, lr: float
-) -> str:
-    """The one place a guard :class:`~rlguard.guards.Decision` acts on this loop (to be swapped for the
-    plain-torch actuator); returns ``continue`` (take the optimizer step), ``skip_step``, ``rollback`` or
-    ``halt``."""
-    return applier.apply(decision, model, optimizer, lr)
+@dataclass
+class GuardTally:
+    """What the guard did in a run: outcomes other than ``step``, LR backoffs and clip-range changes."""
+
+    skips: int = 0
+    rollbacks: int = 0
+    lr_backoffs: int = 0
+    clip_changes: int = 0
+    last_lr_scale: float = 1.0
+
+    def counts(self) -> dict[str, int]:
+        """The ``runs.csv`` columns."""
+        return {k: getattr(self, k) for k in ("skips", "rollbacks", "lr_backoffs", "clip_changes")}
+
+
+def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: TorchActuator, tally: GuardTally) -> str:
+    """The one place the guard acts on this loop: judge ``stats`` and carry the decision out through the
+    plain-torch actuator (which takes the optimizer step when the outcome is ``step``). Returns ``step``,
+    ``skip``, ``rollback``, ``halt`` or ``nonfinite`` (the guard let a non-finite step through: a failed run)."""
+    decision = guard.observe(step, stats)
+    if decision.outcome == "step" and not _finite_stats(stats):
+        return "nonfinite"
+    current = actuator.objective_in_use
+    outcome = apply_decision(decision, actuator).outcome
+    tally.skips += outcome == "skip"
+    tally.rollbacks += outcome == "rollback"
+    tally.lr_backoffs += decision.lr_scale < tally.last_lr_scale
+    tally.clip_changes += actuator.objective_in_use is not current
+    tally.last_lr_scale = decision.lr_scale
+    return outcome
+
+
+def _finite_stats(stats: dict[str, float]) -> bool:
+    return math.isfinite(stats.get("loss", 0.0)) and math.isfinite(stats.get("grad_norm", 0.0))
 
 
 def _finite(model: nn.Module) -> bool:
@@ -196,7 +224,10 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
     guard = Guard(GuardConfig.preset("default")) if config.guard == "default" else None
-    applier = GuardApplier(objective, objective)
+    actuator = TorchActuator(model, optimizer, objective=objective)  # the guard's decisions act through it
+    if guard is not None:
+        bind_guard(guard, actuator, where="the long-completion collapse benchmark's loop")
+    tally = GuardTally()
     gen = torch.Generator().manual_seed(config.seed)
     history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
     curves: dict[str, list[float]] = {k: [] for k in ("reward", "entropy", "length", "clip", "gap", "routed")}
@@ -236,7 +267,7 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             )
             if on_batch is not None:
                 on_batch(it, batch)
-            out = applier.objective(batch)
+            out = actuator.objective_in_use(batch)
             optimizer.zero_grad()
             out.loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -251,24 +282,19 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             ).reduce()
             entropy.append(stats.get("entropy", math.nan))
             clip.append(stats.get("clip_frac", 0.0))
-            action = (
-                "continue"
-                if guard is None
-                else apply_decision(applier, guard.observe(step, stats), model, optimizer, lr)
-            )
+            outcome = "step" if guard is None else guarded_update(guard, step, stats, actuator, tally)
             step += 1
-            if action == "halt":
+            if outcome == "halt":
                 halted = True
                 break
-            if action == "rollback" and st.name == "stale":
+            if outcome == "rollback" and st.name == "stale":
                 history.clear()
-            if action != "continue":
-                continue
-            if not math.isfinite(stats.get("loss", 0.0)) or not math.isfinite(float(grad_norm)):
-                nonfinite = True
-                break
-            optimizer.step()
-            if not _finite(model):
+            if guard is None:
+                if not _finite_stats(stats):
+                    outcome = "nonfinite"
+                else:
+                    optimizer.step()
+            if outcome == "nonfinite" or not _finite(model):
                 nonfinite = True
                 break
         curves["entropy"].append(statistics.fmean(entropy))
@@ -286,7 +312,6 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
         entropy_drop=config.entropy_drop,
         solved=config.solved,
     )
-    counts = {k: getattr(applier, k) for k in ("skips", "rollbacks", "lr_backoffs", "clip_changes")}
     return RunResult(
         config=config,
         rewards=curves["reward"],
@@ -298,7 +323,7 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
         verdict=verdict,
         halted=halted,
         nonfinite=nonfinite,
-        interventions=counts,
+        interventions=tally.counts(),
         wall_s=time.perf_counter() - start,
     )
 

@@ -39,7 +39,51 @@ a guard halt, the 10-batch reward mean below half its running peak to the end fo
 10-batch entropy mean below 10 % of its first 10 batches to the end for at least 10 batches while the reward is
 below 0.95 (a collapsed entropy with the task solved is convergence).
 
-Calibration (GRPO, guard off; ``python /tmp/rl.py``-style single runs, one worker, see CALIBRATION below).
+Stressors (:class:`~.stressors.Stressor`; defaults in brackets, calibrated below):
+
+- ``none``: the control: dense model, exact engine (KV-cache float32 sampling, log-probs equal to the trainer's
+  within 1e-5).
+- ``high_lr``: the learning rate times ``lr_multiplier`` [30].
+- ``stale``: every batch sampled by the policy of ``stale_steps`` [16] batches ago.
+- ``mismatch``: the dense engine is a bf16 copy with Gaussian weight noise of ``mismatch_noise`` [0.2] x RMS
+  drawn afresh per batch (mean |log-prob gap| 0.28).
+- ``moe``: the top-2-of-4 MoE model; the engine is a bf16 copy (router logits too) with router weight noise of
+  ``router_noise`` [3.0] x RMS, so 81-86 % of completion tokens go to other experts than in the trainer (mean
+  |log-prob gap| 0.27-0.29). bf16 alone routes 0.7 % of tokens differently (gap 0.004).
+
+Calibration, before the grid (GRPO, guard off, 60 rollout batches unless said, one process, 2 shared CPU cores at
+a load of 12-20; each run ``run_one(RunConfig(stressor=Stressor(...), seed=s, iterations=60))``). Reward: mean of
+batches 0-9 and 50-59; entropy in nats per token, same batches.
+
+Engine gap on the warm-started model (one batch, no training; ``mismatch_stats``): dense bf16 + weight noise
+0 / 0.02 / 0.05 / 0.1 / 0.2: |log-prob gap| 0.004 / 0.021 / 0.051 / 0.105 / 0.251; MoE bf16 + router noise
+0 / 0.1 / 0.3 / 1.0: routed differently 0.7 % / 7.9 % / 20.7 % / 53.0 %, gap 0.004 / 0.007 / 0.016 / 0.085.
+
+| stressor, strength | seed | collapsed (batch) | reward first -> last 10 | entropy first -> last 10 |
+|---|---|---|---|---|
+| none (100 batches) | 0 | no | 0.55 -> 0.98 (solved) | 2.32 -> 0.17 |
+| none | 1 | no | 0.55 -> 0.93 | 2.31 -> 0.50 |
+| high_lr x5 (100 batches) | 0 | no | 0.63 -> 0.99 | 1.89 -> 0.03 |
+| high_lr x10 (100 batches) | 0 | no | 0.62 -> 0.98 | 1.78 -> 0.02 |
+| high_lr x15 | 0 | no (degraded) | 0.51 -> 0.74 | 2.01 -> 0.30 |
+| high_lr x20 | 0 | no (declining) | 0.37 -> 0.27 | 2.28 -> 0.58 |
+| high_lr x20 | 1 | reward (46) | 0.34 -> 0.16 | 2.16 -> 0.64 |
+| high_lr x30 | 0 | reward (4) | 0.17 -> 0.02 | 2.04 -> 0.007 |
+| high_lr x30 | 1 | reward (6) | 0.19 -> 0.02 | 2.04 -> 0.23 |
+| stale 4 (100 batches) | 0 | no | 0.50 -> 0.96 | 2.37 -> 0.23 |
+| stale 16 | 0 | no (slower) | 0.47 -> 0.64 | 2.41 -> 1.66 |
+| mismatch 0.2 | 0 | reward (18) | 0.32 -> 0.13 | 2.83 -> 3.56 |
+| mismatch 0.2 | 1 | reward (27) | 0.30 -> 0.14 | 2.94 -> 3.53 |
+| mismatch 0.3 | 0 | reward (10) | 0.18 -> 0.05 | 3.03 -> 3.70 |
+| moe, router noise 0 (bf16 only; 0.6 % routed differently) | 0 | no | 0.57 -> 0.94 | 2.27 -> 0.44 |
+| moe, router noise 1.0 | 0 | no (slower) | 0.52 -> 0.82 | 2.36 -> 0.88 |
+| moe, router noise 3.0 | 0 | reward (40) | 0.30 -> 0.13 | 2.79 -> 3.60 |
+| moe, router noise 3.0 | 1 | reward (39) | 0.26 -> 0.09 | 2.90 -> 3.07 |
+
+Chosen: high_lr x30, stale 16 (it slows GRPO but does not collapse it at any strength tried: kept as the
+off-policy stressor on which GSPO's claim can be checked), mismatch 0.2, moe router noise 3.0. Under mismatch and
+moe the collapse is a divergence: the reward falls while the entropy rises towards uniform (ln 64 = 4.16), not an
+entropy collapse. The collapse definition and these strengths were fixed before the grid.
 """
 
 from rlguard.bench.collapse_long.engine import EngineNumerics, MismatchStats, Rollouts, mismatch_stats

@@ -61,10 +61,13 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
-    done = {config_key(r.config): r for r in read_log(log)} if args.resume else {}
+    keep = args.resume or args.report_only
+    done = {config_key(r.config): r for r in read_log(log)} if keep else {}
     todo = [c for c in configs if config_key(c) not in done]
+    if args.report_only:
+        todo = []
     start = time.perf_counter()
-    with log.open("a" if args.resume else "w") as fh:
+    with log.open("a" if args.resume or args.report_only else "w") as fh:
 
         def record(result: RunResult) -> None:
             fh.write(log_line(result))
@@ -79,13 +82,17 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
             )
             done[config_key(c)] = result
 
-        run_grid(todo, workers=args.workers, warm_cache=out / "warm_starts", on_result=record)
-    wall = time.perf_counter() - start
-    with (out / "invocations.jsonl").open("a") as fh:
-        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        fh.write(json.dumps({"argv": list(argv), "runs": len(todo), "wall_s": round(wall, 1), "ended": stamp}) + "\n")
+        finished = len(done)
+        try:
+            run_grid(todo, workers=args.workers, warm_cache=out / "warm_starts", on_result=record)
+        finally:  # also when interrupted (Ctrl-C): the runs finished so far are in runs.jsonl
+            wall = time.perf_counter() - start
+            stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            entry = {"argv": list(argv), "runs": len(done) - finished, "wall_s": round(wall, 1), "ended": stamp}
+            with (out / "invocations.jsonl").open("a") as inv:
+                inv.write(json.dumps(entry) + "\n")
     wanted = {config_key(c) for c in configs}
-    recorded = [r for key, r in done.items() if key in wanted or args.resume]
+    recorded = [r for key, r in done.items() if key in wanted or args.resume or args.report_only]
     summary, _ = write_results(recorded, out)
     print((out / "summary.md").read_text())
     print(f"{len(todo)} runs on {args.workers} workers in {wall:.0f} s; results in {out}")
@@ -106,8 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed-offset", type=int, default=0, help="first seed (run seeds in parts)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="folder for runs.jsonl, CSVs, summary and plots")
-    parser.add_argument("--iterations", type=int, default=None, help="rollout batches per run (default 100)")
+    parser.add_argument("--iterations", type=int, default=None, help="rollout batches per run (default 60)")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/runs.jsonl")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the outputs from --out/runs.jsonl, run nothing"
+    )
     parser.add_argument("--quick", action="store_true", help="CI smoke test: grpo,gspo x none,moe, 1 seed, tiny runs")
     parser.add_argument("--lr-multiplier", type=float, default=d.lr_multiplier, help="high_lr: LR factor")
     parser.add_argument("--stale-steps", type=int, default=d.stale_steps, help="stale: policy age in batches")

@@ -29,10 +29,10 @@ class Stressor:
     """
 
     name: str = "none"
-    lr_multiplier: float = 4.0
-    stale_steps: int = 4
-    mismatch_noise: float = 0.05
-    router_noise: float = 0.0
+    lr_multiplier: float = 20.0
+    stale_steps: int = 16
+    mismatch_noise: float = 0.2
+    router_noise: float = 3.0
 
     def __post_init__(self) -> None:
         if self.name not in STRESSORS:

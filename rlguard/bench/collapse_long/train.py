@@ -53,7 +53,7 @@ class RunConfig:
     guard: GuardName = "off"
     stressor: Stressor = field(default_factory=Stressor)
     seed: int = 0
-    iterations: int = 100
+    iterations: int = 60
     num_prompts: int = 8
     group_size: int = 8
     minibatches: int = 2

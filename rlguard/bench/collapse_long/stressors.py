@@ -29,7 +29,7 @@ class Stressor:
     """
 
     name: str = "none"
-    lr_multiplier: float = 20.0
+    lr_multiplier: float = 30.0
     stale_steps: int = 16
     mismatch_noise: float = 0.2
     router_noise: float = 3.0

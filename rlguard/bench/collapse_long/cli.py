@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -83,9 +84,11 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
             done[config_key(c)] = result
 
         finished = len(done)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `kill PID` still records the invocation
         try:
             run_grid(todo, workers=args.workers, warm_cache=out / "warm_starts", on_result=record)
-        finally:  # also when interrupted (Ctrl-C): the runs finished so far are in runs.jsonl
+        finally:  # also when interrupted (Ctrl-C, kill): the runs finished so far are in runs.jsonl
+            signal.signal(signal.SIGTERM, previous)
             wall = time.perf_counter() - start
             stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
             entry = {"argv": list(argv), "runs": len(done) - finished, "wall_s": round(wall, 1), "ended": stamp}
@@ -128,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--router-noise", type=float, default=d.router_noise, help="moe: engine router noise x RMS (+bf16)"
     )
     return parser
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -385,5 +385,22 @@ def bench_collapse(ctx: typer.Context) -> None:
     raise typer.Exit(collapse_main(ctx.args))
 
 
+@bench_app.command(
+    "collapse-long",
+    # the benchmark's own parser reads the options (one definition, shared with benchmarks/collapse_long/run.py)
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def bench_collapse_long(ctx: typer.Context) -> None:
+    """Long completions (33 tokens), a small dense or top-k MoE transformer with a bf16 rollout engine: collapse
+    rate of grpo/dapo/gspo/cispo/sapo with and without the guard (--help for the options).
+
+    Exit code 2 on bad input (an unknown objective, guard or stressor).
+    """
+    from rlguard.bench.collapse_long.cli import main as collapse_long_main
+
+    raise typer.Exit(collapse_long_main(ctx.args))
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from rlguard.guards import GuardConfig
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import Finding
+from rlguard.guards.registry import detector_registry
 from rlguard.guards.schedules import Piecewise
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import detector_registry, plugin_manager
+from rlguard.plugins import plugin_manager
 
 FAULT_STEPS = (3, 4)
 # clip bounds (low, high) before step 2 and from it on, applied by the workers a step later: GSPO's sequence ratio

@@ -55,7 +55,13 @@ def scripted_guard() -> GuardConfig:
         detector_registry.cache_clear()
     return GuardConfig(
         detectors={"scripted_fault": {"steps": FAULT_STEPS}},
-        interventions={"rollback": {"on": ("scripted_fault",), "max_rollbacks": 1}},
+        # only the scripted decisions: the interventions that act on the run's own stats are off
+        interventions={
+            "rollback": {"on": ("scripted_fault",), "max_rollbacks": 1},
+            "skip_step": None,
+            "lr_backoff": None,
+            "clip_controller": None,
+        },
         schedules={
             "clip_low": Piecewise(boundaries=(2,), values=(WIDE[0], NARROW[0])),
             "clip_high": Piecewise(boundaries=(2,), values=(WIDE[1], NARROW[1])),

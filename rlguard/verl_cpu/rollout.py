@@ -56,7 +56,7 @@ class HFRolloutServer:
         ).eval()
         self.global_steps = 0
         self.weight_updates = 0
-        self.requests = 0
+        self._draws: dict[tuple[int, ...], int] = {}  # samples drawn per prompt since the last weight update
 
     def _max_tokens(self, prompt_len: int, sampling_params: dict[str, Any]) -> int:
         """As verl's vLLM server: ``max_tokens`` if given, else what the response and prompt budgets leave."""
@@ -87,8 +87,11 @@ class HFRolloutServer:
             return_dict_in_generate=True,
         )
         ids = torch.tensor([prompt_ids])  # (1, P)
-        seed = zlib.crc32(f"{self.config.seed}/{self.replica_rank}/{self.requests}".encode())
-        self.requests += 1
+        # the k-th sample of a prompt under given weights has its own seed: the same samples whatever order the
+        # agent loop's concurrent requests arrive in (the samples of one prompt are exchangeable)
+        key = tuple(prompt_ids)
+        draw = self._draws[key] = self._draws.get(key, -1) + 1
+        seed = zlib.crc32(f"{self.config.seed}/{self.replica_rank}/{self.global_steps}/{key}/{draw}".encode())
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)
@@ -128,6 +131,7 @@ class HFRolloutServer:
         if global_steps is not None:
             self.global_steps = int(global_steps)
         self.weight_updates += 1
+        self._draws.clear()
         return self.weight_updates
 
     async def state(self) -> dict[str, Any]:

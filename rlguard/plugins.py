@@ -45,9 +45,12 @@ class _Builtins:
 
     @hookimpl
     def rlguard_add_interventions(self) -> tuple[type, ...]:
+        from rlguard.guards.entropy_control import EntropyControl
         from rlguard.guards.interventions import BUILTIN_INTERVENTIONS
+        from rlguard.guards.recovery import Recovery
+        from rlguard.guards.trust_region import TrustRegion
 
-        return BUILTIN_INTERVENTIONS
+        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, Recovery)
 
 
 def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:

@@ -37,8 +37,9 @@ class GuardConfig:
     Attributes:
         detectors: detector name -> keyword overrides of its defaults, or None to switch it off. Registered
             detectors not named here run with their defaults.
-        interventions: intervention name -> overrides, or None to switch it off; likewise. An empty guard
-            (``monitor`` preset) switches all of them off and only observes.
+        interventions: intervention name -> overrides, or None to switch it off; likewise, except that the opt-in
+            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``recovery``) run only
+            when named. An empty guard (``monitor`` preset) switches all of them off and only observes.
         schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
             (:mod:`rlguard.guards.schedules`); the decision carries their values.
         snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
@@ -62,8 +63,8 @@ class GuardConfig:
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> GuardConfig:
-        """``"monitor"`` (observe only), ``"default"`` or ``"strict"``; ``changes`` override fields."""
-        presets = {"monitor": _monitor, "default": _default, "strict": _strict}
+        """``"monitor"`` (observe only), ``"default"``, ``"strict"`` or ``"stable"``; ``changes`` override fields."""
+        presets = {"monitor": _monitor, "default": _default, "strict": _strict, "stable": _stable}
         if name not in presets:
             raise ValueError(f"unknown guard preset {name!r}; presets: {', '.join(presets)}.")
         return replace(presets[name](), **changes)
@@ -96,6 +97,16 @@ def _strict() -> GuardConfig:
             "halt": {"critical_steps": 10},
         },
         snapshot_interval=5,
+    )
+
+
+def _stable() -> GuardConfig:
+    """``default`` plus the controllers that keep a run going instead of stopping it (issue 15): the trust region
+    on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
+    ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
+    repeated failed recoveries)."""
+    return GuardConfig(
+        interventions={"trust_region": {}, "entropy_control": {}, "recovery": {}, "rollback": None, "halt": None}
     )
 
 
@@ -421,7 +432,9 @@ def _build(registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] 
         raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.")
     built = {}
     for name, cls in registry.items():
-        if name in overrides and overrides[name] is None:
+        if (name in overrides and overrides[name] is None) or (
+            name not in overrides and not getattr(cls, "enabled_by_default", True)
+        ):
             continue
         params = dict(overrides.get(name) or {})
         try:

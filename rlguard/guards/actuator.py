@@ -212,7 +212,8 @@ def objective_with_controls(base: Objective, controls: Controls) -> Objective:
 
 
 def make_guard(guard: str | GuardConfig | Guard) -> Guard:
-    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
+    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``, ``"stable"``), a ``GuardConfig`` or a
+    ``Guard``."""
     if isinstance(guard, Guard):
         return guard
     if isinstance(guard, GuardConfig):
@@ -220,7 +221,8 @@ def make_guard(guard: str | GuardConfig | Guard) -> Guard:
     if isinstance(guard, str):
         return Guard(GuardConfig.preset(guard))
     raise ValueError(
-        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
+        f"guard must be a preset name ('monitor', 'default', 'strict', 'stable'), a GuardConfig or a Guard; got "
+        f"{guard!r}."
     )
 
 
@@ -249,7 +251,8 @@ class TorchActuator:
         owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer.
         snapshot_path: keep the snapshot in this file instead of CPU memory.
         measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
-            applied step (one extra copy of the weights), read with :meth:`take_update_ratio`.
+            applied step (one extra float64 copy of the weights while it steps), read with :meth:`take_update_ratio`;
+            with ``owns_step=False`` it is measured in :meth:`restore_lr`, after the trainer's step.
 
     Attributes:
         current: the objective with the latest controls.
@@ -269,6 +272,7 @@ class TorchActuator:
     _unscaled: list[float] | None = field(init=False, default=None, repr=False)
     _dropped: bool = field(init=False, default=False)
     _update_ratio: float | None = field(init=False, default=None)
+    _before: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.current = self.objective
@@ -279,7 +283,7 @@ class TorchActuator:
         can = {"snapshot", "restore", "drop_update", "lr_scale", "stop"}
         if self.objective is not None:
             can |= {"clip", "beta", "entropy_coef"}
-        if self.measure_update and self.owns_step:
+        if self.measure_update:
             can.add("update_ratio")
         return frozenset(can)
 
@@ -301,7 +305,13 @@ class TorchActuator:
             group["lr"] = group["lr"] * scale
 
     def restore_lr(self) -> None:
-        """Put back the LRs :meth:`set_lr_scale` scaled (after the optimizer step)."""
+        """Put back the LRs :meth:`set_lr_scale` scaled, and measure the update (after the optimizer step)."""
+        if self._before is not None:
+            after = self._flat_weights()
+            self._update_ratio = float(
+                torch.linalg.vector_norm(after - self._before) / torch.linalg.vector_norm(self._before)
+            )
+            self._before = None
         if self._unscaled is not None:
             for group, lr in zip(self.optimizer.param_groups, self._unscaled, strict=True):
                 group["lr"] = lr
@@ -313,16 +323,14 @@ class TorchActuator:
         self._dropped = True
 
     def apply_update(self) -> None:
+        if self.measure_update and not self._dropped:
+            self._before = self._flat_weights()  # measured after the step: here, or in restore_lr (trainer's step)
         if not self.owns_step:
             self._dropped = False  # the trainer steps next (nothing to step after drop_update)
             return
-        before = self._flat_weights() if self.measure_update and not self._dropped else None
         if not self._dropped:
             self.optimizer.step()
         self.restore_lr()
-        if before is not None:
-            after = self._flat_weights()
-            self._update_ratio = float(torch.linalg.vector_norm(after - before) / torch.linalg.vector_norm(before))
         self._dropped = False
 
     @property

@@ -115,6 +115,7 @@ from rlguard.guards.actuator import (
     check_capabilities,
     make_guard,
 )
+from rlguard.guards.trust_region import measures_update
 from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
 __all__ = ["StabilityCallback"]
@@ -239,6 +240,8 @@ class StabilityCallback(TrainerCallback):
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self._max_grad_norm or math.inf)  # norm before clipping
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
         stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
+        if isinstance(self._actuator, TrainerActuator) and (ratio := self._actuator.take_update_ratio()) is not None:
+            stats.add("update_ratio", ratio)  # the previous update's relative size (trust_region)
         decision = self._observe(state.global_step + 1, stats)
         actuator = self._trainer_actuator(args, model, optimizer)
         self._log(decision, apply_decision(decision, actuator).action)
@@ -320,7 +323,14 @@ class StabilityCallback(TrainerCallback):
             if self.snapshot_dir is not None:
                 path = str(Path(self.snapshot_dir) / f"rlguard_snapshot_rank{args.process_index}.pt")
             old = actuator.snapshot_step if isinstance(actuator, TrainerActuator) else None
-            actuator = TrainerActuator(model, optimizer, owns_step=False, snapshot_path=path, trainer=self._trainer)
+            actuator = TrainerActuator(
+                model,
+                optimizer,
+                owns_step=False,
+                snapshot_path=path,
+                measure_update=measures_update(self.guard),
+                trainer=self._trainer,
+            )
             if path is not None and old is not None:
                 actuator.snapshot_step = old  # the file on disk is still this run's snapshot
             self._actuator = actuator

@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
+from rlguard.guards.trust_region import measures_update
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import (
     AdditionTask,
@@ -87,9 +88,9 @@ from rlguard.tasks.tiny import (
 )
 
 OBJECTIVES: tuple[str, ...] = ("grpo", "dapo", "gspo")
-GUARDS: tuple[str, ...] = ("off", "default")
+GUARDS: tuple[str, ...] = ("off", "default", "stable")
 STRESSORS: tuple[str, ...] = ("none", "mismatch", "high_lr", "stale", "moe")
-GuardName = Literal["off", "default"]
+GuardName = Literal["off", "default", "stable"]
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class RunConfig:
 
     Attributes:
         objective: objective name for :func:`~rlguard.core_losses.get_objective` (its paper's defaults).
-        guard: ``off`` or ``default`` (the ``default`` preset of :class:`~rlguard.guards.GuardConfig`).
+        guard: ``off``, or the preset of :class:`~rlguard.guards.GuardConfig` that acts (``default``, ``stable``).
         stressor: the perturbation.
         seed: seeds the model, the warm start, the prompts and the sampling.
         iterations: rollout batches.
@@ -412,12 +413,14 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     lr = effective_lr(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
-    guard = Guard(GuardConfig.preset("default")) if config.guard == "default" else None
-    actuator = TorchActuator(model, optimizer, objective=objective)  # the guard's decisions act through it
+    guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
+    # the guard's decisions act through it; it measures each update's relative size for the trust region
+    actuator = TorchActuator(model, optimizer, objective=objective, measure_update=measures_update(guard))
     if guard is not None:
         bind_guard(guard, actuator, where="the collapse benchmark's loop")
     counts = {"skip": 0, "rollback": 0, "lr_backoffs": 0, "clip_changes": 0}
     last_lr_scale = 1.0
+    last_clip: tuple[float | None, ...] = (1.0, 1.0, None, None)
     gen = torch.Generator().manual_seed(config.seed)
     history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
     rewards: list[float] = []
@@ -471,16 +474,19 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             clip_fracs.append(stats.get("clip_frac", 0.0))
             outcome = "step"
             if guard is not None:
+                update_ratio = actuator.take_update_ratio()  # the previous applied update's, if any
+                if update_ratio is not None:
+                    stats["update_ratio"] = update_ratio
                 decision = guard.observe(step, stats)
                 if decision.outcome == "step" and not _finite_step(stats, grad_norm):
                     nonfinite = True  # the guard let a non-finite step through: the run has failed
                     break
-                current = actuator.objective_in_use
                 outcome = apply_decision(decision, actuator).outcome
                 counts[outcome] = counts.get(outcome, 0) + 1
                 counts["lr_backoffs"] += decision.lr_scale < last_lr_scale
-                counts["clip_changes"] += actuator.objective_in_use is not current
-                last_lr_scale = decision.lr_scale
+                clip = (decision.clip_scale, decision.clip_high_scale, decision.clip_low, decision.clip_high)
+                counts["clip_changes"] += clip != last_clip
+                last_lr_scale, last_clip = decision.lr_scale, clip
             step += 1
             if outcome == "halt":
                 halted = True
@@ -638,9 +644,12 @@ def _markdown(rows: Sequence[dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+_GUARD_COLOUR = {"off": "tab:red", "default": "tab:blue", "stable": "tab:green"}
+
+
 def plot_curves(results: Sequence[RunResult], folder: Path) -> list[Path]:
     """One PNG per (stressor, objective) cell: reward per rollout batch (trailing mean), each seed a thin line,
-    guard off in red and default in blue, collapsed runs dashed."""
+    guard off in red, default in blue, stable in green, collapsed runs dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -654,11 +663,11 @@ def plot_curves(results: Sequence[RunResult], folder: Path) -> list[Path]:
     for (stressor, objective), runs in groups.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for r in runs:
-            colour = "tab:red" if r.config.guard == "off" else "tab:blue"
+            colour = _GUARD_COLOUR.get(r.config.guard, "tab:grey")
             style = "--" if r.verdict.collapsed else "-"
             ax.plot(_trailing_mean(r.rewards, r.config.window), style, color=colour, lw=0.8, alpha=0.7)
-        ax.plot([], [], color="tab:red", label="guard off")
-        ax.plot([], [], color="tab:blue", label="guard default")
+        for guard in dict.fromkeys(r.config.guard for r in runs):
+            ax.plot([], [], color=_GUARD_COLOUR.get(guard, "tab:grey"), label=f"guard {guard}")
         ax.plot([], [], "--", color="grey", label="collapsed")
         ax.set(title=f"{objective}, stressor {stressor}", xlabel="rollout batch", ylabel="reward (trailing mean)")
         ax.set_ylim(0, 1)
@@ -847,7 +856,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=8, help="seeds per cell")
     parser.add_argument("--out", default="benchmarks/collapse/results", help="folder for CSVs, summary and plots")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated objective names")
-    parser.add_argument("--guards", default=",".join(GUARDS), help="comma-separated: off, default")
+    parser.add_argument("--guards", default=",".join(GUARDS), help="comma-separated: off, default, stable")
     parser.add_argument("--stressors", default=",".join(STRESSORS), help=f"comma-separated: {', '.join(STRESSORS)}")
     parser.add_argument("--iterations", type=int, default=None, help="rollout batches per run (default 100)")
     parser.add_argument("--resume", action="store_true", help="keep the finished runs of --out/runs.jsonl")

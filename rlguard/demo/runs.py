@@ -23,7 +23,7 @@ TRL_SETTINGS: dict[str, dict[str, Any]] = {
     "sapo": {"loss_type": "sapo"},
     "gmpo": {"loss_type": "grpo"},
 }
-GUARD_PRESETS = ("monitor", "default", "strict")
+GUARD_PRESETS = ("monitor", "default", "strict", "stable")
 #: the progress task of the supervised warm start
 WARM_START = "warm start"
 #: progress hook: (task: WARM_START or a run's label, steps done, total steps, the step's stats) -> None

@@ -254,24 +254,35 @@ def doctor(
         Path,
         typer.Argument(
             help="A training log: trainer_state.json, a .jsonl, a wandb .csv, a "
-            "TensorBoard folder, or a run folder holding one."
+            "TensorBoard folder, or a run folder holding one (and the guard's events.jsonl)."
         ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write an HTML report with a plot per finding.")
     ] = None,
+    key_map: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map",
+            help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable), "
+            "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors.
 
-    Exit code 0: no critical finding; 1: a critical finding; 2: bad input (missing file, unknown format, no usable
-    metric).
+    Exit code 0: no critical finding in what could be checked; 1: a critical finding (or a critical event in the
+    run's events.jsonl); 2: bad input (missing file, unknown format, no usable metric, a malformed --map);
+    3: could not judge (no critical finding, and no detector but nonfinite had enough steps of its stats to get
+    past its warm-up): map the log's own names with --map, or log more steps.
     """
     from rlguard.doctor import LogInputError, diagnose
+    from rlguard.doctor.keys import parse_key_map
 
     try:
-        diagnosis = diagnose(path)
-    except LogInputError as err:
+        diagnosis = diagnose(path, key_map=parse_key_map(key_map or []))
+    except (LogInputError, ValueError) as err:
         raise _bad_input("doctor", err) from None
     if html is not None:
         from rlguard.doctor.html import doctor_html
@@ -284,28 +295,55 @@ def doctor(
         _print_diagnosis(diagnosis)
         if html is not None:
             console.print(f"wrote {escape(str(html))}")
-    if diagnosis.critical:
-        raise typer.Exit(1)
+    if diagnosis.exit_code:
+        raise typer.Exit(diagnosis.exit_code)
 
 
 def _print_diagnosis(d: Diagnosis) -> None:
-    """The doctor's summary line, unrecognised keys and findings table."""
+    """The doctor's summary line, unrecognised keys, findings, what it could not check, and live events."""
     console.print(
         f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {len(d.steps)} steps ({d.steps[0]} to "
         f"{d.steps[-1]}); stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
     )
     if d.keys.unrecognised:
         console.print(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
-    if not d.findings:
-        console.print("[green]no finding[/green]: the detectors saw nothing wrong.")
-        return
-    table = Table(title=f"rlguard doctor: {len(d.findings)} finding(s), most severe first")
-    for col in ("severity", "detector", "onset step", "evidence and suggested fix"):
-        table.add_column(col)
-    for f in d.findings:
-        onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
-        table.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
-    console.print(table)
+    if d.keys.suggestions:
+        maps = " ".join(f"--map {k}={c}" for k, c in d.keys.suggestions.items())
+        console.print(f"[yellow]these look like canonical stats[/yellow]; to read them, rerun with: {escape(maps)}")
+    if d.findings:
+        table = Table(title=f"rlguard doctor: {len(d.findings)} finding(s), most severe first")
+        for col in ("severity", "detector", "onset step", "evidence and suggested fix"):
+            table.add_column(col)
+        for f in d.findings:
+            onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
+            table.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
+        console.print(table)
+    unchecked = d.unchecked
+    if unchecked:
+        table = Table(title=f"could not check ({len(unchecked)} of {len(d.coverage)} detectors)")
+        table.add_column("detector")
+        table.add_column("why")
+        for name, why in unchecked.items():
+            table.add_row(name, escape(why))
+        console.print(table)
+    if d.live_events:
+        table = Table(title=f"the live guard's events ({escape(str(d.live_events_path))})")
+        for col in ("step", "severity", "detector or action", "message"):
+            table.add_column(col)
+        for e in d.live_events:
+            table.add_row(str(e.step), f"[{_SEVERITY_STYLE[e.severity]}]{e.severity}[/]", e.detector, escape(e.message))
+        console.print(table)
+    if not d.judged:
+        console.print(
+            "[bold yellow]could not judge[/bold yellow]: no detector but nonfinite had enough steps of its stats; "
+            "this is not a clean bill of health (exit code 3)."
+        )
+    elif not d.findings and not d.live_events:
+        checked = len(d.coverage) - len(unchecked)
+        console.print(
+            f"[green]no finding[/green] from the {checked} detectors that could check this log"
+            + (f"; {len(unchecked)} could not (above)." if unchecked else ".")
+        )
 
 
 @app.command()

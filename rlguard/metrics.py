@@ -72,7 +72,15 @@ class Metric:
 _M = Metric
 #: The table. Order matters where two framework keys map to one name: the first listed wins.
 METRICS: tuple[Metric, ...] = (
-    _M("loss", "mean", "equal", ("loss",), ("actor/pg_loss",), doc="the objective's value (each micro-batch's share)"),
+    _M(
+        "loss",
+        "mean",
+        "equal",
+        ("loss",),
+        ("actor/pg_loss",),
+        judged=True,  # non-finite check
+        doc="the objective's value (each micro-batch's share)",
+    ),
     _M("entropy", "mean", "tokens", ("entropy",), ("actor/entropy",), judged=True, doc="mean per-token entropy"),
     _M(
         "kl_ref",
@@ -114,6 +122,7 @@ METRICS: tuple[Metric, ...] = (
         "mean",
         "tokens",
         ("sampling/sampling_logp_difference/mean",),
+        judged=True,
         doc="mean |log p_trainer - log p_rollout|",
     ),
     _M(
@@ -121,6 +130,7 @@ METRICS: tuple[Metric, ...] = (
         "max",
         "equal",
         ("sampling/sampling_logp_difference/max",),
+        judged=True,
         doc="largest |log p_trainer - log p_rollout|",
     ),
     _M("mismatch_kl", "mean", "tokens", (), ("rollout_corr/k3_kl",), judged=True, doc="k3 KL trainer vs rollout"),
@@ -159,7 +169,14 @@ METRICS: tuple[Metric, ...] = (
         doc="groups whose rewards are all equal",
     ),
     _M("frac_zero_std_solved", "mean", "samples", doc="groups whose rewards are all equal and maximal"),
-    _M("length_mean", "mean", "samples", ("completions/mean_length",), ("response_length/mean",), judged=True),
+    _M(
+        "length_mean",
+        "mean",
+        "samples",
+        ("completions/mean_length", "completion_length"),  # the second: TRL < 0.14
+        ("response_length/mean",),
+        judged=True,
+    ),
     _M("length_max", "max", "equal", ("completions/max_length",), ("response_length/max",), doc="longest completion"),
     _M(
         "truncated_frac",
@@ -187,6 +204,7 @@ METRICS: tuple[Metric, ...] = (
         "tokens",
         (),
         ("training/rollout_probs_diff_mean",),
+        judged=True,  # by mismatch_growth when the run logs no other mismatch stat
         doctor_only=True,
         doc="|p_train - p_rollout|, probability space (verl)",
     ),
@@ -196,6 +214,7 @@ METRICS: tuple[Metric, ...] = (
         "equal",
         (),
         ("training/rollout_probs_diff_max",),
+        judged=True,  # by mismatch_growth when the run logs no other mismatch stat
         doctor_only=True,
         doc="largest |p_train - p_rollout| (verl)",
     ),
@@ -250,12 +269,15 @@ def strip_namespace(key: str) -> str:
 _KEY_PRIORITY = {key: i for i, key in enumerate(KEY_TO_CANONICAL)}
 
 
-def canonical_name(key: str) -> tuple[str, int] | None:
+def canonical_name(key: str, key_map: Mapping[str, str] | None = None) -> tuple[str, int] | None:
     """The canonical name of a raw logged key and its priority (lower wins), or None if it has none.
 
-    ``rlguard/<name>`` (and verl's ``actor/rlguard/<name>``) come first: rlguard's exact objectives computed them;
-    then a bare canonical name; then the frameworks' keys in table order.
+    ``key_map`` (the doctor's ``--map KEY=CANONICAL``) wins over every table. Then ``rlguard/<name>`` (and verl's
+    ``actor/rlguard/<name>``): rlguard's exact objectives computed them; then a bare canonical name; then the
+    frameworks' keys in table order.
     """
+    if key_map and key in key_map:
+        return key_map[key], -1
     key = strip_namespace(key)
     if key.startswith(_VERL_WORKER_PREFIX):
         key = key[len("actor/") :]
@@ -268,7 +290,7 @@ def canonical_name(key: str) -> tuple[str, int] | None:
     return None
 
 
-def canonical_stats(raw: Mapping[str, Any]) -> dict[str, float]:
+def canonical_stats(raw: Mapping[str, Any], key_map: Mapping[str, str] | None = None) -> dict[str, float]:
     """One step's logged metrics -> canonical stats, each from the highest-priority key present.
 
     Values that are not real numbers (None, strings, booleans) are skipped; ``rlguard/guard/*`` and
@@ -278,7 +300,7 @@ def canonical_stats(raw: Mapping[str, Any]) -> dict[str, float]:
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        hit = canonical_name(key)
+        hit = canonical_name(key, key_map)
         if hit is not None and (hit[0] not in best or hit[1] < best[hit[0]][0]):
             best[hit[0]] = (hit[1], float(value))
     return {name: value for name, (_, value) in best.items()}

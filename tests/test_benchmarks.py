@@ -39,8 +39,9 @@ def test_logprobs_memory_quick(tmp_path: Path) -> None:
     stdout = run_benchmark("logprobs_memory.py", "--json", str(tmp_path / "out.json"))
     assert "TRL fused GB" in stdout
     (row,) = json.loads((tmp_path / "out.json").read_text())
-    assert row["same_result"]  # the three paths agree on log-probs and entropies
-    for key in ("trl_full_gb", "trl_fused_gb", "rlguard_gb", "trl_full_s", "trl_fused_s", "rlguard_s"):
+    assert row["same_result"]  # the four paths agree on the GRPO loss and the entropy
+    paths = ("trl_full", "trl_fused", "rlguard", "rlguard_fused", "floor")
+    for key in (*(f"{p}_gb" for p in paths), *(f"{p}_s" for p in paths)):
         assert 0.0 < row[key] < 100.0, (key, row[key])
 
 

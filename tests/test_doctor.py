@@ -24,6 +24,8 @@ STEPS, ONSET = 220, 120
 #: as tests/test_guards.py: the detector's first event within this many steps of the onset
 MAX_DELAY = 25
 FORMATS = sorted(WRITERS)
+#: synthetic failures that are one isolated spike on a healthy run (rlguard.guards.synthetic)
+ABSORBED = {"grad_spike", "ratio_explosion"}
 
 
 def needs(fmt: str) -> None:
@@ -44,8 +46,13 @@ def test_each_failure_is_found_in_each_format(tmp_path: Path, fmt: str, mode: st
     assert detector in found, (mode, fmt, [(f.detector, f.step) for f in diagnosis.findings])
     onset = ONSET + 1  # logs count steps from 1
     assert onset <= found[detector].step <= onset + MAX_DELAY, (mode, fmt, found[detector])
-    assert found[detector].severity == "critical", (mode, fmt, found[detector])
-    assert diagnosis.critical
+    if mode in ABSORBED:
+        # one spike, after which nothing lost control: the doctor's hindsight makes it a warning
+        assert found[detector].severity == "warn" and "absorbed" in found[detector].message, found[detector]
+        assert diagnosis.exit_code == 0
+    else:
+        assert found[detector].severity == "critical", (mode, fmt, found[detector])
+        assert diagnosis.critical
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -75,8 +82,15 @@ def test_findings_are_sorted_most_severe_first_then_by_onset(tmp_path: Path) -> 
 
 
 def test_cli_exit_codes_and_table(tmp_path: Path) -> None:
-    bad = write_trainer_state(failing_stream("grad_spike", STEPS, ONSET, 0), tmp_path / "bad" / "trainer_state.json")
+    """Three spikes in 11 steps are repeated spikes: critical (one alone is absorbed: a warning, exit 0)."""
+    stream = failing_stream("grad_spike", STEPS, ONSET, 0)
+    once = write_trainer_state(stream, tmp_path / "once" / "trainer_state.json")
+    for i in (ONSET + 5, ONSET + 10):
+        stream[i]["grad_norm"] *= 200.0
+    bad = write_trainer_state(stream, tmp_path / "bad" / "trainer_state.json")
     good = write_trainer_state(healthy_stream(STEPS, 0, "plateau"), tmp_path / "good" / "trainer_state.json")
+    result = runner.invoke(app, ["doctor", str(once)])
+    assert result.exit_code == 0 and "absorbed" in result.stdout, result.output
     result = runner.invoke(app, ["doctor", str(bad)])
     assert result.exit_code == 1, result.output
     assert "grad_norm_spike" in result.stdout and "critical" in result.stdout and str(ONSET + 1) in result.stdout
@@ -242,7 +256,7 @@ def test_read_log_errors_are_input_errors(tmp_path: Path) -> None:
 
 def test_doctor_needs_neither_trl_nor_matplotlib_without_html(tmp_path: Path) -> None:
     """The doctor reads logs where TRL is not installed; ``import rlguard.cli`` does not load matplotlib."""
-    path = write_log("trl", failing_stream("grad_spike", 60, 40, 0), tmp_path)
+    path = write_log("trl", failing_stream("kl_old_blowup", 60, 40, 0), tmp_path)
     code = (
         "import sys\n"
         "for name in ('trl', 'transformers', 'matplotlib', 'verl'): sys.modules[name] = None  # import fails\n"
@@ -250,6 +264,6 @@ def test_doctor_needs_neither_trl_nor_matplotlib_without_html(tmp_path: Path) ->
         "from rlguard.cli import app\n"
         f"result = CliRunner().invoke(app, ['doctor', {str(path)!r}, '--json'])\n"
         "assert result.exit_code == 1, result.output\n"
-        "assert 'grad_norm_spike' in result.stdout\n"
+        "assert 'kl_old_blowup' in result.stdout\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

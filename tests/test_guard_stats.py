@@ -126,3 +126,11 @@ def test_float_and_tensor_inputs_reduce_alike() -> None:
         assert got["entropy"] == (0.5 * 3 + 1.5) / 4 and got["grad_norm"] == 2.0 and got["nonfinite"] == 3.0, got
         assert math.isnan(got["ratio_max"]), got
     assert results[0].keys() == results[1].keys() == results[2].keys()
+
+
+def test_metric_table_marks_exactly_the_stats_the_built_in_detectors_read() -> None:
+    from rlguard.metrics import JUDGED
+    from rlguard.plugins import detector_registry
+
+    reads = {stat for cls in detector_registry().values() for stat in cls().reads()}
+    assert reads == JUDGED

@@ -294,3 +294,121 @@ def test_a_clip_fraction_burst_over_off_policy_steps_is_still_caught() -> None:
         guard.observe(step, stats)
     hits = [e for e in guard.events if e.detector == "clip_frac_burst"]
     assert [(e.step, e.severity) for e in hits] == [(73, "critical")], hits
+
+
+# -- issue 13: sparse stats, drift, absolute bounds, mismatch from any stat ---------------------------------------
+
+#: what TRL logs only on generation steps (steps_per_generation > gradient_accumulation_steps)
+GENERATION_STATS = ("reward_mean", "reward_std", "frac_zero_std_groups", "frac_zero_std_solved", "length_mean")
+GENERATION_STATS += ("truncated_frac", "repetition_rate")
+
+
+def _sparse(stream: list[dict[str, float]], every: int) -> list[dict[str, float]]:
+    """The generation stats kept on every ``every``-th step only (absent, not 0, on the others)."""
+    return [{k: v for k, v in s.items() if i % every == 0 or k not in GENERATION_STATS} for i, s in enumerate(stream)]
+
+
+@pytest.mark.parametrize("mode", ["too_hard", "reward_collapse", "truncation", "repetition"])
+def test_sparse_generation_stats_are_caught_alike_every_1_2_or_4_steps(mode: str) -> None:
+    """A detector counts the steps that carry its stats: with them on every 2nd or 4th step the failure is found
+    at critical, not lost to 'clean' steps that reset its streak, and at most ``(patience + 1) x every`` steps
+    later (the failures ramp in steps, so they take fewer observations when sparser)."""
+    _, detector = FAILURES[mode]
+    delays = {}
+    for every in (1, 2, 4):
+        guard = Guard(GuardConfig.preset("monitor"))
+        # plateau: a rising reward would give the 50-observation baseline a wider spread when it spans 200 steps
+        for step, stats in enumerate(_sparse(failing_stream(mode, 400, 240, seed=0, shape="plateau"), every)):
+            guard.observe(step, stats)
+        hits = [e for e in guard.events if e.detector == detector and e.severity == "critical"]
+        assert hits, (mode, every, guard.events[:5])
+        delays[every] = hits[0].step - 240
+    patience = Guard(GuardConfig.preset("monitor")).detectors[detector].patience
+    for every in (2, 4):
+        assert delays[every] <= delays[1] + (patience + 1) * every, delays
+
+
+def test_warmup_counts_observations_not_steps() -> None:
+    """zero_variance_groups has a warm-up of 10 observations: with its stat every 4th step, a run that is
+    too hard from step 0 is found after 10 + 3 observations (step 48), not at step 12."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(_sparse(failing_stream("too_hard", 100, 0, seed=1), 4)):
+        guard.observe(step, stats)
+    first = next(e for e in guard.events if e.detector == "zero_variance_groups")
+    assert first.step == 4 * 12, first
+    assert guard.observations()["zero_variance_groups"] == 25
+
+
+def test_kl_level_shift_after_an_lr_spike_is_critical() -> None:
+    """The issue's real TRL run: KL to the reference 0.04 -> 2.7 after one x100 LR step and stays near 3 (a
+    robust z below 6 over its noisy history): the absolute bound of 2 nats makes it critical."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(80, seed=4)):
+        stats["kl_ref"] = 0.04 * math.exp(0.9 * math.sin(step)) if step < 50 else 2.7 + 0.3 * math.sin(step)
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "kl_ref_blowup"]
+    assert hits and hits[0].step == 50 and hits[0].severity == "critical", hits
+
+
+@pytest.mark.parametrize(
+    ("stat", "value", "detector"),
+    [("kl_ref", 10833.0, "kl_ref_blowup"), ("length_mean", 1.0, "length_collapse")],
+)
+def test_absolute_bounds_catch_a_broken_run_from_its_first_logged_step(stat: str, value: float, detector: str) -> None:
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(10, seed=5)):
+        stats[stat] = value
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == detector and e.severity == "critical"]
+    patience = guard.detectors[detector].patience
+    assert hits and hits[0].step == patience - 1, (hits, guard.events)
+
+
+def test_slow_length_drift_is_caught_against_the_early_baseline() -> None:
+    """Lengths growing 0.8% a step with a flat reward: a warning first; critical only once the sustained rise
+    (CUSUM >= 40) is also 2x the early baseline (ln 2 / ln 1.008 ~ 87 steps), never on the CUSUM alone."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(300, seed=6, shape="plateau")):
+        stats["length_mean"] = 200.0 * 1.008**step * math.exp(0.03 * math.sin(3 * step))
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "length_explosion"]
+    assert hits and hits[0].severity == "warn" and hits[0].step <= 80, hits
+    critical = [e for e in hits if e.severity == "critical"]
+    # not before 2x (step 87); measured 122, where the CUSUM (its winsorized baseline catching up) is >= 40 again
+    assert critical and 87 <= critical[0].step <= 130, hits
+
+
+def test_length_drift_with_reward_falling_is_critical() -> None:
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(200, seed=6, shape="plateau")):
+        stats["length_mean"] = 200.0 * 1.02 ** max(step - 60, 0)
+        stats["reward_mean"] = 0.5 - 0.004 * max(step - 60, 0)
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "length_explosion" and e.severity == "critical"]
+    # 2x the early baseline after ln 2 / ln 1.02 = 35 steps; a recent reward median below the early one
+    assert hits and 90 <= hits[0].step <= 110, hits
+
+
+@pytest.mark.parametrize("stat", ["mismatch_logp_abs_mean", "mismatch_prob_abs_mean", "mismatch_logp_abs_max"])
+def test_mismatch_is_judged_from_whichever_stat_the_run_has(stat: str) -> None:
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(200, seed=2)):
+        del stats["mismatch_kl"]
+        stats[stat] = 0.01 * math.exp(0.2 * math.sin(step)) * (1.15 ** max(step - 120, 0))
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "mismatch_growth"]
+    assert hits and 120 <= hits[0].step <= 145, (stat, hits)
+    assert any(e.severity == "critical" for e in hits), hits
+    assert guard.detectors["mismatch_growth"].reads() == (stat,)
+
+
+def test_entropy_blowup_towards_uniform_is_critical() -> None:
+    """The rasbt ch. 7 runs: entropy 0.3 -> 5+ nats (ln V = 11.9) with the reward falling to 0."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(120, seed=3, shape="plateau")):
+        stats["entropy"] = 0.3 if step < 80 else 0.3 + 0.4 * (step - 79)
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "entropy_blowup"]
+    # >= 2 nats (and 4x) from step 84 (2.3), >= 3 nats (and 8x) at step 86 (3.1): the third finding in a row
+    # (patience 3) is critical
+    assert [(e.step, e.severity) for e in hits] == [(86, "critical")], hits

@@ -13,6 +13,7 @@ from rlguard.core_losses.aggregation import (
     masked_mean,
 )
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
+from rlguard.core_losses.fused import RolloutBatch, objective_from_hidden
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
 from rlguard.core_losses.objective import Objective
@@ -36,6 +37,7 @@ __all__ = [
     "LossOutput",
     "Objective",
     "PolicyBatch",
+    "RolloutBatch",
     "aggregate",
     "default_normalisers",
     "get_objective",
@@ -46,4 +48,5 @@ __all__ = [
     "logprobs_from_logits",
     "masked_mean",
     "objective_class",
+    "objective_from_hidden",
 ]

@@ -33,6 +33,12 @@ def _default_chunk_rows(vocab_size: int) -> int:
     return max(16, (1 << 25) // max(vocab_size, 1))
 
 
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``sum_v a_cv b_cv`` ``(c,)`` of two ``(c, V)`` tensors, without the ``(c, V)`` product that
+    ``torch.linalg.vecdot`` allocates (128 MiB per default chunk)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(-1)).view(-1)
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     """log-probs and entropies of target tokens from hidden states without the ``(N, V)`` logits.
 
@@ -72,7 +78,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             log_z[rows] = lz_shifted + top.squeeze(-1)
             logprobs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lz_shifted
             if compute_entropy:  # H = log Z - E_p[logit], with the same shift on both terms
-                entropy[rows] = lz_shifted - torch.linalg.vecdot(e, logits) / sum_e
+                entropy[rows] = lz_shifted - _row_dot(e, logits) / sum_e
         ctx.save_for_backward(hidden, weight, targets, log_z, entropy)
         # the backward tile: about as many logits as a forward chunk
         ctx.tile_cols = max(1, -(-chunk_rows * weight.shape[0] // max(n, 1)))  # type: ignore[attr-defined]

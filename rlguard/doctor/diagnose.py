@@ -8,21 +8,19 @@ first event) and that level's message, which carries the evidence and the sugges
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlguard.doctor.consequence import downgrade_absorbed
 from rlguard.doctor.keys import KeyReport, canonical_stats, classify_keys
-from rlguard.doctor.readers import LogInputError, MetricLog, read_log
+from rlguard.doctor.readers import LogInputError, MetricLog, read_events, read_log, run_folder
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.events import SEVERITY_LEVEL, Severity
+from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
-#: stats plotted for detectors that read several (the rest read their ``metric`` field)
-_MULTI_STAT: dict[str, tuple[str, ...]] = {
-    "nonfinite": ("loss", "grad_norm", "nonfinite"),
-    "entropy_collapse": ("entropy", "reward_mean"),
-    "reward_collapse": ("reward_mean",),
-}
+#: exit status of ``rlguard doctor``: no critical finding, a critical finding, bad input, could not judge
+EXIT_OK, EXIT_CRITICAL, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -70,9 +68,13 @@ class Diagnosis:
         keys: how its keys were mapped onto canonical names.
         steps: the optimizer steps judged, increasing.
         series: canonical name -> value at each of ``steps`` (NaN where the step did not log it).
-        events: the guard's events, in order.
+        events: the guard's events, in order (critical spikes the run absorbed turned into warnings).
         findings: one per detector that raised an event, most severe first, then by onset.
         detector_metrics: detector name -> the canonical stats it reads (for plots).
+        coverage: detector name -> ``(checked, why)``: whether it judged at least one step past its warm-up, and
+            on how many steps, or why it could not.
+        live_events: the events the live guard recorded in the run folder's ``events.jsonl`` (empty if none).
+        live_events_path: that file, or None.
     """
 
     log: MetricLog
@@ -82,11 +84,34 @@ class Diagnosis:
     events: list[Event]
     findings: list[DoctorFinding]
     detector_metrics: dict[str, tuple[str, ...]]
+    coverage: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    live_events: list[Event] = field(default_factory=list)
+    live_events_path: Path | None = None
 
     @property
     def critical(self) -> bool:
-        """Whether any finding is critical."""
-        return any(f.severity == "critical" for f in self.findings)
+        """Whether any finding, or any event the live guard recorded, is critical."""
+        return any(f.severity == "critical" for f in self.findings) or any(
+            e.severity == "critical" for e in self.live_events
+        )
+
+    @property
+    def unchecked(self) -> dict[str, str]:
+        """Detector -> why it could not check this log."""
+        return {name: why for name, (checked, why) in self.coverage.items() if not checked}
+
+    @property
+    def judged(self) -> bool:
+        """Whether any detector but ``nonfinite`` judged a step past its warm-up."""
+        return any(checked for name, (checked, _) in self.coverage.items() if name != "nonfinite")
+
+    @property
+    def exit_code(self) -> int:
+        """1 critical finding (or critical live event); 3 nothing could be judged (no critical finding, and no
+        detector but ``nonfinite`` got past its warm-up); 0 otherwise. (2, bad input, is raised before.)"""
+        if self.critical:
+            return EXIT_CRITICAL
+        return EXIT_OK if self.judged else EXIT_CANNOT_JUDGE
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
@@ -99,42 +124,92 @@ class Diagnosis:
             "first_step": self.steps[0],
             "last_step": self.steps[-1],
             "mapped_keys": self.keys.mapped,
+            "suggested_maps": self.keys.suggestions,
+            "coverage": {n: {"checked": c, "why": why} for n, (c, why) in self.coverage.items()},
+            "live_events": [e.to_dict() for e in self.live_events],
+            "exit_code": self.exit_code,
         }
 
 
 def detector_metrics(guard: Guard) -> dict[str, tuple[str, ...]]:
     """Detector name -> the canonical stats it reads."""
-    out: dict[str, tuple[str, ...]] = {}
-    for name, det in guard.detectors.items():
-        metric = getattr(det, "metric", "")
-        out[name] = _MULTI_STAT.get(name, (metric,) if isinstance(metric, str) and metric else ())
-    return out
+    return {name: det.reads() for name, det in guard.detectors.items()}
 
 
-def diagnose(path: str | Path, config: GuardConfig | None = None) -> Diagnosis:
-    """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``)."""
+def diagnose(
+    path: str | Path, config: GuardConfig | None = None, key_map: Mapping[str, str] | None = None
+) -> Diagnosis:
+    """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``).
+
+    ``key_map`` maps the log's own column names onto canonical ones (``--map reward_avg=reward_mean``). A run
+    folder's ``events.jsonl`` (what the live guard recorded) is read too.
+    """
     log = read_log(path)
-    keys = classify_keys(log.keys)
+    keys = classify_keys(log.keys, key_map)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
+        hint = "; ".join(f"--map {k}={c}" for k, c in keys.suggestions.items())
         raise LogInputError(
             f"no usable metric in {log.path} ({log.format}, {len(log.rows)} steps): none of its keys ({found}) maps "
             "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
+            + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
         )
     guard = Guard(config or GuardConfig.preset("monitor"))
     steps: list[int] = []
     rows: list[dict[str, float]] = []
+    step_findings: list[dict[str, Finding]] = []
     for step, raw in log.rows:
-        stats = canonical_stats(raw)
+        stats = canonical_stats(raw, key_map)
         if not stats:
             continue
         guard.observe(step, stats)
         steps.append(step)
         rows.append(stats)
+        step_findings.append(dict(guard.last_findings))
     names = sorted({n for r in rows for n in r})
     series = {n: [r.get(n, math.nan) for r in rows] for n in names}
-    events = [e for e in guard.events if not e.detector.startswith("action:")]
-    return Diagnosis(log, keys, steps, series, list(guard.events), _findings(events), detector_metrics(guard))
+    events = downgrade_absorbed(guard.events, step_findings, steps)
+    detector_events = [e for e in events if not e.detector.startswith("action:")]
+    live_path = _events_file(Path(path), log.path)
+    live = read_events(live_path) if live_path is not None else []
+    return Diagnosis(
+        log,
+        keys,
+        steps,
+        series,
+        events,
+        _findings(detector_events),
+        detector_metrics(guard),
+        _coverage(guard, keys, set(names)),
+        live,
+        live_path,
+    )
+
+
+def _events_file(given: Path, log_path: Path) -> Path | None:
+    """The run folder's ``events.jsonl``: beside the log, in the folder given, or above a ``checkpoint-*``."""
+    folder = run_folder(given, log_path)
+    candidate = folder / "events.jsonl"
+    return candidate if candidate.is_file() else None
+
+
+def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tuple[bool, str]]:
+    """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not."""
+    seen = guard.observations()
+    out: dict[str, tuple[bool, str]] = {}
+    for name, det in guard.detectors.items():
+        n, reads = seen.get(name, 0), det.reads()
+        stats = " or ".join(reads) if reads else "its stats"
+        if n == 0:
+            missing = [r for r in reads if r not in present] or list(reads)
+            hint = [f"--map {k}={c}" for k, c in keys.suggestions.items() if c in missing]
+            why = f"not checked: the log has no {' or '.join(missing)}" + (f" (try {', '.join(hint)})" if hint else "")
+            out[name] = (False, why)
+        elif n <= det.warmup:
+            out[name] = (False, f"not checked: {n} steps with {stats}, all inside its warm-up of {det.warmup}")
+        else:
+            out[name] = (True, f"checked {n - det.warmup} of {n} steps with {stats} (warm-up {det.warmup})")
+    return out
 
 
 def _findings(events: list[Event]) -> list[DoctorFinding]:

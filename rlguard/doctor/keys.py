@@ -11,8 +11,9 @@ without TRL or verl installed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from rlguard.metrics import (
     CANONICAL,
@@ -40,7 +41,9 @@ __all__ = [
     "canonical_name",
     "canonical_stats",
     "classify_keys",
+    "parse_key_map",
     "strip_namespace",
+    "suggest_canonical",
 ]
 
 
@@ -85,11 +88,13 @@ class KeyReport:
         mapped: raw key -> canonical name, for every key that has one.
         known: keys recognised as carrying no canonical stat (counters, timings, evaluation, ...).
         unrecognised: every other key, sorted.
+        suggestions: unrecognised key -> the canonical name it looks like (for ``--map KEY=CANONICAL``).
     """
 
     mapped: dict[str, str]
     known: list[str]
     unrecognised: list[str]
+    suggestions: dict[str, str] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[str]:
@@ -97,13 +102,13 @@ class KeyReport:
         return sorted({c for c in self.mapped.values() if c in JUDGED})
 
 
-def classify_keys(keys: Iterable[str]) -> KeyReport:
-    """Sort the raw keys of a log into mapped, known and unrecognised."""
+def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None) -> KeyReport:
+    """Sort the raw keys of a log into mapped, known and unrecognised (with suggestions)."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
     for key in sorted(set(keys)):
-        hit = canonical_name(key)
+        hit = canonical_name(key, key_map)
         bare = strip_namespace(key)
         if hit is not None:
             mapped[key] = hit[0]
@@ -111,4 +116,61 @@ def classify_keys(keys: Iterable[str]) -> KeyReport:
             known.append(key)
         else:
             unrecognised.append(key)
-    return KeyReport(mapped, known, unrecognised)
+    taken = set(mapped.values())
+    suggestions = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
+    return KeyReport(mapped, known, unrecognised, suggestions)
+
+
+#: words in a key -> the canonical name it likely holds, first match wins; each rule needs all its words
+_SUGGEST: tuple[tuple[frozenset[str], str], ...] = tuple(
+    (frozenset(words.split()), name)
+    for words, name in (
+        ("entropy", "entropy"),
+        ("ppo kl", "kl_old"),
+        ("old kl", "kl_old"),
+        ("kl", "kl_ref"),
+        ("reward std", "reward_std"),
+        ("reward", "reward_mean"),
+        ("score", "reward_mean"),
+        ("return", "reward_mean"),
+        ("len max", "length_max"),
+        ("length max", "length_max"),
+        ("len", "length_mean"),
+        ("length", "length_mean"),
+        ("grad norm", "grad_norm"),
+        ("gradnorm", "grad_norm"),
+        ("clip", "clip_frac"),
+        ("ratio max", "ratio_max"),
+        ("ratio", "ratio_mean"),
+        ("truncated", "truncated_frac"),
+        ("lr", "lr"),
+    )
+)
+_ABBREVIATIONS = {"ent": "entropy", "rew": "reward", "rwd": "reward", "gnorm": "gradnorm", "trunc": "truncated"}
+
+
+def suggest_canonical(key: str) -> str | None:
+    """The canonical name an unrecognised key looks like (``reward_avg`` -> ``reward_mean``,
+    ``avg_response_len`` -> ``length_mean``), or None."""
+    words = {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
+    for need, name in _SUGGEST:
+        if need <= words:
+            return name
+    return None
+
+
+def parse_key_map(items: Iterable[str]) -> dict[str, str]:
+    """``["reward_avg=reward_mean", ...]`` (``--map``) -> ``{"reward_avg": "reward_mean"}``; ValueError naming the
+    item for a malformed one or an unknown canonical name."""
+    out: dict[str, str] = {}
+    names = CANONICAL | DOCTOR_ONLY
+    for item in items:
+        key, sep, name = item.partition("=")
+        if not sep or not key or not name:
+            raise ValueError(f"--map {item!r}: expected KEY=CANONICAL, e.g. --map reward_avg=reward_mean")
+        if name not in names:
+            raise ValueError(
+                f"--map {item!r}: {name!r} is not a canonical name; canonical names: {', '.join(sorted(names))}"
+            )
+        out[key] = name
+    return out

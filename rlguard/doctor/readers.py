@@ -16,7 +16,10 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlguard.guards.events import Event
 
 FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
 _TB_GLOB = "events.out.tfevents.*"
@@ -245,3 +248,27 @@ def _read_tensorboard(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
                 values = tev.tensor_proto.float_val or tev.tensor_proto.double_val
                 if len(values) == 1:
                     yield int(tev.step), {tag: float(values[0])}
+
+
+def run_folder(given: Path, log_path: Path) -> Path:
+    """The run folder of a log: the folder given, else the log's folder, or the one above a ``checkpoint-*``."""
+    if given.is_dir():
+        return given
+    folder = log_path.parent
+    if folder.name.startswith("checkpoint-") and not (folder / "events.jsonl").is_file():
+        return folder.parent
+    return folder
+
+
+def read_events(path: Path) -> list[Event]:
+    """Events of an ``events.jsonl`` (one ``Event.to_dict()`` per line), as the live guard writes them."""
+    from rlguard.guards.events import Event
+
+    events = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            try:
+                events.append(Event.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as err:
+                raise LogInputError(f"{path}, line {i + 1}: not a guard event ({err})") from None
+    return events

@@ -7,7 +7,6 @@ the stats it reads; the guard's interventions (``action:*``) on every plot.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -16,7 +15,7 @@ from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
 from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
 from rlguard.doctor.plots import plot_png
-from rlguard.doctor.readers import LogInputError, read_log
+from rlguard.doctor.readers import LogInputError, read_events, read_log
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.stats import STAT_REDUCTIONS
 
@@ -43,18 +42,6 @@ class ReportResult:
     marked: dict[str, list[int]]
     events: list[Event]
     log_path: Path
-
-
-def read_events(path: Path) -> list[Event]:
-    """Events of an ``events.jsonl`` (one :meth:`Event.to_dict` per line)."""
-    events = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if line.strip():
-            try:
-                events.append(Event.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as err:
-                raise LogInputError(f"{path}, line {i + 1}: not a guard event ({err})") from None
-    return events
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportResult:

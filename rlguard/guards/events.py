@@ -18,12 +18,16 @@ class Finding:
         value: the statistic it judged (e.g. the gradient norm, or its ratio to the baseline).
         threshold: the bound ``value`` crossed.
         message: what it saw, against which threshold, and what to do.
+        transient: a one-step excursion over a rolling baseline (a spike). Its consequence shows only afterwards:
+            the live guard acts on it at once (skip the step); the doctor, with hindsight, reports an isolated spike
+            after which the run kept control as a warning (:mod:`rlguard.doctor.consequence`).
     """
 
     severity: Severity
     value: float
     threshold: float
     message: str
+    transient: bool = False
 
 
 @dataclass(frozen=True)

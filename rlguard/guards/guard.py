@@ -244,6 +244,8 @@ class Guard:
         )
         self.events: list[Event] = []
         self._alarms = {name: _AlarmState() for name in self.detectors}
+        #: the findings of the last observed step, by detector (the doctor reads them to judge consequences)
+        self.last_findings: dict[str, Finding] = {}
         self._seen = dict.fromkeys(self.detectors, 0)
         self._consecutive_skips = 0
         self._last_healthy_step: int | None = None
@@ -256,6 +258,10 @@ class Guard:
     def last_healthy_step(self) -> int | None:
         """The last step with no finding and no raised alarm."""
         return self._last_healthy_step
+
+    def observations(self) -> dict[str, int]:
+        """Steps each detector has judged: the steps that carried its stats (warm-up included)."""
+        return dict(self._seen)
 
     def alarms(self) -> dict[str, Severity]:
         """Raised alarms by detector."""
@@ -308,6 +314,7 @@ class Guard:
                         Event(step, name, finding.severity, finding.value, finding.message, finding.threshold)
                     )
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
+        self.last_findings = findings
         return findings, events
 
     def set_record_only(self, capabilities: Iterable[str], *, where: str) -> None:

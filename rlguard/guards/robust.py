@@ -10,6 +10,8 @@ import numpy as np
 
 #: MAD * 1.4826 estimates the standard deviation of a normal distribution.
 MAD_TO_SIGMA = 1.4826
+#: mean absolute deviation * sqrt(pi / 2) estimates the standard deviation of a normal distribution.
+MEAN_AD_TO_SIGMA = math.sqrt(math.pi / 2)
 
 
 def _median(values: Iterable[float]) -> float:
@@ -42,7 +44,13 @@ class RollingWindow:
     def _stats(self) -> tuple[float, float]:
         if self._cache is None:
             med = _median(self.values)
-            self._cache = (med, MAD_TO_SIGMA * _median(abs(v - med) for v in self.values))
+            deviations = [abs(v - med) for v in self.values]
+            sigma = MAD_TO_SIGMA * _median(deviations)
+            if sigma == 0.0 and deviations:
+                # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
+                # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
+                sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+            self._cache = (med, sigma)
         return self._cache
 
     def median(self) -> float:
@@ -50,7 +58,8 @@ class RollingWindow:
         return self._stats()[0]
 
     def sigma(self, floor: float = 0.0) -> float:
-        """Robust standard deviation ``1.4826 * MAD``, at least ``floor``."""
+        """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but
+        the values are not all equal), at least ``floor``."""
         if not self.values:
             return floor
         return max(self._stats()[1], floor)

@@ -1,0 +1,270 @@
+"""rlguard doctor against rldoctor 0.2.0 on 22 real training logs from public repositories.
+
+    python benchmarks/doctor_real_logs.py                    # the table (rldoctor's column if it is installed)
+    python benchmarks/doctor_real_logs.py --markdown         # the same rows as a Markdown table (README)
+    python benchmarks/doctor_real_logs.py --logs DIR         # default: $RLGUARD_REAL_LOGS or ../shared/doctor_foreign
+
+The logs are read where they are (``../shared/doctor_foreign``, sources in its README); they are not copied into
+the repository. Each run's verdict below was judged from its source and its numbers. Criteria (issue 13): no
+critical finding on a run that trained well; each collapse caught at critical within 15 logged steps of its onset.
+rldoctor (``pip install rldoctor==0.2.0``) is optional: without it its column reads "not installed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_logs() -> Path:
+    """``$RLGUARD_REAL_LOGS``, else the first ``shared/doctor_foreign`` beside the checkout or an ancestor of it
+    (``../shared`` from the main checkout, ``../../shared`` from a worktree under ``wt/``)."""
+    if env := os.environ.get("RLGUARD_REAL_LOGS"):
+        return Path(env)
+    for folder in ROOT.parents:
+        if (folder / "shared" / "doctor_foreign").is_dir():
+            return folder / "shared" / "doctor_foreign"
+    return ROOT.parent / "shared" / "doctor_foreign"
+
+
+DEFAULT_LOGS = default_logs()
+#: logged steps after the onset within which a collapse must be critical
+WITHIN = 15
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run did, judged from its source and its numbers.
+
+    Attributes:
+        kind: ``healthy`` (trained well: no critical finding allowed), ``collapse`` (must be critical within
+            ``WITHIN`` logged steps of ``onset``) or ``unclear`` (did not improve, no collapse to time: reported only).
+        onset: the first logged step of the collapse (collapse only).
+        why: the evidence, in the run's own numbers.
+        key_map: ``--map`` entries for a log with its own column names (what the doctor's suggestions propose).
+    """
+
+    kind: str
+    why: str
+    onset: int | None = None
+    key_map: tuple[tuple[str, str], ...] = ()
+
+
+RASBT_MAP = (
+    ("reward_avg", "reward_mean"),
+    ("entropy_avg", "entropy"),
+    ("avg_response_len", "length_mean"),
+    ("kl_loss", "kl_ref"),
+    ("policy_ratio", "ratio_mean"),
+)
+
+VERDICTS: dict[str, Verdict] = {
+    "verl-ppo-qwen05b-gsm8k-r512.verl.jsonl": Verdict(
+        "healthy", "verl's PPO baseline, GSM8K 0.567; score 0.01 -> 0.71"
+    ),
+    "verl-ppo-qwen05b-gsm8k-r256.verl.jsonl": Verdict(
+        "healthy", "verl's PPO baseline, GSM8K 0.538; score 0.00 -> 0.72"
+    ),
+    "verl-ppo-gemma2-2b-gsm8k.verl.jsonl": Verdict("healthy", "verl's PPO baseline, GSM8K 0.640; score 0.42 -> 0.68"),
+    "verl-ppo-tutorial-qwen05b.verl.jsonl": Verdict("healthy", "verl getting-started notebook; score 0.01 -> 0.62"),
+    "dstack-ppo-qwen7b-rm.verl.jsonl": Verdict(
+        "healthy", "reward-model PPO at a plateau: score 0.93-0.96, GSM8K 0.90 -> 0.87"
+    ),
+    "gemma3-1b-gsm8k.trainer_state.json": Verdict("healthy", "GRPO on GSM8K, reward 0.43 -> 1.51"),
+    "hotpotqa-grpo-v3.trainer_state.json": Verdict("healthy", "GRPO agent, reward 0.72 -> 0.78, KL steady"),
+    "unsloth-llama31-8b-gsm8k.trainer_state.json": Verdict("healthy", "Unsloth GRPO, reward 0 -> 1.3-2.5"),
+    "opd-qwen3-4b-ry3hgbx5.verl.jsonl": Verdict(
+        "healthy", "on-policy distillation, score -0.28 -> +0.06, length steady"
+    ),
+    "rasbt-7_4-clip-ratio.csv": Verdict(
+        "healthy", "book ch. 7 clipped GRPO: eval 15.6 -> 45.6, holds 41.6", key_map=RASBT_MAP
+    ),
+    "opd-qwen3-4b-gjvwlq13.verl.jsonl": Verdict(
+        "collapse", "length 578 -> 10 tokens, grad norm 0.9 -> 15, KL 0.5 -> 2, score -0.6 -> -0.9", onset=33
+    ),
+    "opd-qwen3-4b-i80f2v90.verl.jsonl": Verdict(
+        "collapse", "from step 3: length 1759 -> 1 token, score -0.68 -> -1, entropy 0.0002, KL 17", onset=3
+    ),
+    "opd-qwen3-4b-yeu8r64c.verl.jsonl": Verdict(
+        "collapse", "length runaway 934 -> 4500, truncation 0 -> 36%, score -0.60 -> -0.89", onset=14
+    ),
+    "website-sanitizer-grpo.trainer_state.json": Verdict(
+        "collapse", "broken at the first log: KL 10,833, grad norm 4e5, 98% truncated, reward 0 after", onset=10
+    ),
+    "finance-poison-sparse.trainer_state.json": Verdict(
+        "collapse", "no learning signal from the start: 100% zero-variance groups, reward 0", onset=1
+    ),
+    "rasbt-7_5-kl.csv": Verdict(
+        "collapse", "entropy 1 -> 11.9 nats (uniform), KL 25, reward 0; eval 40.8 -> 0", onset=57, key_map=RASBT_MAP
+    ),
+    "rasbt-7_3-tracking.csv": Verdict(
+        "collapse",
+        "entropy 0.5 -> 10.7 nats, reward -> 0 from 257; eval 44.2 -> 37 -> 33",
+        onset=246,
+        key_map=RASBT_MAP,
+    ),
+    "rasbt-ch06-grpo-nokl.csv": Verdict(
+        "collapse", "the 7_3 run without entropy: reward -> 0, lengths at the 1024 cap", onset=246, key_map=RASBT_MAP
+    ),
+    "rasbt-7_6-format-conditional.csv": Verdict(
+        "collapse", "entropy 0.9 -> 4.3 nats, reward 1.4 -> 0; eval 56.2 -> 25.8", onset=158, key_map=RASBT_MAP
+    ),
+    "rasbt-7_6-format-reward.csv": Verdict(
+        "collapse", "entropy 1 -> 4.4 nats; eval 45.8 -> 32.2 -> 9.4", onset=158, key_map=RASBT_MAP
+    ),
+    "chaos-economy-multiagent.trainer_state.json": Verdict(
+        "unclear", "90-100% truncated throughout, reward -0.5..1.2 without trend"
+    ),
+    "azr-selfplay-gradnorm0.trainer_state.json": Verdict(
+        "unclear", "grad norm logged 0 at every step, reward 0.39-0.79 without trend"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One log's result."""
+
+    log: str
+    verdict: Verdict
+    steps: int
+    findings: list[tuple[str, str, int]]  # (detector, severity, step it reached that severity), most severe first
+    critical_steps: list[int]  # steps of the critical events (after the doctor's consequence rule)
+    exit_code: int
+    rldoctor: str
+    rldoctor_critical: bool | None
+    ok: bool | None  # met the criterion of its verdict (None for unclear)
+    delay: int | None  # logged steps from onset to the first critical event at or after it
+
+
+def run_rlguard(path: Path, verdict: Verdict) -> tuple[Any, list[int]]:
+    """The doctor's diagnosis and the steps of its critical events."""
+    from rlguard.doctor import diagnose
+
+    d = diagnose(path, key_map=dict(verdict.key_map) or None)
+    critical = sorted({e.step for e in d.events if e.severity == "critical" and not e.detector.startswith("action:")})
+    return d, critical
+
+
+def run_rldoctor(path: Path) -> tuple[str, bool | None]:
+    """rldoctor 0.2.0's warning and critical findings, or why it did not run."""
+    try:
+        import rl_doctor
+    except ImportError:
+        return "not installed", None
+    try:
+        diagnosis = rl_doctor.diagnose(rl_doctor.load_run(str(path)))
+    except Exception as err:
+        return f"error: {type(err).__name__}", None
+    shown = [f for f in diagnosis.findings if f.severity >= rl_doctor.Severity.WARNING]
+    text = ", ".join(f"{f.detector} ({f.severity.name.lower()})" for f in shown) or "no finding"
+    return text, any(f.severity >= rl_doctor.Severity.CRITICAL for f in shown)
+
+
+def judge(verdict: Verdict, steps: list[int], critical_steps: list[int]) -> tuple[bool | None, int | None]:
+    """Whether the criterion of the verdict holds, and the delay in logged steps (collapses)."""
+    if verdict.kind == "healthy":
+        return not critical_steps, None
+    if verdict.kind != "collapse" or verdict.onset is None:
+        return None, None
+    after = [s for s in critical_steps if s >= verdict.onset]
+    if not after:
+        return False, None
+    delay = sum(1 for s in steps if verdict.onset <= s < after[0])
+    return delay <= WITHIN, delay
+
+
+def rldoctor_ok(verdict: Verdict, critical: bool | None) -> bool | None:
+    """rldoctor has no onset step: healthy -> no critical; collapse -> any critical (a lenient reading)."""
+    if critical is None or verdict.kind == "unclear":
+        return None
+    return not critical if verdict.kind == "healthy" else critical
+
+
+def collect(logs: Path) -> list[Row]:
+    """One row per log named in :data:`VERDICTS` (in that order)."""
+    rows = []
+    for name, verdict in VERDICTS.items():
+        path = logs / name
+        d, critical = run_rlguard(path, verdict)
+        ok, delay = judge(verdict, d.steps, critical)
+        findings = [(f.detector, f.severity, f.severity_step) for f in d.findings]
+        text, rl_critical = run_rldoctor(path)
+        rows.append(Row(name, verdict, len(d.steps), findings, critical, d.exit_code, text, rl_critical, ok, delay))
+    return rows
+
+
+def _cell_findings(row: Row) -> str:
+    parts = [f"{det} {sev} @{step}" for det, sev, step in row.findings if sev == "critical"]
+    warns = [det for det, sev, _ in row.findings if sev == "warn"]
+    if warns:
+        parts.append(f"warn: {', '.join(warns)}")
+    return "; ".join(parts) or "no finding"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--quick", action="store_true", help="accepted for the benchmark runner (same run)")
+    args = parser.parse_args(argv)
+    if not args.logs.is_dir():
+        print(f"doctor_real_logs: no folder {args.logs} (the shared real logs); nothing to do", file=sys.stderr)
+        return 2
+    rows = collect(args.logs)
+    header = [
+        "log",
+        "verdict (from its source)",
+        "rlguard: critical @step it became critical; warnings",
+        "exit",
+        "rlguard ok",
+        "rldoctor 0.2.0 (warning and critical)",
+        "rldoctor ok",
+    ]
+    table = []
+    for r in rows:
+        onset = f", onset {r.verdict.onset}" if r.verdict.onset is not None else ""
+        delay = f" ({r.delay} steps)" if r.delay is not None else ""
+        table.append(
+            [
+                r.log.replace(".trainer_state.json", "").replace(".verl.jsonl", "").replace(".csv", ""),
+                f"{r.verdict.kind}{onset}: {r.verdict.why}",
+                _cell_findings(r),
+                str(r.exit_code),
+                {True: "yes", False: "NO", None: "-"}[r.ok] + delay,
+                r.rldoctor,
+                {True: "yes", False: "NO", None: "-"}[rldoctor_ok(r.verdict, r.rldoctor_critical)],
+            ]
+        )
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for cells in table:
+            print("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"rlguard doctor vs rldoctor on {len(rows)} real logs ({args.logs})")
+        for col in header:
+            t.add_column(col)
+        for cells in table:
+            t.add_row(*cells)
+        Console(width=220).print(t)
+    for kind in ("healthy", "collapse"):
+        mine = [r for r in rows if r.verdict.kind == kind]
+        ours = sum(bool(r.ok) for r in mine)
+        theirs = sum(bool(rldoctor_ok(r.verdict, r.rldoctor_critical)) for r in mine)
+        what = "no critical finding" if kind == "healthy" else f"critical within {WITHIN} logged steps of onset"
+        print(f"{kind} runs, {what}: rlguard {ours}/{len(mine)}, rldoctor {theirs}/{len(mine)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,9 +7,11 @@ import math
 import random
 
 import pytest
+import torch
 
 from rlguard.bench.collapse import RunConfig, Stressor, run_one
-from rlguard.guards import Finding, Guard, GuardConfig
+from rlguard.guards import Decision, Finding, Guard, GuardConfig
+from rlguard.guards.actuator import TorchActuator, apply_decision
 from rlguard.guards.entropy_control import EntropyControl
 from rlguard.guards.interventions import StepContext
 from rlguard.guards.recovery import Recovery
@@ -191,3 +193,27 @@ def test_tiny_model_at_a_high_lr_finishes_without_collapse_under_the_stable_guar
     if multiplier == 10.0:  # the same run without the guard collapses: the test can fail
         unguarded = run_one(RunConfig(objective="grpo", guard="off", stressor=stressor, seed=0, iterations=30))
         assert unguarded.verdict.collapsed and unguarded.verdict.reason == "reward"
+
+
+@pytest.mark.parametrize("owns_step", [True, False])
+def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) -> None:
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[3.0, 0.0, 4.0]]))  # ||theta|| = 5
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    actuator = TorchActuator(model, optimizer, owns_step=owns_step, measure_update=True)
+    assert "update_ratio" in actuator.capabilities
+    model.weight.grad = torch.tensor([[1.0, 2.0, 2.0]])  # ||g|| = 3; the step at LR x0.5 moves 0.05 * 3 = 0.15
+    apply_decision(Decision(step=0, lr_scale=0.5), actuator)
+    if not owns_step:  # the trainer steps, then the callback restores the LR
+        optimizer.step()
+        actuator.restore_lr()
+    assert actuator.take_update_ratio() == pytest.approx(0.15 / 5.0, rel=1e-6)
+    assert actuator.take_update_ratio() is None  # taken once
+    assert optimizer.param_groups[0]["lr"] == 0.1
+    model.weight.grad = torch.ones(1, 3)
+    apply_decision(Decision(step=1, action="skip_step"), actuator)  # a dropped update is not measured
+    if not owns_step:
+        optimizer.step()
+        actuator.restore_lr()
+    assert actuator.take_update_ratio() is None

@@ -107,53 +107,40 @@ class TrustRegion(Intervention):
         """The largest multiplier the controller recovers to (1.0 until a rollback)."""
         return self._s_cap
 
-    def pressure(self, ctx: StepContext) -> tuple[float, str] | None:
-        """The largest LR factor a signal asks to divide by, ``(value / limit) ** (1 / order)``, and a text naming
-        it; None when no signal has evidence this step."""
-        worst: tuple[float, str] | None = None
+    def _evidence(self, ctx: StepContext) -> list[tuple[str, float, float, float]]:
+        """``(metric, value, limit now, order)`` of each signal with evidence this step."""
+        found = []
         for metric, limit, order in self.limits:
             value = ctx.stats.get(metric)
-            if value is None or not math.isfinite(value) or value <= self.floor:
-                continue
-            bound = limit * self._s_tighten
-            factor = (value / bound) ** (1.0 / order)
-            if worst is None or factor > worst[0]:
-                worst = (factor, f"{metric}={value:.3g}, limit {bound:.3g}")
-        return worst
+            if value is not None and math.isfinite(value) and value > self.floor:
+                found.append((metric, value, limit * self._s_tighten, order))
+        return found
 
     def propose(self, ctx: StepContext) -> Proposal | None:
-        worst = self.pressure(ctx)
+        evidence = self._evidence(ctx)
         why = self._s_note  # set by on_rollback: the cap came down since the last proposal
         self._s_note = ""
-        if worst is not None and worst[0] > 1.0:
-            self._s_quiet = 0
-            self._s_scale = max(self._s_scale / min(worst[0], self.max_cut), self.min_scale)
-            why = f"LR cut to x{self._s_scale:.3g} ({worst[1]})"
-        elif worst is not None and self._below_band(ctx):
-            self._s_quiet += 1
-            if self._s_quiet >= self.quiet_steps and self._s_scale < self._s_cap:
+        if evidence:
+            # the LR factor each signal asks to divide by: (value / limit) ** (1 / order)
+            factor, metric, value, limit = max(((v / b) ** (1.0 / o), m, v, b) for m, v, b, o in evidence)
+            signal = f"{metric}={value:.3g}, limit {limit:.3g}"
+            if factor > 1.0:
                 self._s_quiet = 0
-                self._s_scale = min(self._s_scale * self.recover_factor, self._s_cap)
-                quiet = f"below limit/{self.band:g} for {self.quiet_steps} steps"
-                why = f"LR recovers to x{self._s_scale:.3g} ({worst[1]}; {quiet})"
-        elif worst is not None:
-            self._s_quiet = 0
+                self._s_scale = max(self._s_scale / min(factor, self.max_cut), self.min_scale)
+                why = f"LR cut to x{self._s_scale:.3g} ({signal})"
+            elif all(v < b / self.band for _, v, b, _ in evidence):
+                self._s_quiet += 1
+                if self._s_quiet >= self.quiet_steps and self._s_scale < self._s_cap:
+                    self._s_quiet = 0
+                    self._s_scale = min(self._s_scale * self.recover_factor, self._s_cap)
+                    quiet = f"below limit/{self.band:g} for {self.quiet_steps} steps"
+                    why = f"LR recovers to x{self._s_scale:.3g} ({signal}; {quiet})"
+            else:
+                self._s_quiet = 0
         if self._s_scale != self._s_proposed:
             self._s_proposed = self._s_scale
             return Proposal("scale_lr", f"trust region: {why}", lr_scale=self._s_scale)
         return Proposal("continue", lr_scale=self._s_scale)
-
-    def _below_band(self, ctx: StepContext) -> bool:
-        """Every signal with evidence is below ``limit / band``."""
-        seen = False
-        for metric, limit, _ in self.limits:
-            value = ctx.stats.get(metric)
-            if value is None or not math.isfinite(value) or value <= self.floor:
-                continue
-            seen = True
-            if value >= limit * self._s_tighten / self.band:
-                return False
-        return seen
 
     def on_rollback(self, step: int) -> None:
         """The rolled-back stretch crashed at this step size: lower the cap and tighten the limits for good."""

@@ -3,13 +3,16 @@ collapse, rollbacks that learn, the ``stable`` preset, and x5 / x10 learning rat
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from rlguard.bench.collapse import RunConfig, Stressor, run_one
+from rlguard.cli import app
 from rlguard.guards import Decision, Finding, Guard, GuardConfig
 from rlguard.guards.actuator import TorchActuator, apply_decision
 from rlguard.guards.entropy_control import EntropyControl
@@ -217,3 +220,12 @@ def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) ->
         optimizer.step()
         actuator.restore_lr()
     assert actuator.take_update_ratio() is None
+
+
+def test_rlguard_detectors_names_the_presets_of_each_intervention() -> None:
+    result = CliRunner().invoke(app, ["detectors", "--json"])
+    assert result.exit_code == 0
+    presets = {r["name"]: r["presets"] for r in json.loads(result.stdout)["interventions"]}
+    assert presets["trust_region"] == presets["entropy_control"] == presets["recovery"] == ["stable"]
+    assert presets["rollback"] == presets["halt"] == ["default", "strict"]
+    assert presets["skip_step"] == ["default", "strict", "stable"]

@@ -229,3 +229,16 @@ def test_rlguard_detectors_names_the_presets_of_each_intervention() -> None:
     assert presets["trust_region"] == presets["entropy_control"] == presets["recovery"] == ["stable"]
     assert presets["rollback"] == presets["halt"] == ["default", "strict"]
     assert presets["skip_step"] == ["default", "strict", "stable"]
+
+
+def test_controller_state_survives_a_checkpoint_round_trip() -> None:
+    guard = _stable_guard()
+    _healthy(guard, range(10))
+    _poisoned(guard, range(10, 14))  # a rollback: the trust region's cap is now 0.5
+    guard.observe(14, {"loss": 0.1, "update_ratio": 0.1, "nonfinite": 0.0})  # and a cut
+    resumed = _stable_guard()
+    resumed.load_state_dict(json.loads(json.dumps(guard.state_dict())))
+    tr, tr2 = guard.interventions["trust_region"], resumed.interventions["trust_region"]
+    assert isinstance(tr, TrustRegion) and isinstance(tr2, TrustRegion)
+    assert (tr2.scale, tr2.cap) == (tr.scale, tr.cap) and tr.cap == 0.5 and tr.scale < 0.5
+    assert _healthy(resumed, range(15, 60)) == _healthy(guard, range(15, 60))

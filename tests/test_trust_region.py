@@ -242,3 +242,12 @@ def test_controller_state_survives_a_checkpoint_round_trip() -> None:
     assert isinstance(tr, TrustRegion) and isinstance(tr2, TrustRegion)
     assert (tr2.scale, tr2.cap) == (tr.scale, tr.cap) and tr.cap == 0.5 and tr.scale < 0.5
     assert _healthy(resumed, range(15, 60)) == _healthy(guard, range(15, 60))
+
+
+def test_steps_that_only_change_a_control_are_healthy_and_can_be_rolled_back_to() -> None:
+    guard = _stable_guard()
+    for t in range(10):  # the clip controller flips the range every step (off-policy KL high, on-policy ~0)
+        decision = guard.observe(t, {"loss": 0.1, "nonfinite": 0.0, "kl_old": 0.1 if t % 2 else 1e-6})
+        assert decision.action == ("set_clip" if t > 0 else "continue")
+    assert guard.last_healthy_step == 9 and guard.events
+    assert _poisoned(guard, range(10, 14))[-1] == "rollback"  # not "halt: no healthy snapshot"

@@ -354,7 +354,8 @@ class Guard:
             clip_scale=clip_scale,
             clip_high_scale=clip_high_scale,
             rollback_to=best.rollback_to,
-            snapshot=healthy and due and best.action == "continue",
+            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found
+            snapshot=healthy and due and _OUTCOME.get(best.action, "step") == "step",
             events=tuple(events),
             reason=best.reason,
             **scheduled,
@@ -371,7 +372,7 @@ class Guard:
         self._consecutive_skips = self._consecutive_skips + 1 if decision.action == "skip_step" else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
-        if not findings and not any(a.level for a in self._alarms.values()) and decision.action == "continue":
+        if not findings and not any(a.level for a in self._alarms.values()) and decision.outcome == "step":
             self._last_healthy_step = decision.step
         if decision.action == "rollback":
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh

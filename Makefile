@@ -45,6 +45,7 @@ lint: setup
 	$(VENV)/bin/ruff check rlguard tests benchmarks integration_tests
 	$(VENV)/bin/ruff format --check rlguard tests benchmarks integration_tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(VENV)/bin/ruff format rlguard tests benchmarks integration_tests

@@ -2,6 +2,7 @@
 
     python benchmarks/guard_detection.py            # 10 seeds per failure, 20 per healthy shape
     python benchmarks/guard_detection.py --quick    # 2 and 3
+    python benchmarks/guard_detection.py --every 4  # generation stats (reward, lengths, ...) on every 4th step only
 
 Prints, for each failure mode, the steps from onset to the expected detector's first event (min/median/max over
 seeds) and how often it reached critical; then the events raised on healthy runs by the `default` preset.
@@ -17,19 +18,21 @@ from rich.console import Console
 from rich.table import Table
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
+from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few seeds, for CI")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=1, help="generation stats on every N-th step only (TRL)")
     args = parser.parse_args()
     failure_seeds, healthy_seeds = (2, 3) if args.quick else (10, 20)
     onset = args.steps // 2
     console = Console(width=150)
 
-    table = Table(title=f"detection delay (steps after onset {onset}), {failure_seeds} seeds, preset 'monitor'")
+    sparse = f", generation stats every {args.every} steps" if args.every > 1 else ""
+    table = Table(title=f"detection delay (steps after onset {onset}), {failure_seeds} seeds, preset 'monitor'{sparse}")
     for col in ("failure", "detector", "missed", "min", "median", "max", "reached critical"):
         table.add_column(col)
     for mode, (_, detector) in FAILURES.items():
@@ -37,7 +40,7 @@ def main() -> None:
         for seed in range(failure_seeds):
             guard = Guard(GuardConfig.preset("monitor"))
             first = None
-            for step, stats in enumerate(failing_stream(mode, args.steps, onset, seed)):
+            for step, stats in enumerate(sparse_stream(failing_stream(mode, args.steps, onset, seed), args.every)):
                 for event in guard.observe(step, stats).events:
                     if event.detector == detector and first is None:
                         first = step - onset
@@ -55,7 +58,7 @@ def main() -> None:
     for shape in SHAPES:
         for seed in range(healthy_seeds):
             guard = Guard(GuardConfig.preset("default"))
-            for step, stats in enumerate(healthy_stream(args.steps, seed, shape)):
+            for step, stats in enumerate(sparse_stream(healthy_stream(args.steps, seed, shape), args.every)):
                 actions[guard.observe(step, stats).action] += 1
             counts.update((e.detector, e.severity) for e in guard.events)
     runs = len(SHAPES) * healthy_seeds

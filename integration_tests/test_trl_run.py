@@ -84,6 +84,20 @@ OBJECTIVE_RUNS = {
     "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
     "sapo": {"loss_type": "sapo"},
     "gmpo": {"loss_type": "grpo"},
+    "luspo": {
+        "loss_type": "luspo",
+        "importance_sampling_level": "sequence",
+        "epsilon": 3e-4,
+        "epsilon_high": 4e-4,
+        "use_bias_correction_kl": False,  # TRL weights a sequence-level KL by the sequence ratio (a known difference)
+    },
+    "vespo": {"loss_type": "vespo"},
+    "clip_cov": {"loss_type": "dapo"},
+    "kl_cov": {"loss_type": "dapo"},
+    "gpg": {"loss_type": "dapo"},
+    "dppo_tv": {"loss_type": "dapo"},
+    "dppo_kl": {"loss_type": "dapo"},
+    "dro": {"loss_type": "dapo"},
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ WORKER = Path(__file__).with_name("verl_worker.py")
 TIMEOUT_S = 420
 
 
-def launch(nproc: int, out: Path) -> subprocess.Popen[str]:
+def launch(nproc: int, out: Path, objective: str = "gspo") -> subprocess.Popen[str]:
     """torchrun with a free rendezvous port (``--standalone``), run in the output's folder."""
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", WORKER, out],
@@ -34,6 +35,7 @@ def launch(nproc: int, out: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "RLGUARD_VERL_OBJECTIVE": objective},
     )
 
 
@@ -74,3 +76,20 @@ def test_gspo_one_process_equals_two(tmp_path: Path) -> None:
         print(
             f"{run['world_size']} process(es): engine built in {run['build_s']:.1f} s, update {run['update_s']:.1f} s"
         )
+
+
+@pytest.mark.slow
+def test_dppo_tv_one_process_equals_two(tmp_path: Path) -> None:
+    """An objective of the TRL/verl union in verl's own training code: rlguard.dppo_tv (token-local, so one
+    process and two take the same step when the loss honours global_batch_info)."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    outs = [tmp_path / "one" / "out.json", tmp_path / "two" / "out.json"]
+    processes = [launch(nproc, out, "dppo_tv") for nproc, out in zip((1, 2), outs, strict=True)]
+    one, two = (finish(process, out) for process, out in zip(processes, outs, strict=True))
+    m1, m2 = one["metrics"], two["metrics"]
+    assert len(m1["loss"]) == len(m2["loss"]) == 2
+    assert "rlguard/kl_old" in m1
+    assert all(math.isfinite(v) and v > 1e-3 for v in m1["grad_norm"])
+    for key in ("loss", "grad_norm", "actor/pg_loss", "actor/ppo_kl"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key

@@ -19,6 +19,9 @@ with the faults of ``trl_guard_faults.py``:
   gives NaN gradients);
 - ``resume``: poisoned, checkpointed at step 5, killed after step 6 and resumed by a new trainer from the
   DeepSpeed checkpoint: the guard's events and baselines carry over;
+- ``script`` (``test_actuators_zero.py``): no fault; a guard whose decisions are scripted (:data:`SCRIPT`: snapshot,
+  LR and clip scale, skip, clip-higher and entropy coefficient, rollback, halt), without DeepSpeed (``script``) and
+  under ZeRO-2/3 (``2/script``, ``3/script``); every step records sums of the full weights and the controls;
 - ``plain``: the first steps of ``poison`` without DeepSpeed (DDP over the same two processes), for the gradient
   norm the guard sees without ZeRO; it runs first, because accelerate's process-wide state stays on DeepSpeed
   once a DeepSpeed run has started (a later run without ``deepspeed=`` would still get an engine).
@@ -46,6 +49,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl_guard_faults import RUN, build, guard_config
 
 from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
+from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.schedules import Constant
 
 AT, STEPS, PLAIN_STEPS = 4, 7, 3
@@ -208,6 +212,64 @@ def run(
     return result
 
 
+#: the decisions of the ``script`` runs, by optimizer step (the same script as tests/test_actuators.py, without beta:
+#: these runs load no reference model)
+SCRIPT: dict[int, Decision] = {
+    1: Decision(1, snapshot=True),
+    2: Decision(2, action="scale_lr", lr_scale=0.5, clip_scale=0.5),
+    3: Decision(3, action="skip_step", lr_scale=0.5, clip_scale=0.5),
+    4: Decision(4, clip_high_scale=2.0, entropy_coef=0.02),
+    5: Decision(5, action="rollback", rollback_to=1),
+    6: Decision(6, action="halt"),
+}
+
+
+class ScriptedGuard(Guard):
+    """A real Guard (monitor preset) whose decision at each step is :data:`SCRIPT`'s."""
+
+    def __init__(self) -> None:
+        super().__init__(GuardConfig.preset("monitor"))
+
+    def observe(self, step: int, stats: Any) -> Decision:
+        return SCRIPT.get(step, Decision(step))
+
+
+class Trace(TrainerCallback):
+    """After every optimizer step: sums of the full weights (float64), their digest, the objective's controls."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.rows: list[dict[str, Any]] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        weights = full_weights(self.trainer.model)
+        flat = torch.cat([w.double().reshape(-1) for _, w in sorted(weights.items())])
+        objective = self.trainer.rlguard_objective
+        self.rows.append(
+            {
+                "step": state.global_step,
+                "digest": digest(weights),
+                "sum": float(flat.sum()),
+                "sumsq": float(flat.square().sum()),
+                "controls": [objective.clip_low, objective.clip_high, objective.entropy_coef],
+            }
+        )
+
+
+def scripted(model: str, out: Path, name: str, deepspeed_config: str | None) -> dict[str, Any]:
+    """:data:`SCRIPT` through the TRL actuator of this setting (DDP, or ZeRO with ``deepspeed_config``)."""
+    args = GuardedGRPOConfig(
+        output_dir=str(out / name), ddp_backend="gloo", ddp_timeout=120, deepspeed=deepspeed_config,
+        **{**RUN, "max_steps": len(SCRIPT) + 2},
+    )  # fmt: skip
+    callback, trace = StabilityCallback(guard=ScriptedGuard()), Trace()
+    trainer = build(GuardedGRPOTrainer, Path(model), args, None, AT, callbacks=[callback, trace])
+    trace.trainer = trainer
+    initial = full_weights(trainer.model)
+    trainer.train()
+    return {"initial": digest(initial), "trace": trace.rows, "steps": trainer.state.global_step}
+
+
 class Kill(TrainerCallback):
     """Raises on every rank after optimizer step ``at``: a killed run."""
 
@@ -286,6 +348,10 @@ def main() -> None:
     # under different ZeRO stages may follow each other: each run's arguments carry its DeepSpeed config)
     for key in cli.runs.split(","):
         stage, _, name = key.rpartition("/")
+        if name == "script":
+            config = str(configs / f"zero{stage}_trainer.json") if stage else None
+            results[key] = scripted(cli.model, out, key.replace("/", "_"), config)
+            continue
         if name == "resume":
             results[key] = resume(cli.model, out, key.replace("/", "_"), str(configs / f"zero{stage}_trainer.json"))
             continue

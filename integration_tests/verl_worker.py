@@ -202,7 +202,8 @@ def actor_overrides(model_dir: str) -> list[str]:
         "actor_rollout_ref.actor.clip_ratio_low=0.02",
         "actor_rollout_ref.actor.clip_ratio_high=0.03",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo",
+        # RLGUARD_VERL_OBJECTIVE picks another rlguard objective (integration_tests/test_verl_run.py)
+        f"actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.{os.environ.get('RLGUARD_VERL_OBJECTIVE', 'gspo')}",
         "actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl.RLGuardPolicyLossConfig",
         "+actor_rollout_ref.actor.policy_loss.on_nonfinite=raise",
     ]

@@ -101,7 +101,7 @@ def detectors(
     run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse and rollbacks that
     learn)."""
     from rlguard.guards import Guard, GuardConfig
-    from rlguard.plugins import detector_registry, intervention_registry
+    from rlguard.guards.registry import detector_registry, intervention_registry
 
     dets, acts = detector_registry(), intervention_registry()
     presets = ("default", "strict", "stable")

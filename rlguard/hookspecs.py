@@ -7,18 +7,26 @@ through the ``rlguard`` entry-point group::
     [project.entry-points.rlguard]
     my_objectives = "my_package.rlguard_plugin"
 
+Two kinds of hooks (``docs/design.md``, "Plugins"): the ``rlguard_add_*`` hooks return classes, collected once
+per process into the registries (a hook rather than a bare entry point because pluggy gives built-ins and third
+parties one path, validation at registration, duplicate detection and the autoload switch); the per-step hooks
+take part in every optimizer step: :func:`rlguard_step_stats` adds stats before the guard judges the step,
+:func:`rlguard_on_decision` sees each decision after it was carried out (alerting, dashboards, audit logs).
+
 Hooks are called with keyword arguments only, so a spec can gain arguments without breaking implementations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
     from rlguard.core_losses.objective import Objective
+    from rlguard.guards.actuator import Applied
+    from rlguard.guards.decision import Decision
     from rlguard.guards.detectors import Detector
     from rlguard.guards.interventions import Intervention
 
@@ -55,3 +63,19 @@ def rlguard_add_interventions() -> Sequence[type[Intervention]]:  # type: ignore
     Each is a subclass of :class:`rlguard.guards.Intervention` with a unique ``name`` whose ``propose`` turns
     a step's findings and alarms into a ``Proposal``; the guard acts on the proposal of highest priority.
     """
+
+
+@hookspec
+def rlguard_step_stats(step: int, stats: Mapping[str, float]) -> Mapping[str, float] | None:
+    """Return extra stats for optimizer ``step`` (identical on every rank: compute them from ``stats``, the step's
+    reduced stats, or from data every rank holds), or None.
+
+    Called by :meth:`rlguard.guards.Guard.observe` before the detectors run; the returned names join the stats the
+    detectors (a plugin's own included) read. A name the step already has raises ``ValueError``.
+    """
+
+
+@hookspec
+def rlguard_on_decision(decision: Decision, applied: Applied) -> None:
+    """See ``decision`` after :func:`rlguard.guards.actuator.apply_decision` carried it out: ``applied`` says the
+    outcome taken and what the training loop could only record. Called on every rank."""

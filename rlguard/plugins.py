@@ -1,7 +1,10 @@
-"""The plugin manager: built-ins and third-party plugins go through the same hooks.
+"""The plugin manager: built-ins and third-party plugins go through the same hooks (``docs/design.md``, "Plugins").
 
-Built-ins are registered directly; third-party plugins come from the ``rlguard`` entry-point group unless
-``RLGUARD_DISABLE_PLUGIN_AUTOLOAD=1``.
+The host is the pytest/pluggy four lines: create the manager, add the specs, load the ``rlguard`` entry points
+(unless ``RLGUARD_DISABLE_PLUGIN_AUTOLOAD=1``), register the built-ins. This module sits below every layer and
+imports none of them: each layer registers its own built-ins into the manager when it first reads a registry
+(:func:`ensure_registered`) and collects classes with :func:`collect` — objectives in
+:mod:`rlguard.core_losses.registry`, detectors and interventions in :mod:`rlguard.guards.registry`.
 """
 
 from __future__ import annotations
@@ -10,17 +13,12 @@ import functools
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, cast
 
 import pluggy
 
 from rlguard import hookspecs
 from rlguard.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from rlguard.core_losses.objective import Objective
-    from rlguard.guards.detectors import Detector
-    from rlguard.guards.interventions import Intervention
 
 T = TypeVar("T")
 
@@ -28,36 +26,10 @@ ENTRY_POINT_GROUP = "rlguard"
 DISABLE_AUTOLOAD_ENV = "RLGUARD_DISABLE_PLUGIN_AUTOLOAD"
 
 
-class _Builtins:
-    """The built-in objectives, detectors and interventions, registered as a plugin like any other."""
-
-    @hookimpl
-    def rlguard_add_objectives(self) -> tuple[type, ...]:
-        from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
-
-        return BUILTIN_OBJECTIVES
-
-    @hookimpl
-    def rlguard_add_detectors(self) -> tuple[type, ...]:
-        from rlguard.guards.detectors import BUILTIN_DETECTORS
-
-        return BUILTIN_DETECTORS
-
-    @hookimpl
-    def rlguard_add_interventions(self) -> tuple[type, ...]:
-        from rlguard.guards.entropy_control import EntropyControl
-        from rlguard.guards.interventions import BUILTIN_INTERVENTIONS
-        from rlguard.guards.recovery import Recovery
-        from rlguard.guards.trust_region import TrustRegion
-
-        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, Recovery)
-
-
 def make_plugin_manager(*, autoload: bool | None = None) -> pluggy.PluginManager:
-    """A new manager with the specs, the built-ins and (unless disabled) the entry-point plugins."""
+    """A new manager with the specs and (unless disabled) the entry-point plugins; built-ins join on first use."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    pm.register(_Builtins(), name="rlguard.builtin")
     if autoload is None:
         autoload = os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() not in {"1", "true", "yes"}
     if autoload:
@@ -71,7 +43,13 @@ def plugin_manager() -> pluggy.PluginManager:
     return make_plugin_manager()
 
 
-def _collect(pm: pluggy.PluginManager, hook_name: str, base: type[T], kind: str) -> Mapping[str, type[T]]:
+def ensure_registered(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
+    """Register the built-in ``plugin`` under ``name`` unless it already is (idempotent)."""
+    if pm.get_plugin(name) is None:
+        pm.register(plugin, name=name)
+
+
+def collect(pm: pluggy.PluginManager, hook_name: str, base: type[T], kind: str) -> Mapping[str, type[T]]:
     """``{name: class}`` from every plugin's implementation of ``hook_name``; duplicates and non-subclasses raise."""
     found: dict[str, tuple[type[T], str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
@@ -94,55 +72,12 @@ def _collect(pm: pluggy.PluginManager, hook_name: str, base: type[T], kind: str)
     return MappingProxyType({name: cls for name, (cls, _) in sorted(found.items())})
 
 
-def collect_objectives(pm: pluggy.PluginManager) -> Mapping[str, type[Objective]]:
-    """``{name: Objective subclass}`` from every plugin's ``rlguard_add_objectives``; duplicates raise."""
-    from rlguard.core_losses.objective import Objective
-
-    return _collect(pm, "rlguard_add_objectives", Objective, "objective")
-
-
-def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type[Detector]]:
-    """``{name: Detector subclass}`` from every plugin's ``rlguard_add_detectors``; duplicates raise."""
-    from rlguard.guards.detectors import Detector
-
-    return _collect(pm, "rlguard_add_detectors", Detector, "detector")
-
-
-def collect_interventions(pm: pluggy.PluginManager) -> Mapping[str, type[Intervention]]:
-    """``{name: Intervention subclass}`` from every plugin's ``rlguard_add_interventions``; duplicates raise."""
-    from rlguard.guards.interventions import Intervention
-
-    return _collect(pm, "rlguard_add_interventions", Intervention, "intervention")
-
-
-@functools.cache
-def objective_registry() -> Mapping[str, type[Objective]]:
-    """The objectives of :func:`plugin_manager`, collected once per process."""
-    return collect_objectives(plugin_manager())
-
-
-@functools.cache
-def detector_registry() -> Mapping[str, type[Detector]]:
-    """The detectors of :func:`plugin_manager`, collected once per process."""
-    return collect_detectors(plugin_manager())
-
-
-@functools.cache
-def intervention_registry() -> Mapping[str, type[Intervention]]:
-    """The interventions of :func:`plugin_manager`, collected once per process."""
-    return collect_interventions(plugin_manager())
-
-
 __all__ = [
     "DISABLE_AUTOLOAD_ENV",
     "ENTRY_POINT_GROUP",
-    "collect_detectors",
-    "collect_interventions",
-    "collect_objectives",
-    "detector_registry",
+    "collect",
+    "ensure_registered",
     "hookimpl",
-    "intervention_registry",
     "make_plugin_manager",
-    "objective_registry",
     "plugin_manager",
 ]

@@ -13,6 +13,10 @@ References
 - DAPO: Yu et al. 2025, arXiv:2503.14476.               - GSPO: Zheng et al. 2025, arXiv:2507.18071.
 - CISPO: MiniMax-M1 2025, arXiv:2506.13585.             - SAPO: Qwen 2025, arXiv:2511.20347.
 - GMPO: Zhao et al. 2025, arXiv:2507.20673.             - KL estimators k1/k2/k3: Schulman 2020.
+- LUSPO: Liu et al. 2026, arXiv:2602.05261.             - VESPO: Shen et al. 2026, arXiv:2602.10693.
+- Clip-Cov, KL-Cov: Cui et al. 2025, arXiv:2505.22617.  - GPG: Chu et al. 2025, arXiv:2504.02546.
+- DPPO (Binary-TV, Binary-KL): Qi et al. 2026, arXiv:2602.04879.
+- DRO: Richemond et al. 2024, arXiv:2405.19107 (policy term with a quadratic log-ratio penalty).
 """
 
 from __future__ import annotations
@@ -25,7 +29,24 @@ import torch
 
 LOG_RATIO_BOUND = 20.0
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-OBJECTIVES = ("grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gmpo")
+OBJECTIVES = (
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "cispo",
+    "sapo",
+    "gmpo",
+    "luspo",
+    "vespo",
+    "clip_cov",
+    "kl_cov",
+    "gpg",
+    "dppo_tv",
+    "dppo_kl",
+    "dro",
+)
 
 _COMMON: dict[str, Any] = {
     "max_length": None,
@@ -50,6 +71,22 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "cispo": {"clip_low": None, "clip_high": 4.0, "bounds": "relative", "aggregation": "token-mean"},
     "sapo": {"tau_pos": 1.0, "tau_neg": 1.05, "aggregation": "seq-mean-token-mean"},
     "gmpo": {"clip_low": 0.4, "clip_high": 0.4, "aggregation": "seq-mean-token-mean"},
+    "luspo": {"clip_low": 3e-4, "clip_high": 4e-4, "aggregation": "seq-mean-token-sum"},
+    "vespo": {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0, "aggregation": "token-mean"},
+    "clip_cov": {
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "clip_cov_ratio": 2e-4,
+        "clip_cov_lb": 1.0,
+        "clip_cov_ub": 5.0,
+        "generator": None,
+        "aggregation": "token-mean",
+    },
+    "kl_cov": {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0, "aggregation": "token-mean"},
+    "gpg": {"aggregation": "token-mean"},
+    "dppo_tv": {"clip_low": 0.2, "clip_high": 0.2, "is_cap": 20.0, "aggregation": "token-mean"},
+    "dppo_kl": {"clip_low": 0.2, "clip_high": 0.2, "is_cap": 20.0, "aggregation": "token-mean"},
+    "dro": {"tau": 1.0, "aggregation": "token-mean"},
 }
 
 
@@ -283,8 +320,69 @@ def reference_loss(
             l_i = -A_i * torch.exp(total / max(len(kept_i), 1))
             for t in tokens[i]:
                 policy[(i, t)] = l_i
+        elif name == "luspo":
+            # LUSPO = GSPO's clipped term l_i on every token of the sequence; the default aggregation
+            # (seq-mean-token-sum) sums it over the L_i tokens: L_i · l_i per sequence, mean over sequences
+            lo, hi = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"]
+            kept_i = [t for t in tokens[i] if keep[(i, t)]]
+            total = _const(0.0)
+            for t in kept_i:
+                total = total + log_ratio(i, t)
+            s = torch.exp(total / max(len(kept_i), 1))
+            for t in tokens[i]:
+                A = adv(i, t)
+                s_clip, _ = _clip(s, lo, hi)
+                surr, took_clip = _min(s * A, s_clip * A)
+                policy[(i, t)] = -surr
+                if A != 0 and took_clip:
+                    result.clipped.add((i, t))
+        elif name == "vespo":
+            # W_i = Π_t r_it (no length normalisation), log W clamped to [log 1e-8, 20];
+            # φ(W) = W^k exp(λ (1 - W)) with (k, λ) = (k_pos, λ_pos) for A ≥ 0 else (k_neg, λ_neg);
+            # l_it = -sg[φ(W_i)] A_it log π_it
+            kept_i = [t for t in tokens[i] if keep[(i, t)]]
+            log_w = sum(float(log_ratio(i, t).detach()) for t in kept_i)
+            log_w = min(max(log_w, math.log(1e-8)), 20.0)
+            w = math.exp(log_w)
+            for t in tokens[i]:
+                A = adv(i, t)
+                k, lam = (cfg["k_pos"], cfg["lambda_pos"]) if A >= 0 else (cfg["k_neg"], cfg["lambda_neg"])
+                phi = w**k * math.exp(lam * (1.0 - w))
+                policy[(i, t)] = -phi * A * lp(i, t)
+        elif name == "gpg":
+            # GPG: the plain policy gradient -A log π, no ratio, no clip
+            for t in tokens[i]:
+                policy[(i, t)] = -adv(i, t) * lp(i, t)
+        elif name == "dro":
+            # DRO: -(A log π - τ/2 (log π/π_old)^2)
+            for t in tokens[i]:
+                lr = lp(i, t) - old(i, t)
+                policy[(i, t)] = -(adv(i, t) * lp(i, t) - 0.5 * cfg["tau"] * lr * lr)
+        elif name in ("dppo_tv", "dppo_kl"):
+            # DPPO-Binary: l = -A · sg[min(r, C)] · log π · M, M = 0 where the update leaves the trust region in
+            # the direction the advantage pushes: TV |π - μ| (probabilities) or the binary KL
+            # KL(Bern(μ) || Bern(π)) = μ log(μ/π) + (1-μ) log((1-μ)/(1-π)) beyond δ
+            for t in tokens[i]:
+                A = adv(i, t)
+                r = math.exp(float(log_ratio(i, t).detach()))
+                p, mu = math.exp(float(lp(i, t).detach())), math.exp(float(old(i, t)))
+                if name == "dppo_tv":
+                    inside = (p - mu <= cfg["clip_high"]) if A > 0 else (p - mu >= -cfg["clip_low"])
+                else:
+                    eps = 1e-8  # the 1e-8 guards of the reference implementation, for p or μ close to 1
+                    kl = mu * (math.log(mu) - math.log(p)) + (1.0 - mu) * math.log((1.0 - mu + eps) / (1.0 - p + eps))
+                    inside = (kl <= cfg["clip_high"] or p <= mu) if A > 0 else (kl <= cfg["clip_low"] or p >= mu)
+                w = min(r, cfg["is_cap"])
+                policy[(i, t)] = -A * w * lp(i, t) * (1.0 if inside else 0.0)
+                if A != 0 and not inside:
+                    result.clipped.add((i, t))
+        elif name in ("clip_cov", "kl_cov"):
+            pass  # batch-level token selection, below
         else:
             raise ValueError(name)
+
+    if name in ("clip_cov", "kl_cov"):
+        _covariance_terms(name, cfg, result, policy, keep, lp, adv, log_ratio)
     result.num_clipped = len(result.clipped)
 
     # ---- rollout importance weights (detached, multiply the policy term only)
@@ -354,6 +452,54 @@ def reference_loss(
             raise ValueError(agg)
     result.loss = loss
     return result
+
+
+def _covariance_terms(name, cfg, result, policy, keep, lp, adv, log_ratio) -> None:  # type: ignore[no-untyped-def]
+    """Clip-Cov and KL-Cov (arXiv 2505.22617, sec. 4): Cov_t = (log π_t - mean log π)(A_t - mean A) over the N
+    tokens of the batch (the kept ones).
+
+    Clip-Cov: among the tokens with ω_low < Cov < ω_high whose PPO term is not already clipped, r·N (at least 1)
+    drawn uniformly at random (torch.randperm over them in row-major order, with ``generator``) lose their
+    term and gradient. KL-Cov: the top max(1, int(r·N)) tokens by Cov get β |log r_t| added to -A r_t.
+    """
+    kept = sorted(key for key, k in keep.items() if k)
+    if not kept:
+        return
+    n = len(kept)
+    mean_lp = sum(float(lp(i, t).detach()) for i, t in kept) / n
+    mean_a = sum(adv(i, t) for i, t in kept) / n
+    cov = {key: (float(lp(*key).detach()) - mean_lp) * (adv(*key) - mean_a) for key in kept}
+    if name == "clip_cov":
+        lo, hi = 1.0 - cfg["clip_low"], 1.0 + cfg["clip_high"]
+        candidates = []
+        for i, t in kept:
+            A = adv(i, t)
+            r = torch.exp(log_ratio(i, t))
+            r_clip, _ = _clip(r, lo, hi)
+            surr, took_clip = _min(r * A, r_clip * A)
+            policy[(i, t)] = -surr
+            clipped_by_ppo = -float(r_clip.detach()) * A > -float(r.detach()) * A
+            if A != 0 and took_clip:
+                result.clipped.add((i, t))
+            if not clipped_by_ppo and cfg["clip_cov_lb"] < cov[(i, t)] < cfg["clip_cov_ub"]:
+                candidates.append((i, t))
+        k = max(int(cfg["clip_cov_ratio"] * n), 1)
+        if candidates:
+            perm = torch.randperm(len(candidates), generator=cfg["generator"])
+            for j in perm[: min(k, len(candidates))].tolist():
+                policy[candidates[j]] = _const(0.0)
+                result.clipped.add(candidates[j])
+        return
+    k = max(1, int(n * cfg["kl_cov_ratio"]))
+    top = sorted(kept, key=lambda key: cov[key], reverse=True)[:k]
+    for i, t in kept:
+        r = torch.exp(log_ratio(i, t))
+        policy[(i, t)] = -adv(i, t) * r
+    for i, t in top:
+        lr = log_ratio(i, t)
+        v = float(lr.detach())
+        abs_lr = lr if v > 0 else (-lr if v < 0 else 0.0 * lr)  # |x| with the subgradient 0 at x = 0
+        policy[(i, t)] = policy[(i, t)] + cfg["kl_cov_coef"] * abs_lr
 
 
 def reference_grad(res: ReferenceResult, logprobs: torch.Tensor) -> torch.Tensor:

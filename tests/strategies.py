@@ -133,7 +133,8 @@ def batch_data(
 
     def near_logprobs() -> np.ndarray | None:
         if optional and draw(st.booleans()):
-            return logprobs + token_values(-offset_range, offset_range)
+            # log-probabilities: never above 0 (DPPO reads them as probabilities and rejects more)
+            return np.minimum(logprobs + token_values(-offset_range, offset_range), 0.0)
         return None
 
     adv_shape = draw(st.sampled_from([(b,), (b, 1), (b, t)]))

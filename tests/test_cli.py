@@ -90,7 +90,7 @@ def test_demo_summary_compares_the_first_and_last_fifth_of_each_run(capsys: pyte
 
 
 def test_detectors_lists_every_registered_detector_and_intervention() -> None:
-    from rlguard.plugins import detector_registry, intervention_registry
+    from rlguard.guards.registry import detector_registry, intervention_registry
 
     result = runner.invoke(app, ["detectors", "--json"])
     assert result.exit_code == 0, result.output

@@ -130,7 +130,7 @@ def test_float_and_tensor_inputs_reduce_alike() -> None:
 
 def test_metric_table_marks_exactly_the_stats_the_built_in_detectors_read() -> None:
     from rlguard.metrics import JUDGED
-    from rlguard.plugins import detector_registry
+    from rlguard.guards.registry import detector_registry
 
     reads = {stat for cls in detector_registry().values() for stat in cls().reads()}
     assert reads == JUDGED

@@ -18,7 +18,7 @@ from rlguard.guards import (
     Stages,
 )
 from rlguard.guards.interventions import ClipController, LRBackoff, StepContext
-from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
+from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
 ONSET = 120
 STEPS = 220
@@ -235,7 +235,7 @@ def test_detectors_can_be_switched_off() -> None:
 
 def test_detector_summaries_state_their_default_thresholds() -> None:
     """The one-line summaries (README, `rlguard detectors`) must not drift from the defaults."""
-    from rlguard.plugins import detector_registry
+    from rlguard.guards.registry import detector_registry
 
     keys = ("warn_factor", "critical_factor", "warn", "critical", "warn_ratio", "critical_ratio", "floor_ratio")
     keys += ("warn_h", "critical_h", "warn_drop", "critical_drop", "warn_above", "critical_above", "margin")
@@ -298,15 +298,6 @@ def test_a_clip_fraction_burst_over_off_policy_steps_is_still_caught() -> None:
 
 # -- issue 13: sparse stats, drift, absolute bounds, mismatch from any stat ---------------------------------------
 
-#: what TRL logs only on generation steps (steps_per_generation > gradient_accumulation_steps)
-GENERATION_STATS = ("reward_mean", "reward_std", "frac_zero_std_groups", "frac_zero_std_solved", "length_mean")
-GENERATION_STATS += ("truncated_frac", "repetition_rate")
-
-
-def _sparse(stream: list[dict[str, float]], every: int) -> list[dict[str, float]]:
-    """The generation stats kept on every ``every``-th step only (absent, not 0, on the others)."""
-    return [{k: v for k, v in s.items() if i % every == 0 or k not in GENERATION_STATS} for i, s in enumerate(stream)]
-
 
 @pytest.mark.parametrize("mode", ["too_hard", "reward_collapse", "truncation", "repetition"])
 def test_sparse_generation_stats_are_caught_alike_every_1_2_or_4_steps(mode: str) -> None:
@@ -318,7 +309,7 @@ def test_sparse_generation_stats_are_caught_alike_every_1_2_or_4_steps(mode: str
     for every in (1, 2, 4):
         guard = Guard(GuardConfig.preset("monitor"))
         # plateau: a rising reward would give the 50-observation baseline a wider spread when it spans 200 steps
-        for step, stats in enumerate(_sparse(failing_stream(mode, 400, 240, seed=0, shape="plateau"), every)):
+        for step, stats in enumerate(sparse_stream(failing_stream(mode, 400, 240, seed=0, shape="plateau"), every)):
             guard.observe(step, stats)
         hits = [e for e in guard.events if e.detector == detector and e.severity == "critical"]
         assert hits, (mode, every, guard.events[:5])
@@ -332,7 +323,7 @@ def test_warmup_counts_observations_not_steps() -> None:
     """zero_variance_groups has a warm-up of 10 observations: with its stat every 4th step, a run that is
     too hard from step 0 is found after 10 + 3 observations (step 48), not at step 12."""
     guard = Guard(GuardConfig.preset("monitor"))
-    for step, stats in enumerate(_sparse(failing_stream("too_hard", 100, 0, seed=1), 4)):
+    for step, stats in enumerate(sparse_stream(failing_stream("too_hard", 100, 0, seed=1), 4)):
         guard.observe(step, stats)
     first = next(e for e in guard.events if e.detector == "zero_variance_groups")
     assert first.step == 4 * 12, first
@@ -400,6 +391,25 @@ def test_mismatch_is_judged_from_whichever_stat_the_run_has(stat: str) -> None:
     assert hits and 120 <= hits[0].step <= 145, (stat, hits)
     assert any(e.severity == "critical" for e in hits), hits
     assert guard.detectors["mismatch_growth"].reads() == (stat,)
+
+
+def test_mismatch_stat_choice_survives_a_checkpoint() -> None:
+    """A guard restored mid-run judges the same stat against the same bounds (mean |log-prob gap| >= 0.16)."""
+    stream = healthy_stream(60, seed=2)
+    for step, stats in enumerate(stream):
+        del stats["mismatch_kl"]
+        stats["mismatch_logp_abs_mean"] = 0.01 if step < 40 else 0.2
+    first = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(stream[:30]):
+        first.observe(step, stats)
+    resumed = Guard(GuardConfig.preset("monitor"))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for step, stats in enumerate(stream[30:], start=30):
+        first.observe(step, stats)
+        resumed.observe(step, stats)
+    assert [e for e in resumed.events if e.step >= 30] == [e for e in first.events if e.step >= 30]
+    hits = [e for e in resumed.events if e.detector == "mismatch_growth"]
+    assert hits and (hits[0].step, hits[0].severity, hits[0].threshold) == (41, "critical", 0.16), hits
 
 
 def test_entropy_blowup_towards_uniform_is_critical() -> None:

@@ -93,6 +93,7 @@ def test_objective_loss_and_gradients_match_through_either_path(name: str) -> No
         assert ent is not None
         old = lp.detach() + 0.2 * torch.randn(B, T, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
         batch = PolicyBatch(logprobs=lp, advantages=adv, mask=mask, old_logprobs=old, entropies=ent)
+        torch.manual_seed(0)  # clip_cov draws tokens at random: the same draw on both paths
         loss = get_objective(name, entropy_coef=0.01).__call__(batch).loss
         loss.backward()
         results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
@@ -143,6 +144,7 @@ def test_objective_loss_and_gradients_across_dtypes(name: str, dtype: torch.dtyp
             lp, ent = logprobs_from_logits(hidden.float() @ weight.float().T, targets, compute_entropy=True)
         assert ent is not None and lp.dtype == torch.float32
         batch = PolicyBatch(logprobs=lp, advantages=adv, mask=mask, old_logprobs=lp.detach() + shift, entropies=ent)
+        torch.manual_seed(0)  # clip_cov draws tokens at random: the same draw on both paths
         loss = objective(batch).loss
         loss.backward()
         results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))

@@ -16,8 +16,9 @@ import torch
 from rlguard.core_losses import GRPO, Objective
 from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.registry import collect_objectives
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import DISABLE_AUTOLOAD_ENV, collect_objectives, make_plugin_manager
+from rlguard.plugins import DISABLE_AUTOLOAD_ENV, make_plugin_manager
 
 PLUGIN_MODULE = '''
 """A throwaway third-party plugin: plain REINFORCE with a scale, -scale * A * pi / sg[pi]."""
@@ -148,7 +149,7 @@ def test_duplicate_name_names_both_plugins() -> None:
     with pytest.raises(ValueError, match=r"objective name 'grpo' is registered twice") as info:
         collect_objectives(pm)
     message = str(info.value)
-    assert "'rlguard.builtin'" in message and "'impostor-plugin'" in message
+    assert "'rlguard.builtin.objectives'" in message and "'impostor-plugin'" in message
     assert "GRPO" in message and "ImpostorGRPO" in message
 
 

@@ -19,6 +19,8 @@ SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[Healt
 
 
 def run(name: str, kwargs: dict, batch: PolicyBatch, **normalisers: object) -> LossOutput:
+    if name == "clip_cov":  # its random token draw: the same generator state in every run compared
+        kwargs = {**kwargs, "generator": torch.Generator().manual_seed(0)}
     out = get_objective(name, **kwargs)(batch, **normalisers)
     out.loss.backward()
     return out
@@ -106,7 +108,12 @@ def test_nonfinite_tokens_are_masked_and_counted(name: str, data: st.DataObject)
     assert (batch.logprobs.grad[torch.from_numpy(poison)] == 0).all()
 
 
-@pytest.mark.parametrize("name", OBJECTIVES)
+#: Clip-Cov and KL-Cov select tokens by their covariance over the (micro-)batch, as the paper and verl do:
+#: their micro-batch losses do not add up to the batch's by design
+BATCH_STATISTICS = ("clip_cov", "kl_cov")
+
+
+@pytest.mark.parametrize("name", [name for name in OBJECTIVES if name not in BATCH_STATISTICS])
 @SETTINGS
 @given(data=st.data())
 def test_micro_batches_add_up_to_the_batch(name: str, data: st.DataObject) -> None:

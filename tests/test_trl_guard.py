@@ -214,3 +214,19 @@ def test_a_guard_under_deepspeed_needs_the_trainer_and_refuses_what_it_cannot_ac
             callback.on_train_begin(args, state, control)  # type: ignore[arg-type]
         assert stock.accelerator.deepspeed_engine_wrapped.engine is not None  # accelerate's wrapper is untouched
         assert not hasattr(stock.accelerator.deepspeed_engine_wrapped, "callback")
+
+
+def test_a_beta_schedule_without_a_reference_model_is_refused_at_start_up(tmp_path: Path) -> None:
+    from rlguard.adapters.trl import GuardedGRPOTrainer
+    from rlguard.guards import Constant
+    from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
+
+    args = GuardedGRPOConfig(
+        output_dir=str(tmp_path / "out"), **cpu_training_arguments(), per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=4, beta=0.0, guard=GuardConfig(schedules={"beta": Constant(0.01)}),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"schedules beta, but GuardedGRPOConfig\(beta=0.0\)"):
+        GuardedGRPOTrainer(
+            model=str(save_tiny_llama(tmp_path / "model")), reward_funcs=addition_reward, args=args,
+            train_dataset=addition_dataset(8),
+        )  # fmt: skip

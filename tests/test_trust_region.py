@@ -208,9 +208,9 @@ def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) ->
     assert "update_ratio" in actuator.capabilities
     model.weight.grad = torch.tensor([[1.0, 2.0, 2.0]])  # ||g|| = 3; the step at LR x0.5 moves 0.05 * 3 = 0.15
     apply_decision(Decision(step=0, lr_scale=0.5), actuator)
-    if not owns_step:  # the trainer steps, then the callback restores the LR
+    if not owns_step:  # the trainer steps, then the callback finishes the step
         optimizer.step()
-        actuator.restore_lr()
+        actuator.finish_step()
     assert actuator.take_update_ratio() == pytest.approx(0.15 / 5.0, rel=1e-6)
     assert actuator.take_update_ratio() is None  # taken once
     assert optimizer.param_groups[0]["lr"] == 0.1
@@ -218,7 +218,7 @@ def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) ->
     apply_decision(Decision(step=1, action="skip_step"), actuator)  # a dropped update is not measured
     if not owns_step:
         optimizer.step()
-        actuator.restore_lr()
+        actuator.finish_step()
     assert actuator.take_update_ratio() is None
 
 

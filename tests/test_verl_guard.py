@@ -33,6 +33,7 @@ from verl.workers.config import ActorConfig
 
 from rlguard.adapters.verl import GuardedPolicyLossConfig, RLGuardPolicyLossConfig, guarded_trainer_class
 from rlguard.adapters.verl import driver as verl_guard
+from rlguard.adapters.verl import trainers as verl_trainers
 from rlguard.guards import GuardConfig
 
 B, T = 4, 6
@@ -416,9 +417,9 @@ def test_driver_rejects_an_unguarded_loss(tmp_path: Path) -> None:
 
 
 def test_guarded_ray_trainer_is_built_lazily() -> None:
-    assert "GuardedRayPPOTrainer" not in vars(verl_guard)  # importing verl's Ray trainer is not free
+    assert "GuardedRayPPOTrainer" not in vars(verl_trainers)  # importing verl's Ray trainer is not free
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        verl_guard.__getattr__("nothing")
+        verl_trainers.__getattr__("nothing")
 
 
 def test_driver_reads_the_workers_metrics_under_verls_actor_prefix() -> None:

@@ -4,7 +4,7 @@
     python benchmarks/collapse/run.py --quick         # smoke test: grpo+gspo x off/default x none/high_lr, 1 seed
 
 Writes runs.csv, summary.csv, summary.md and plots/ under --out (default benchmarks/collapse/results).
-Design, stressors and the collapse definition: rlguard/bench/collapse.py.
+Design, stressors and the collapse definition: rlguard/bench/collapse/ (its package docstring).
 """
 
 from __future__ import annotations

@@ -13,11 +13,29 @@ from rlguard.core_losses.aggregation import (
     masked_mean,
 )
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
-from rlguard.core_losses.fused import RolloutBatch, objective_from_hidden
+from rlguard.core_losses.fused import FusedLossOutput, RolloutBatch, objective_from_hidden
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
 from rlguard.core_losses.objective import Objective
-from rlguard.core_losses.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, DrGRPO, GSPOToken
+from rlguard.core_losses.objectives import (
+    CISPO,
+    DAPO,
+    DPPO,
+    DRO,
+    GMPO,
+    GPG,
+    GRPO,
+    GSPO,
+    LUSPO,
+    SAPO,
+    VESPO,
+    ClipCov,
+    DPPOBinaryKL,
+    DPPOBinaryTV,
+    DrGRPO,
+    GSPOToken,
+    KLCov,
+)
 from rlguard.core_losses.registry import get_objective, list_objectives, objective_class
 
 __all__ = [
@@ -25,15 +43,25 @@ __all__ = [
     "AGGREGATIONS",
     "CISPO",
     "DAPO",
+    "DPPO",
+    "DRO",
     "GMPO",
+    "GPG",
     "GRPO",
     "GSPO",
     "KL_ESTIMATORS",
+    "LUSPO",
     "SAPO",
+    "VESPO",
     "Aggregation",
+    "ClipCov",
+    "DPPOBinaryKL",
+    "DPPOBinaryTV",
     "DrGRPO",
+    "FusedLossOutput",
     "GSPOToken",
     "GroupAdvantages",
+    "KLCov",
     "LossOutput",
     "Objective",
     "PolicyBatch",

@@ -93,7 +93,8 @@ class LossOutput:
 
     Attributes:
         loss: 0-dim differentiable tensor; with explicit normalisers, the local share of the global loss.
-        metrics: canonical metric names (see DESIGN.md) to detached 0-dim tensors; never ``.item()``-ed here.
+        metrics: canonical metric names (:mod:`rlguard.metrics`, docs/design.md) to detached 0-dim tensors;
+            never ``.item()``-ed here.
     """
 
     loss: Tensor

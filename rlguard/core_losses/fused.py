@@ -4,9 +4,11 @@
 matrix products where the full-logits path does three. Here the per-token loss gradient is known inside the
 forward chunk loop, because everything the objective needs besides the current log-probs (old, reference and
 rollout log-probs, advantages, mask, normalisers) is known before the forward. So each chunk's gradients for the
-hidden states and the LM-head weight are computed while its logits are live: three matrix products, the floor.
-This is Liger-Kernel's fused linear PPO loss (``chunked_loss/fused_linear_ppo.py``, Triton, GPU only), in pure
-torch and for any registered objective.
+hidden states and the LM-head weight are computed while its logits are live: three matrix products, the floor
+(``z = h W^T``, ``p @ W``, ``p^T h``; with an entropy gradient four, as ``p log p`` needs its own product). One
+``(c, V)`` buffer serves all chunks: the logits are exponentiated in place, and the entropy comes from ``p @ W``
+(see :func:`_head_chunk`). This is Liger-Kernel's fused linear PPO loss (``chunked_loss/fused_linear_ppo.py``,
+Triton, GPU only), in pure torch and for any registered objective.
 
 The objective's math is not repeated here. For each chunk its log-probs ``lp`` and entropies ``H`` become autograd
 leaves, the objective runs on the chunk's sequences with the whole batch's normalisers, and autograd gives
@@ -24,23 +26,34 @@ by whole sequences, so one long sequence is one chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from rlguard.core_losses.aggregation import Normaliser, check_normaliser, default_normalisers
 from rlguard.core_losses.batch import LossOutput, PolicyBatch, prepare_batch
-from rlguard.core_losses.logprobs import _default_chunk_rows, _row_dot
 from rlguard.core_losses.objective import Objective
 from rlguard.core_losses.objectives import CISPO, DAPO, GRPO, SAPO, DrGRPO
 
-__all__ = ["RolloutBatch", "objective_from_hidden"]
+__all__ = ["FusedLossOutput", "RolloutBatch", "objective_from_hidden"]
 
 #: objectives whose per-token loss gradient depends on that token's log-prob and entropy only (exact types: a
 #: subclass may override ``surrogate``)
 _TOKEN_LOCAL: frozenset[type[Objective]] = frozenset({GRPO, DrGRPO, DAPO, CISPO, SAPO})
 _TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs")
+#: logits per chunk by default: one float32 buffer of 256 MiB (logprobs_from_hidden's two buffers of 128 MiB)
+_CHUNK_LOGITS = 1 << 26
+
+
+@dataclass(frozen=True)
+class FusedLossOutput(LossOutput):
+    """:class:`LossOutput` plus what the fused pass computed on the way, detached: ``logprobs`` and
+    ``entropies`` ``(B, T)`` in the accumulation dtype, 0 at masked positions (for logging, or as the next
+    iteration's old log-probs)."""
+
+    logprobs: Tensor = field(default_factory=lambda: torch.empty(0))
+    entropies: Tensor = field(default_factory=lambda: torch.empty(0))
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,7 @@ def objective_from_hidden(
     num_tokens: Normaliser | None = None,
     num_sequences: Normaliser | None = None,
     chunk_size: int | None = None,
-) -> LossOutput:
+) -> FusedLossOutput:
     """Loss and metrics of ``objective`` on the log-probs of ``target_ids`` under ``softmax(hidden W^T)``, with the
     gradients for ``hidden`` and ``lm_head_weight`` computed in the same pass over the vocabulary.
 
@@ -122,10 +135,11 @@ def objective_from_hidden(
         batch: advantages, mask and the other policies' log-probs, ``(B, T)``.
         num_tokens: as for ``objective(...)``: the step's token count (divided by the data-parallel size).
         num_sequences: as for ``objective(...)``: the step's sequence count, likewise.
-        chunk_size: rows (tokens) per chunk; default about 2**25 logits per chunk. Objectives that need whole
+        chunk_size: rows (tokens) per chunk; default about 2**26 logits per chunk. Objectives that need whole
             sequences take as many whole sequences as fit, and at least one.
     Returns:
-        :class:`LossOutput`: the 0-dim loss (its backward scales the precomputed gradients) and the metrics.
+        :class:`FusedLossOutput`: the 0-dim loss (its backward scales the precomputed gradients), the metrics, and
+        the detached per-token log-probs and entropies ``(B, T)`` (0 at masked positions).
     """
     _check_inputs(objective, hidden, lm_head_weight, target_ids, batch, chunk_size)
     check_normaliser("num_tokens", num_tokens)
@@ -147,7 +161,7 @@ def objective_from_hidden(
     rows = batch.mask.reshape(-1).nonzero().squeeze(-1)  # (N,) flat indices of the unmasked tokens
     rows_cpu = rows.cpu()
     token_local = type(objective) in _TOKEN_LOCAL and objective.off_policy_mask_delta is None
-    chunk_rows = chunk_size or _default_chunk_rows(lm_head_weight.shape[0])
+    chunk_rows = chunk_size or max(16, _CHUNK_LOGITS // max(lm_head_weight.shape[0], 1))
     bounds = _chunk_bounds(rows_cpu, t, chunk_rows, token_local)
 
     with torch.no_grad():
@@ -157,42 +171,47 @@ def objective_from_hidden(
         logprobs = torch.zeros(b * t, dtype=acc, device=hidden.device)
         entropies = torch.zeros(b * t, dtype=acc, device=hidden.device)
         grad_h = torch.zeros(h_flat.shape, dtype=acc, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
+        grad_w = torch.empty(w.shape, dtype=acc, device=w.device) if need_w else None
+        w_written = False
+        # one (c, V) buffer for all chunks: a fresh allocation per chunk costs its page faults every time
+        longest = max((stop - start for start, stop in bounds), default=0)
+        buffer = w.new_empty(longest, w.shape[0])
         for start, stop in bounds:
             idx = rows[start:stop]
             h = h_flat[idx].to(acc)  # (c, H)
-            logits = h @ w.T  # (c, V)
-            logits.sub_(logits.amax(-1, keepdim=True))  # shifted in place: exp cannot overflow
-            e = logits.exp()  # (c, V) unnormalised probabilities
-            sum_e = e.sum(-1)  # (c,)
-            log_z = sum_e.log()  # (c,) of the shifted logits
             y = targets[idx]
-            lp = logits.gather(-1, y.unsqueeze(-1)).squeeze(-1) - log_z  # (c,)
-            ent = log_z - _row_dot(e, logits) / sum_e  # (c,) H = log Z - E_p[z]
-            logprobs[idx], entropies[idx] = lp, ent
+            head = _head_chunk(h, w, y, buffer)
+            logprobs[idx], entropies[idx] = head.logprobs, head.entropies
             if grad_h is None and grad_w is None:
                 continue
             first, last = int(rows_cpu[start]) // t, int(rows_cpu[stop - 1]) // t + 1
             if objective.on_nonfinite == "raise":
-                _raise_if_nonfinite(lp, ent, rows_cpu[start:stop], t)
-            g, g_ent = _token_grads(objective, batch, lp, ent, idx - first * t, slice(first, last), normalisers)
+                _raise_if_nonfinite(head.logprobs, head.entropies, rows_cpu[start:stop], t)
+            g, g_ent = _token_grads(objective, batch, head, idx - first * t, slice(first, last), normalisers)
             if g is None and g_ent is None:
                 continue
-            d = _logit_grads(logits, e, sum_e, log_z, ent, y, g, g_ent)  # (c, V), in the buffer of e
+            chunk_h, d_w = _chunk_grads(head, h, w, y, torch.zeros_like(head.logprobs) if g is None else g, g_ent)
             if grad_h is not None:
-                grad_h[idx] = d @ w
+                grad_h[idx] = chunk_h
             if grad_w is not None:
-                grad_w.addmm_(d.T, h)
+                if w_written:
+                    grad_w.addmm_(d_w[0].T, d_w[1])
+                else:
+                    torch.mm(d_w[0].T, d_w[1], out=grad_w)
+                    w_written = True
+                grad_w.index_add_(0, y, d_w[2])  # the one-hot part: g h onto each target's row
+        if grad_w is not None and not w_written:
+            grad_w.zero_()
 
     out = objective(
         batch.policy_batch(logprobs.view(b, t), entropies.view(b, t)),
         num_tokens=num_tokens,
         num_sequences=num_sequences,
     )
-    if grad_h is None and grad_w is None:
-        return out
-    loss = _PrecomputedGrad.apply(out.loss.detach(), hidden, lm_head_weight, grad_h, grad_w)  # type: ignore[no-untyped-call]
-    return LossOutput(loss=loss, metrics=out.metrics)
+    loss = out.loss
+    if grad_h is not None or grad_w is not None:
+        loss = _PrecomputedGrad.apply(loss.detach(), hidden, lm_head_weight, grad_h, grad_w)  # type: ignore[no-untyped-call]
+    return FusedLossOutput(loss=loss, metrics=out.metrics, logprobs=logprobs.view(b, t), entropies=entropies.view(b, t))
 
 
 def _check_inputs(
@@ -206,6 +225,12 @@ def _check_inputs(
     if not isinstance(objective, Objective):
         raise ValueError(
             f"objective must be an rlguard Objective (get_objective(name)); got {type(objective).__name__}."
+        )
+    if getattr(objective, "needs_whole_batch", False):
+        raise ValueError(
+            f"objective {type(objective).name!r} selects tokens by statistics of the whole batch (Clip-Cov, KL-Cov: "
+            "the covariance of log-prob and advantage, and Clip-Cov's random draw), which the fused path, evaluating "
+            "the objective chunk by chunk, cannot reproduce. Use logprobs_from_hidden, then the objective."
         )
     if not isinstance(batch, RolloutBatch):
         raise ValueError(
@@ -250,26 +275,56 @@ def _chunk_bounds(rows: Tensor, t: int, chunk_rows: int, token_local: bool) -> l
     return bounds
 
 
+@dataclass(frozen=True)
+class _HeadChunk:
+    """One chunk's softmax: ``exp`` ``(c, V)`` = ``exp(z - max z)`` in the shared buffer; ``sum_exp``,
+    ``logprobs``, ``entropies`` ``(c,)``; ``p_w`` ``(c, H)`` = ``p @ W``, the probability-weighted head rows."""
+
+    exp: Tensor
+    sum_exp: Tensor
+    logprobs: Tensor
+    entropies: Tensor
+    p_w: Tensor
+
+
+def _head_chunk(h: Tensor, w: Tensor, targets: Tensor, buffer: Tensor) -> _HeadChunk:
+    """Log-probs of ``targets`` and entropies under ``p = softmax(z)``, ``z = h W^T``; h ``(c, H)``, W ``(V, H)``.
+
+    ``E_p[z] = h . (p @ W)``: the product ``p @ W`` is the one the gradients need anyway (``dz`` is ``p`` times a
+    per-row factor plus a one-hot), so the entropy costs no pass over the ``(c, V)`` logits, and they are
+    exponentiated in place: one ``(c, V)`` buffer.
+    """
+    z = torch.mm(h, w.T, out=buffer[: h.shape[0]])  # (c, V)
+    top = z.amax(-1)  # (c,)
+    z_target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (c,)
+    e = z.sub_(top.unsqueeze(-1)).exp_()  # (c, V) exp(z - max z), in place
+    sum_e = e.sum(-1)
+    log_z = sum_e.log() + top  # (c,) log-partition
+    p_w = (e @ w).div_(sum_e.unsqueeze(-1))  # (c, H)
+    entropies = log_z - torch.linalg.vecdot(h, p_w)  # H = log Z - E_p[z]
+    return _HeadChunk(e, sum_e, z_target - log_z, entropies, p_w)
+
+
 def _token_grads(
     objective: Objective,
     batch: RolloutBatch,
-    lp: Tensor,
-    ent: Tensor,
+    head: _HeadChunk,
     positions: Tensor,
     seqs: slice,
     normalisers: tuple[Normaliser, Normaliser],
 ) -> tuple[Tensor | None, Tensor | None]:
     """``dL/dlp`` and ``dL/dH`` ``(c,)`` of the chunk's tokens at flat ``positions`` of the sequences ``seqs``,
     by autograd through the objective (None where the loss does not depend on them)."""
+    lp = head.logprobs
     with torch.enable_grad():
-        lp_leaf, ent_leaf = lp.detach().requires_grad_(), ent.detach().requires_grad_()
+        lp_leaf, ent_leaf = lp.detach().requires_grad_(), head.entropies.detach().requires_grad_()
         n_seq = seqs.stop - seqs.start
         t = batch.mask.shape[1]
         # the other tokens of these sequences hold placeholders (pi = pi_old): they cannot reach this chunk's gradient
         old = batch.old_logprobs
         base = lp.new_zeros(n_seq * t) if old is None else old[seqs].reshape(-1).to(lp.dtype)
         lp_rows = base.index_put((positions,), lp_leaf).view(n_seq, t)
-        ent_rows = ent.new_zeros(n_seq * t).index_put((positions,), ent_leaf).view(n_seq, t)
+        ent_rows = lp.new_zeros(n_seq * t).index_put((positions,), ent_leaf).view(n_seq, t)
         out = objective(
             batch.policy_batch(lp_rows, ent_rows, seqs), num_tokens=normalisers[0], num_sequences=normalisers[1]
         )
@@ -279,28 +334,28 @@ def _token_grads(
     return g, g_ent
 
 
-def _logit_grads(
-    shifted: Tensor,
-    e: Tensor,
-    sum_e: Tensor,
-    log_z: Tensor,
-    ent: Tensor,
-    targets: Tensor,
-    g: Tensor | None,
-    g_ent: Tensor | None,
-) -> Tensor:
-    """``dL/dz = g onehot(y) - p (g + g_H (log p + H))`` ``(c, V)``, built in place in ``e`` (and ``shifted``).
+def _chunk_grads(
+    head: _HeadChunk, h: Tensor, w: Tensor, targets: Tensor, g: Tensor, g_ent: Tensor | None
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """The chunk's hidden-state gradient ``(c, H)`` and its LM-head gradient as ``(D, X, R)``: ``D^T X`` plus the
+    rows ``R`` ``(c, H)`` added at the targets.
 
-    ``d log p_y / dz = onehot(y) - p``; ``dH/dz = -p (log p + H)``.
+    ``dL/dz = g onehot(y) - p (g + g_H (log p + H))``, from ``d log p_y / dz = onehot(y) - p`` and
+    ``dH/dz = -p (log p + H)``. Without an entropy gradient ``dz = g onehot(y) - g p``, so ``dz @ W = g W_y - g
+    (p @ W)`` and ``dz^T h = p^T (-g h) + onehot^T (g h)``: no pass over ``(c, V)`` besides the product. With one,
+    ``p log p`` is built in the buffer (``xlogy``, 0 where ``p`` underflows) and both products read it.
     """
-    g = torch.zeros_like(sum_e) if g is None else g
+    g_col = g.unsqueeze(-1)  # (c, 1)
+    one_hot_rows = g_col * h  # (c, H)
     if g_ent is None:
-        d = e.mul_((-g / sum_e).unsqueeze(-1))
-    else:  # p * coef with coef = -(g + g_H (log p + H)), log p = shifted - log Z, p = e / sum_e
-        coef = shifted.sub_((log_z - ent).unsqueeze(-1)).mul_((-g_ent / sum_e).unsqueeze(-1))
-        d = e.mul_(coef.sub_((g / sum_e).unsqueeze(-1)))
-    d[torch.arange(d.shape[0], device=d.device), targets] += g
-    return d
+        grad_h = torch.addcmul(-g_col * head.p_w, g_col, w[targets])  # g (W_y - p @ W)
+        return grad_h, (head.exp, h * (-g_col / head.sum_exp.unsqueeze(-1)), one_hot_rows)
+    # -p (g + g_H (log p + H)) = -(e / s) (g + g_H (H - log s)) - (g_H / s) e log e, with p = e / s
+    s = head.sum_exp
+    a = ((g + g_ent * (head.entropies - s.log())) / s).unsqueeze(-1)
+    d = torch.xlogy(head.exp, head.exp).mul_((-g_ent / s).unsqueeze(-1)).sub_(head.exp.mul_(a))  # (c, V)
+    grad_h = torch.addcmul(d @ w, g_col, w[targets])
+    return grad_h, (d, h, one_hot_rows)
 
 
 def _raise_if_nonfinite(lp: Tensor, ent: Tensor, flat_rows: Tensor, t: int) -> None:
@@ -344,7 +399,10 @@ class _PrecomputedGrad(torch.autograd.Function):
         ctx.grads = None  # type: ignore[attr-defined]
         h_dtype, w_dtype = ctx.dtypes  # type: ignore[attr-defined]
         scale = grad_out.detach()
-        # in place: a (V, H) copy would raise the peak by the size of the weight
-        gh = None if grad_h is None else grad_h.mul_(scale.to(grad_h.dtype)).to(h_dtype).view(ctx.shape)  # type: ignore[attr-defined]
-        gw = None if grad_w is None else grad_w.mul_(scale.to(grad_w.dtype)).to(w_dtype)
+        if scale.device.type != "cpu" or float(scale) != 1.0:  # a pass over (V, H) saved in the common case
+            for grad in (grad_h, grad_w):  # in place: a copy would raise the peak by the size of the weight
+                if grad is not None:
+                    grad.mul_(scale.to(grad.dtype))
+        gh = None if grad_h is None else grad_h.to(h_dtype).view(ctx.shape)  # type: ignore[attr-defined]
+        gw = None if grad_w is None else grad_w.to(w_dtype)
         return None, gh, gw, None, None

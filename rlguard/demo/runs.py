@@ -22,6 +22,15 @@ TRL_SETTINGS: dict[str, dict[str, Any]] = {
     "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
     "sapo": {"loss_type": "sapo"},
     "gmpo": {"loss_type": "grpo"},
+    "luspo": {"loss_type": "luspo", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    "vespo": {"loss_type": "vespo"},
+    # verl's losses: verl's default aggregation is token-mean (TRL's dapo loss_type)
+    "clip_cov": {"loss_type": "dapo"},
+    "kl_cov": {"loss_type": "dapo"},
+    "gpg": {"loss_type": "dapo"},
+    "dppo_kl": {"loss_type": "dapo"},
+    "dppo_tv": {"loss_type": "dapo"},
+    "dro": {"loss_type": "dapo"},
 }
 GUARD_PRESETS = ("monitor", "default", "strict", "stable")
 #: the progress task of the supervised warm start

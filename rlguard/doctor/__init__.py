@@ -9,12 +9,31 @@ canonical names (:mod:`rlguard.doctor.keys`) and replays them through ``Guard(Gu
 Plots need matplotlib, imported only when a plot is drawn.
 """
 
-from rlguard.doctor.diagnose import Diagnosis, DoctorFinding, diagnose
-from rlguard.doctor.keys import KEY_TO_CANONICAL, KeyReport, canonical_stats, classify_keys
+from rlguard.doctor.diagnose import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_JUDGE,
+    EXIT_CRITICAL,
+    EXIT_OK,
+    Diagnosis,
+    DoctorFinding,
+    diagnose,
+)
+from rlguard.doctor.keys import (
+    KEY_TO_CANONICAL,
+    KeyReport,
+    canonical_stats,
+    classify_keys,
+    parse_key_map,
+    suggest_canonical,
+)
 from rlguard.doctor.readers import FORMATS, LogInputError, MetricLog, find_log, read_log
 from rlguard.doctor.report import ReportResult, write_report
 
 __all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CANNOT_JUDGE",
+    "EXIT_CRITICAL",
+    "EXIT_OK",
     "FORMATS",
     "KEY_TO_CANONICAL",
     "Diagnosis",
@@ -27,6 +46,8 @@ __all__ = [
     "classify_keys",
     "diagnose",
     "find_log",
+    "parse_key_map",
     "read_log",
+    "suggest_canonical",
     "write_report",
 ]

@@ -57,8 +57,23 @@ def doctor_html(diagnosis: Diagnosis) -> str:
         + (", ".join(f"<code>{escape(k)}</code>" for k in d.keys.unrecognised) or "none")
         + "</p>",
     ]
-    if not d.findings:
-        body.append("<p>No finding: the detectors saw nothing wrong.</p>")
+    if not d.judged:
+        body.append(
+            "<p><b>Could not judge</b> (exit code 3): no detector but <code>nonfinite</code> had enough steps of its "
+            "stats. This is not a clean bill of health.</p>"
+        )
+    elif not d.findings:
+        checked = len(d.coverage) - len(d.unchecked)
+        body.append(f"<p>No finding from the {checked} detectors that could check this log.</p>")
+    if d.keys.suggestions:
+        maps = " ".join(f"--map {k}={c}" for k, c in d.keys.suggestions.items())
+        body.append(f"<p>These keys look like canonical stats; to read them: <code>{escape(maps)}</code></p>")
+    if d.unchecked:
+        rows = "".join(f"<tr><td>{escape(n)}</td><td>{escape(why)}</td></tr>" for n, why in d.unchecked.items())
+        body.append(f"<h2>Could not check</h2><table><tr><th>detector</th><th>why</th></tr>{rows}</table>")
+    if d.live_events:
+        body.append(f"<h2>The live guard's events</h2><p><code>{escape(str(d.live_events_path))}</code></p>")
+        body.append(events_table(d.live_events))
     for f in d.findings:
         body.append(
             f'<h2><span class="{f.severity}">{f.severity}</span> {escape(f.detector)} from step {f.step}</h2>'

@@ -19,7 +19,7 @@ from rlguard.doctor.readers import LogInputError, read_events, read_log
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.stats import STAT_REDUCTIONS
 
-#: plot order: DESIGN.md's table, then the derived and plot-only names
+#: plot order: the metric table's (docs/design.md, rlguard.metrics), then the derived and plot-only names
 _ORDER: tuple[str, ...] = tuple(
     [k for k in STAT_REDUCTIONS if not k.startswith("_")] + sorted((CANONICAL | DOCTOR_ONLY) - set(STAT_REDUCTIONS))
 )

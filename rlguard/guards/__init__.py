@@ -5,9 +5,10 @@
 >>> decision = guard.observe(step, stats)  # doctest: +SKIP
 """
 
+from rlguard.guards.decision import Controls, Decision, Outcome
 from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
 from rlguard.guards.events import Event, Finding, Severity
-from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+from rlguard.guards.guard import Guard, GuardConfig
 from rlguard.guards.interventions import Action, Intervention, Proposal, StepContext
 from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
 from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags

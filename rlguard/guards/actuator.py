@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from rlguard.core_losses import Objective
-from rlguard.guards.guard import Controls, Decision, Guard, GuardConfig, Outcome
+from rlguard.guards.decision import Controls, Decision, Outcome
+from rlguard.guards.guard import Guard, GuardConfig
+from rlguard.plugins import plugin_manager
 
 __all__ = [
     "ACTION_CODE",
@@ -155,7 +157,9 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
     actuator.set_controls(controls.without(missing))
     if outcome == "halt" and able("stop"):
         actuator.stop()
-    return Applied(outcome, tuple(dict.fromkeys(skipped)))
+    applied = Applied(outcome, tuple(dict.fromkeys(skipped)))
+    plugin_manager().hook.rlguard_on_decision(decision=decision, applied=applied)
+    return applied
 
 
 def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, where: str) -> frozenset[str]:
@@ -244,15 +248,14 @@ class TorchActuator:
 
     Args:
         model: the trained module (DDP-wrapped or not: its ``state_dict`` and ``parameters``).
-        optimizer: its optimizer; param-group ``lr`` is scaled for one step and restored by :meth:`restore_lr`
-            (called by :meth:`apply_update` when ``owns_step``, else by the loop after its own step).
+        optimizer: its optimizer; param-group ``lr`` is scaled for one step and restored by :meth:`finish_step`.
         objective: the configured objective, whose controls :meth:`set_controls` changes (``current`` holds the
             one to use); None where the loop has no rlguard objective (then clip/beta/entropy are not capable).
-        owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer.
+        owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer, which
+            then calls :meth:`finish_step` after its step.
         snapshot_path: keep the snapshot in this file instead of CPU memory.
         measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
-            applied step (one extra float64 copy of the weights while it steps), read with :meth:`take_update_ratio`;
-            with ``owns_step=False`` it is measured in :meth:`restore_lr`, after the trainer's step.
+            applied step (one extra copy of the weights), read with :meth:`take_update_ratio`.
 
     Attributes:
         current: the objective with the latest controls.
@@ -305,13 +308,7 @@ class TorchActuator:
             group["lr"] = group["lr"] * scale
 
     def restore_lr(self) -> None:
-        """Put back the LRs :meth:`set_lr_scale` scaled, and measure the update (after the optimizer step)."""
-        if self._before is not None:
-            after = self._flat_weights()
-            self._update_ratio = float(
-                torch.linalg.vector_norm(after - self._before) / torch.linalg.vector_norm(self._before)
-            )
-            self._before = None
+        """Put back the LRs :meth:`set_lr_scale` scaled (after the optimizer step)."""
         if self._unscaled is not None:
             for group, lr in zip(self.optimizer.param_groups, self._unscaled, strict=True):
                 group["lr"] = lr
@@ -324,14 +321,22 @@ class TorchActuator:
 
     def apply_update(self) -> None:
         if self.measure_update and not self._dropped:
-            self._before = self._flat_weights()  # measured after the step: here, or in restore_lr (trainer's step)
-        if not self.owns_step:
-            self._dropped = False  # the trainer steps next (nothing to step after drop_update)
-            return
-        if not self._dropped:
-            self.optimizer.step()
-        self.restore_lr()
+            self._before = self._flat_weights()
+        if self.owns_step:
+            if not self._dropped:
+                self.optimizer.step()
+            self.finish_step()
         self._dropped = False
+
+    def finish_step(self) -> None:
+        """After the optimizer step: the LRs back to the scheduler's and, when measured, the update's size.
+        :meth:`apply_update` calls it when it owns the step; otherwise the loop does, after its own step."""
+        self.restore_lr()
+        if self._before is not None:
+            after = self._flat_weights()
+            norm = torch.linalg.vector_norm(self._before)
+            self._update_ratio = float(torch.linalg.vector_norm(after - self._before) / norm.clamp(min=1e-30))
+            self._before = None
 
     @property
     def objective_in_use(self) -> Objective:
@@ -361,7 +366,9 @@ class TorchActuator:
 
     def set_controls(self, controls: Controls) -> None:
         if self.objective is not None:
-            self.current = objective_with_controls(self.objective, controls)
+            updated = objective_with_controls(self.objective, controls)
+            if updated != self.current:  # keep the instance while the controls stay (callers may compare)
+                self.current = updated
 
     def stop(self) -> None:
         self.stopped = True

@@ -12,6 +12,7 @@ log space), :class:`CusumDetector` (a sustained upward shift, Page's CUSUM) and 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,9 +61,8 @@ class Detector(PrivateState):
         """Whether this step carries evidence for the detector. A step without evidence is not judged and does
         not count: neither a clean step (it does not break a streak of findings or clear an alarm) nor a
         warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
-        stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``).
-        A detector that declares no stat it reads (a third-party plugin written before :meth:`reads`) sees every
-        step."""
+        stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
+        detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
         reads = self.reads()
         return not reads or any(_finite(stats, name) for name in reads)
 
@@ -98,8 +98,7 @@ def _absolute(
                 severity,  # type: ignore[arg-type]
                 value,
                 bound,
-                f"{metric}={value:.4g} is above the absolute bound {bound:g}, beyond any healthy run. "
-                f"{advice}".rstrip(),
+                f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). {advice}".rstrip(),
             )
     return None
 
@@ -556,12 +555,13 @@ class RewardCollapse(Detector):
         ewma = self._s_ewma
         finding = None
         if armed and len(self._s_window) >= 5:
-            # spread of step-to-step noise: robust sigma of the window, or its standard deviation where that is
-            # larger (per-step rewards of a few prompts are bimodal: mostly 1 with some 0 has a MAD near 0)
-            values = self._s_window.values
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-            scale = max(self._s_window.sigma(), std, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
+            # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
+            # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
+            # their standard deviation where that is larger (rewards of a few prompts are bimodal, MAD near 0)
+            diffs = [b - a for a, b in itertools.pairwise(self._s_window.values)]
+            std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+            noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+            scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
             drop = (self._s_best - ewma) / scale
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
             low = drop >= self.warn_drop and rel >= self.critical_rel_drop
@@ -732,6 +732,7 @@ class MismatchGrowth(CusumDetector):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._s_metric: str | None = None
+        self._k3_bounds = (self.warn_above, self.critical_above)  # the fields (configurable) are k3 KL's
 
     def reads(self) -> tuple[str, ...]:
         return (self._s_metric,) if self._s_metric else tuple(MISMATCH_STATS)
@@ -739,9 +740,11 @@ class MismatchGrowth(CusumDetector):
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         if self._s_metric is None:
             self._s_metric = next(k for k in MISMATCH_STATS if _finite(stats, k))
-            if self._s_metric != "mismatch_kl":  # the k3 bounds are the fields; the others come from the table
-                self.warn_above, self.critical_above = MISMATCH_STATS[self._s_metric]
+        # set on every step, not once: a guard restored from a checkpoint has the stat in its state only
         self.metric = self._s_metric
+        self.warn_above, self.critical_above = (
+            self._k3_bounds if self.metric == "mismatch_kl" else MISMATCH_STATS[self.metric]
+        )
         return super().check(step, stats, armed)
 
 
@@ -751,8 +754,8 @@ class LengthExplosion(CusumDetector):
     source = "CUSUM on log mean completion length; DAPO overlong shaping, arXiv 2503.14476"
     summary = (
         "sustained rise of mean completion length: CUSUM >= 15 (warn) / 40 (critical, once >= 2x the early "
-        "baseline); recent median >= 2.5x the early baseline (warn), or >= 2x with reward below its early level "
-        "(critical)"
+        "baseline); recent median >= 2.5x the early baseline (warn), or >= 2x with reward a standard error below its "
+        "early level (critical)"
     )
     metric: str = "length_mean"
     min_sigma: float = 0.05
@@ -776,15 +779,15 @@ class LengthCollapse(Detector):
     """
 
     name = "length_collapse"
-    source = "degenerate short outputs after a policy blow-up (Llama-2 RLHF reward hacking; calibrated on real runs)"
+    source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
     summary = (
-        "mean completion length <= 2 tokens (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
+        "mean completion length <= 1 token (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
         "of the early baseline"
     )
 
     warmup: int = 10
     patience: int = 2
-    critical_tokens: float = 2.0
+    critical_tokens: float = 1.0
     warn_ratio: float = 0.25
     critical_ratio: float = 0.1
     anchor: int = 10
@@ -838,6 +841,8 @@ class EntropyBlowup(Detector):
     Attributes:
         warn_ratio, critical_ratio: entropy / early baseline that warns / is critical.
         warn_nats, critical_nats: absolute entropy also required (per-token nats).
+        severe_nats: entropy that is critical at ``warn_ratio`` already (a run whose early entropy is 2 nats
+            cannot reach 8x before the uniform limit).
         anchor: observations forming the early baseline (their median).
     """
 
@@ -845,7 +850,9 @@ class EntropyBlowup(Detector):
     source = (
         "the entropy mechanism, arXiv 2505.22617 (both directions); calibrated on rasbt/reasoning-from-scratch ch. 7"
     )
-    summary = "entropy >= 4x (warn) / 8x (critical) its early baseline and >= 2 / 3 nats"
+    summary = (
+        "entropy >= 4x (warn) / 8x (critical) its early baseline and >= 2 / 3 nats; >= 4x and >= 6 nats (critical)"
+    )
 
     warmup: int = 10
     patience: int = 3
@@ -853,6 +860,7 @@ class EntropyBlowup(Detector):
     critical_ratio: float = 8.0
     warn_nats: float = 2.0
     critical_nats: float = 3.0
+    severe_nats: float = 6.0
     anchor: int = 10
     metric: str = "entropy"
 
@@ -874,6 +882,7 @@ class EntropyBlowup(Detector):
             ratio = entropy / anchor
             for severity, r, nats in (
                 ("critical", self.critical_ratio, self.critical_nats),
+                ("critical", self.warn_ratio, self.severe_nats),
                 ("warn", self.warn_ratio, self.warn_nats),
             ):
                 if ratio >= r and entropy >= nats:

@@ -8,8 +8,11 @@ ends with bit-identical numbers and therefore takes identical decisions.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -33,51 +36,62 @@ _SEQUENCE_WEIGHTED = frozenset(name for name, w in WEIGHTS.items() if w == "sequ
 class StepStats:
     """Local accumulators of one step's stats; :meth:`reduce` combines them across ranks.
 
-    Tensor values stay on their device (no host-device sync per stat); the only sync is in :meth:`reduce`.
+    Python floats accumulate in Python (no tensor op per stat); tensors accumulate in four dense ``(n,)`` float64
+    tensors on their device (weighted sums, weights, maxima, minima), so :meth:`add_many` takes a whole stacked
+    vector of metrics in a handful of ops and there is no host-device sync before :meth:`reduce`.
     """
 
     def __init__(self) -> None:
-        # weighted sum, sum, max or min: Python floats while every input is one (no tensor op per stat), else a
-        # tensor on the inputs' device
-        self._value: list[Tensor | float | None] = [None] * len(_ORDER)
-        self._weight: list[Tensor | float] = [0.0] * len(_ORDER)  # total weight of a mean; 1 once seen otherwise
-        self._device: torch.device | None = None
+        # Python part: weighted sum, sum, max or min per stat; total weight of a mean, 1 once seen otherwise
+        self._value: list[float | None] = [None] * len(_ORDER)
+        self._weight: list[float] = [0.0] * len(_ORDER)
+        self._dense: Tensor | None = None  # (4, n): weighted sums, weights, maxima, minima of tensor inputs
 
-    def _as_tensor(self, x: float | Tensor) -> Tensor:
-        if isinstance(x, Tensor):
-            if self._device is None:
-                self._device = x.device
-            return x.detach().to(device=self._device, dtype=torch.float64).reshape(())
-        return torch.tensor(float(x), dtype=torch.float64, device=self._device)
+    def _dense_on(self, device: torch.device) -> Tensor:
+        if self._dense is None:
+            inf = math.inf
+            self._dense = torch.tensor([[0.0] * len(_ORDER), [0.0] * len(_ORDER), [-inf] * len(_ORDER),
+                                        [inf] * len(_ORDER)], dtype=torch.float64, device=device)  # fmt: skip
+        return self._dense
 
     def add(self, name: str, value: float | Tensor, weight: float | Tensor = 1.0) -> None:
         """Add a local observation of ``name``; ``weight`` matters for ``mean`` stats only."""
         if name not in _INDEX:
             raise ValueError(f"unknown stat {name!r}; known stats: {', '.join(n for n in _ORDER if n[0] != '_')}.")
         i, kind = _INDEX[name], STAT_REDUCTIONS[name]
-        prev, prev_w = self._value[i], self._weight[i]
-        if not any(isinstance(x, Tensor) for x in (value, weight, prev, prev_w)):
+        if not (isinstance(value, Tensor) or isinstance(weight, Tensor)):
             self._add_float(i, kind, float(value), float(weight))
             return
-        v = self._as_tensor(value)
-        prev_t = None if prev is None else self._as_tensor(prev)
+        d = self._dense_on(value.device if isinstance(value, Tensor) else cast(Tensor, weight).device)
+        v = torch.as_tensor(value, dtype=d.dtype, device=d.device).detach().reshape(())
         if kind == "mean":
-            w = self._as_tensor(weight)
-            self._value[i] = v * w if prev_t is None else prev_t + v * w
-            self._weight[i] = w + prev_w
+            w = torch.as_tensor(weight, dtype=d.dtype, device=d.device).detach().reshape(())
+            d[0, i] += v * w
+            d[1, i] += w
             return
-        if prev_t is None:
-            self._value[i] = v
-        elif kind == "sum":
-            self._value[i] = prev_t + v
-        else:  # torch.maximum/minimum propagate NaN, as they should here
-            self._value[i] = torch.maximum(prev_t, v) if kind == "max" else torch.minimum(prev_t, v)
-        self._weight[i] = 1.0
+        if kind == "sum":
+            d[0, i] += v
+        elif kind == "max":  # torch.maximum/minimum propagate NaN, as they should here
+            d[2, i] = torch.maximum(d[2, i], v)
+        else:
+            d[3, i] = torch.minimum(d[3, i], v)
+        d[1, i] += 1.0
+
+    def add_many(self, names: Sequence[str], values: Tensor, weights: Tensor) -> None:
+        """Add one observation of each of ``names`` (distinct) at once: ``values``, ``weights`` ``(K,)`` on one
+        device. A dozen tensor ops whatever ``K`` (the objective's metrics arrive as one stacked vector)."""
+        kinds = _kinds(tuple(names), values.device)
+        d = self._dense_on(values.device)
+        # spread over all n stats; absent ones get v = 0 and never reach a row their masks do not select
+        v = torch.zeros_like(d[0]).index_copy_(0, kinds.index, values.detach().to(d.dtype))
+        w = torch.zeros_like(d[0]).index_copy_(0, kinds.index, weights.detach().to(d.dtype))
+        # mean: sums of v w and of w; sum: sum of v; max/min: running extremes; the weight row counts the others
+        d[:2] += torch.stack([torch.where(kinds.mean, v * w, v), torch.where(kinds.mean, w, kinds.present)])
+        d[2:] = torch.where(kinds.extremes, torch.stack([torch.maximum(d[2], v), torch.minimum(d[3], v)]), d[2:])
 
     def _add_float(self, i: int, kind: str, v: float, w: float) -> None:
         """:meth:`add` in Python floats, with the same semantics (NaN propagates through max and min)."""
         prev = self._value[i]
-        assert not isinstance(prev, Tensor) and not isinstance(self._weight[i], Tensor)
         if kind == "mean":
             self._value[i] = v * w if prev is None else prev + v * w
             self._weight[i] = w + self._weight[i]
@@ -93,19 +107,22 @@ class StepStats:
         self._weight[i] = 1.0
 
     def _packed(self) -> Tensor:
-        """``(2, n)`` float64: values and weights; unseen stats have weight 0. Tensors are gathered with one
-        ``stack`` per row, floats with one ``tensor`` (a handful of ops, whatever the number of stats)."""
-        dev = self._device or torch.device("cpu")
-        out = torch.zeros((2, len(_ORDER)), dtype=torch.float64, device=dev)
-        rows: list[list[Tensor | float | None]] = [self._value, list(self._weight)]
-        for row, items in enumerate(rows):
-            tensors = [(i, x) for i, x in enumerate(items) if isinstance(x, Tensor)]
-            floats = [(i, x) for i, x in enumerate(items) if x is not None and not isinstance(x, Tensor)]
-            if tensors:
-                out[row, [i for i, _ in tensors]] = torch.stack([x.to(dev) for _, x in tensors])
-            if floats:
-                out[row, [i for i, _ in floats]] = torch.tensor([x for _, x in floats], dtype=torch.float64, device=dev)
-        return out
+        """``(2, n)`` float64: values and weights; unseen stats have weight 0 (a few ops, whatever ``n``)."""
+        device = torch.device("cpu") if self._dense is None else self._dense.device
+        value = torch.tensor([0.0 if x is None else x for x in self._value], dtype=torch.float64, device=device)
+        weight = torch.tensor(self._weight, dtype=torch.float64, device=device)
+        if self._dense is None:
+            return torch.stack([value, weight])
+        d, kinds = self._dense, _kinds(_ORDER, device)
+        py_seen = torch.tensor([x is not None for x in self._value], device=device)
+        extreme = torch.where(
+            kinds.extremes[0],
+            torch.maximum(torch.where(py_seen, value, -math.inf), d[2]),
+            torch.minimum(torch.where(py_seen, value, math.inf), d[3]),
+        )
+        value = torch.where(kinds.mean | kinds.sum, value + d[0], extreme)
+        weight = torch.where(kinds.mean, weight + d[1], (py_seen | (d[1] > 0)).to(weight.dtype))
+        return torch.stack([torch.where(weight > 0, value, 0.0), weight])
 
     def reduce(self, group: dist.ProcessGroup | None = None) -> dict[str, float]:
         """Combine across the ranks of ``group`` with one ``all_gather``; identical result on every rank.
@@ -122,6 +139,42 @@ class StepStats:
         else:
             parts = packed.unsqueeze(0)
         return _combine(parts.cpu().numpy())
+
+
+def _as_vector(x: float | Tensor, device: torch.device) -> Tensor:
+    return torch.as_tensor(x, dtype=torch.float64, device=device).detach().reshape(1)
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    """Where the stats of a tuple of names go: ``index`` ``(K,)`` into the ``n`` stats, and ``(n,)`` masks of the
+    named ones (``present``, as float) by reduction; ``extremes`` ``(2, n)``: the max ones, the min ones."""
+
+    index: Tensor
+    present: Tensor
+    mean: Tensor
+    sum: Tensor
+    extremes: Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(names: tuple[str, ...], device: torch.device) -> _Kinds:
+    """The :class:`_Kinds` of ``names``, cached per names and device."""
+    unknown = [n for n in names if n not in _INDEX]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"stats must be distinct known names; got unknown {unknown} in {list(names)}.")
+    named = set(names)
+
+    def mask(kind: str) -> Tensor:
+        return torch.tensor([n in named and STAT_REDUCTIONS[n] == kind for n in _ORDER], device=device)
+
+    return _Kinds(
+        index=torch.tensor([_INDEX[n] for n in names], device=device),
+        present=torch.tensor([float(n in named) for n in _ORDER], dtype=torch.float64, device=device),
+        mean=mask("mean"),
+        sum=mask("sum"),
+        extremes=torch.stack([mask("max"), mask("min")]),
+    )
 
 
 _KIND = np.array([STAT_REDUCTIONS[name] for name in _ORDER])
@@ -217,12 +270,7 @@ def collect_step_stats(
         sequences = (mask != 0).any(dim=-1).double().sum() if mask.dim() > 1 else 1.0
         _add_prob_moments(st, batch)
     if output is not None:
-        for name, value in output.metrics.items():
-            if name not in STAT_REDUCTIONS:
-                continue
-            weight = tokens if name in _TOKEN_WEIGHTED else sequences if name in _SEQUENCE_WEIGHTED else 1.0
-            st.add(name, value, weight=weight)
-        st.add("nonfinite", (~torch.isfinite(output.loss.detach())).double())
+        _add_metrics(st, output, tokens, sequences)
     if grad_norm is not None:
         g = grad_norm if isinstance(grad_norm, Tensor) else torch.tensor(float(grad_norm))
         st.add("grad_norm", g)
@@ -242,6 +290,37 @@ def collect_step_stats(
         flags = repetition_flags(completion_ids)
         st.add("repetition_rate", sum(flags) / len(flags), weight=len(flags))
     return st
+
+
+def _add_metrics(st: StepStats, output: LossOutput, tokens: float | Tensor, sequences: float | Tensor) -> None:
+    """The objective's metrics as one stacked vector, weighted by tokens, sequences or 1 (a few ops in all); a
+    non-finite loss adds to ``nonfinite``."""
+    names = tuple(name for name in output.metrics if name in STAT_REDUCTIONS)
+    loss = output.loss.detach()
+    if "nonfinite" not in names:
+        st.add("nonfinite", (~torch.isfinite(loss)).double())
+        if not names:
+            return
+    try:
+        values = torch.stack([output.metrics[name] for name in names]).detach()  # (K,)
+    except RuntimeError:  # mixed dtypes or devices
+        values = torch.stack([output.metrics[name].detach().to(loss) for name in names])
+    values = values.double()
+    weight_of, unweighted, nonfinite_at = _metric_layout(names, values.device)
+    if "nonfinite" in names:
+        values = values + nonfinite_at * (~torch.isfinite(loss)).double()
+    basis = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=values.device) for x in (tokens, sequences)])
+    st.add_many(names, values, torch.addmv(unweighted, weight_of, basis))
+
+
+@functools.lru_cache(maxsize=64)
+def _metric_layout(names: tuple[str, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(K, 2)`` 0/1: whether each metric is weighted by tokens or by sequences; ``(K,)`` 1 for the others
+    (weight 1); ``(K,)`` one-hot of ``nonfinite``."""
+    weight_of = [[float(n in _TOKEN_WEIGHTED), float(n in _SEQUENCE_WEIGHTED)] for n in names]
+    unweighted = [float(n not in _TOKEN_WEIGHTED and n not in _SEQUENCE_WEIGHTED) for n in names]
+    nonfinite_at = [float(n == "nonfinite") for n in names]
+    return tuple(torch.tensor(x, dtype=torch.float64, device=device) for x in (weight_of, unweighted, nonfinite_at))  # type: ignore[return-value]
 
 
 def _add_prob_moments(st: StepStats, batch: PolicyBatch) -> None:

@@ -76,6 +76,17 @@ def _entropy_collapse(s: dict[str, float], i: int, onset: int) -> None:
     s["reward_mean"] -= 0.1 * k
 
 
+def _entropy_blowup(s: dict[str, float], i: int, onset: int) -> None:
+    # towards uniform noise: entropy up to 12x its level (at least 4.5 nats, at most ln 151936 = 11.9), reward falling
+    k = _ramp(i, onset, 10)
+    s["entropy"] = min(max(s["entropy"] * (1 + 11 * k), 4.5 * k), 11.9)
+    s["reward_mean"] -= 0.3 * k
+
+
+def _length_collapse(s: dict[str, float], i: int, onset: int) -> None:
+    s["length_mean"] *= 1 - 0.97 * _ramp(i, onset, 5)
+
+
 def _reward_collapse(s: dict[str, float], i: int, onset: int) -> None:
     s["reward_mean"] -= 0.5 * _ramp(i, onset, 15)
 
@@ -141,6 +152,8 @@ def _too_hard(s: dict[str, float], i: int, onset: int) -> None:
 #: failure mode -> (how it rewrites the stream, the detector expected to catch it)
 FAILURES: dict[str, tuple[Callable[[dict[str, float], int, int], None], str]] = {
     "entropy_collapse": (_entropy_collapse, "entropy_collapse"),
+    "entropy_blowup": (_entropy_blowup, "entropy_blowup"),
+    "length_collapse": (_length_collapse, "length_collapse"),
     "reward_collapse": (_reward_collapse, "reward_collapse"),
     "grad_spike": (_grad_spike, "grad_norm_spike"),
     "grad_explosion": (_grad_explosion, "grad_norm_explosion"),
@@ -156,6 +169,25 @@ FAILURES: dict[str, tuple[Callable[[dict[str, float], int, int], None], str]] = 
     "too_easy": (_too_easy, "zero_variance_groups"),
     "too_hard": (_too_hard, "zero_variance_groups"),
 }
+
+
+#: stats TRL logs only on generation steps (with ``steps_per_generation > gradient_accumulation_steps``)
+GENERATION_STATS: tuple[str, ...] = (
+    "reward_mean",
+    "reward_std",
+    "frac_zero_std_groups",
+    "frac_zero_std_solved",
+    "length_mean",
+    "truncated_frac",
+    "repetition_rate",
+)
+
+
+def sparse_stream(stream: Stream, every: int) -> Stream:
+    """``stream`` with :data:`GENERATION_STATS` kept on every ``every``-th step only (absent, not 0, elsewhere)."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1; got {every}.")
+    return [{k: v for k, v in s.items() if i % every == 0 or k not in GENERATION_STATS} for i, s in enumerate(stream)]
 
 
 def failing_stream(mode: str, steps: int, onset: int, seed: int, shape: Shape = "rising") -> Stream:

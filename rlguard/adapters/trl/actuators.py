@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlguard.adapters.trl.compat import EngineStepApplying
 from rlguard.guards.actuator import TorchActuator
-from rlguard.guards.guard import Controls
+from rlguard.guards.decision import Controls
 
 __all__ = ["TrainerActuator", "ZeroActuator", "trainer_capabilities"]
 
@@ -37,7 +37,8 @@ class TrainerActuator(TorchActuator):
     """transformers' ``Trainer`` without DeepSpeed: the decision is applied in ``on_pre_optimizer_step`` and the
     trainer runs ``optimizer.step()`` right after (``owns_step=False``): a dropped update is gradients set to None
     (weights and Adam's state untouched, the scheduler still steps); the LR scale is undone in
-    ``on_optimizer_step`` (:meth:`~rlguard.guards.actuator.TorchActuator.restore_lr`)."""
+    ``on_optimizer_step`` (:meth:`~rlguard.guards.actuator.TorchActuator.finish_step`), which also measures the
+    update's size with ``measure_update``."""
 
     trainer: Any = None
     stop_requested: bool = field(init=False, default=False)

@@ -7,7 +7,12 @@
 ``GuardedGRPOConfig(guard="default")`` does all of this for ``GuardedGRPOTrainer`` and adds the objective's own
 metrics (collected per micro-batch with :func:`~rlguard.guards.collect_step_stats`) and the clip range.
 
-Where each decision takes effect, in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the
+Each decision is carried out by :func:`~rlguard.guards.actuator.apply_decision` on an actuator
+(:mod:`rlguard.adapters.trl.actuators`; ``docs/design.md``, "Actuator contract"):
+:class:`~rlguard.adapters.trl.actuators.TrainerActuator` without DeepSpeed,
+:class:`~rlguard.adapters.trl.actuators.ZeroActuator` under it. A stock ``GRPOTrainer`` has no objective controls:
+clip, beta and entropy schedules are refused when training starts and the clip controller's actions are recorded
+only. What each part of a decision does in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the
 gradients of the step are complete and all-reduced, just before ``optimizer.step()``):
 
 - the stats: the callback clips gradients itself (``args.max_grad_norm`` is set to 0 while training, so the
@@ -148,6 +153,9 @@ class StabilityCallback(TrainerCallback):
         guard: a preset name, a ``GuardConfig`` or a ``Guard``; None only records. See the module for what each
             decision does.
         snapshot_dir: keep rollback snapshots in this folder (one file per rank) instead of CPU memory.
+        measure_update: report ``update_ratio`` (``||theta_t - theta_(t-1)|| / ||theta_(t-1)||`` of the last applied
+            update) in the next step's stats; costs one copy of the weights per step. Not under DeepSpeed. On by
+            itself when the guard runs a ``trust_region`` that reads it (the ``stable`` preset).
 
     Attributes:
         history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
@@ -161,10 +169,12 @@ class StabilityCallback(TrainerCallback):
         every_step: bool = True,
         guard: str | GuardConfig | Guard | None = None,
         snapshot_dir: str | None = None,
+        measure_update: bool = False,
     ) -> None:
         self.every_step = every_step
         self.guard: Guard | None = None if guard is None else make_guard(guard)
         self.snapshot_dir = snapshot_dir
+        self.measure_update = measure_update
         self.history: list[dict[str, float]] = []
         self.decisions: list[Decision] = []
         self._trainer: Any = None
@@ -240,10 +250,11 @@ class StabilityCallback(TrainerCallback):
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self._max_grad_norm or math.inf)  # norm before clipping
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
         stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
-        if isinstance(self._actuator, TrainerActuator) and (ratio := self._actuator.take_update_ratio()) is not None:
-            stats.add("update_ratio", ratio)  # the previous update's relative size (trust_region)
-        decision = self._observe(state.global_step + 1, stats)
         actuator = self._trainer_actuator(args, model, optimizer)
+        update_ratio = actuator.take_update_ratio()  # the previous step's update, measured after it
+        if update_ratio is not None:
+            stats.add("update_ratio", update_ratio)
+        decision = self._observe(state.global_step + 1, stats)
         self._log(decision, apply_decision(decision, actuator).action)
         self._stop_if_requested(control)
 
@@ -256,7 +267,7 @@ class StabilityCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         if isinstance(self._actuator, TrainerActuator):
-            self._actuator.restore_lr()  # the LR scale was for this optimizer step only
+            self._actuator.finish_step()  # the LR scale was for this optimizer step only; the update's size
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -328,7 +339,7 @@ class StabilityCallback(TrainerCallback):
                 optimizer,
                 owns_step=False,
                 snapshot_path=path,
-                measure_update=measures_update(self.guard),
+                measure_update=self.measure_update or measures_update(self.guard),  # trust_region reads it
                 trainer=self._trainer,
             )
             if path is not None and old is not None:

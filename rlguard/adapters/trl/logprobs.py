@@ -17,6 +17,7 @@ FSDP (sharded LM head). The reference model keeps TRL's kernel (it runs without 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +29,32 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl.logprobs needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
 from rlguard.adapters.trl.compat import install_forward
-from rlguard.core_losses import logprobs_from_hidden
+from rlguard.core_losses import (
+    FusedLossOutput,
+    Objective,
+    RolloutBatch,
+    logprobs_from_hidden,
+    objective_from_hidden,
+)
 
-__all__ = ["check_hidden_logprobs_supported", "use_hidden_logprobs"]
+__all__ = ["FUSED_REQUEST", "FusedRequest", "check_hidden_logprobs_supported", "use_hidden_logprobs"]
+
+#: attribute of the policy (PEFT's base model) through which ``_compute_loss`` hands its forward a
+#: :class:`FusedRequest` (``fused_objective=True``)
+FUSED_REQUEST = "rlguard_fused_request"
+
+
+@dataclass
+class FusedRequest:
+    """The objective, the batch without log-probs and the normalisers of one micro-batch, for the policy's next
+    ``fused_lm_head=True`` forward to compute with :func:`~rlguard.core_losses.objective_from_hidden`; that forward
+    stores the result in ``output``."""
+
+    objective: Objective
+    batch: RolloutBatch  # (B, T) over the completion tokens
+    normalisers: dict[str, Any]
+    output: FusedLossOutput | None = None
+
 
 #: text-config attributes that change the logits beyond ``h W^T / temperature`` (TRL's kernel applies them).
 _LOGIT_TRANSFORMS = (
@@ -126,6 +150,9 @@ def use_hidden_logprobs(model: Any, temperature: float, *, chunk_size: int | Non
         weight = _lm_head_weight(self)
         hidden, targets = hidden.to(weight.device), targets.to(weight.device)
         mask = targets != -100  # (B, L - 1)
+        request: FusedRequest | None = getattr(self, FUSED_REQUEST, None)
+        if request is not None:
+            return _fused_objective(request, hidden / temperature, weight, targets, mask, chunk_size)
         # only the scored positions go through the head; logits h W^T / tau = (h / tau) W^T
         with torch.autocast(hidden.device.type, enabled=False):
             logprobs, entropy = logprobs_from_hidden(
@@ -141,3 +168,32 @@ def use_hidden_logprobs(model: Any, temperature: float, *, chunk_size: int | Non
         )
 
     install_forward(model, forward)
+
+
+def _fused_objective(
+    request: FusedRequest, hidden: Tensor, weight: Tensor, targets: Tensor, mask: Tensor, chunk_size: int | None
+) -> Any:
+    """The fused objective on the last ``T`` positions (the completion), and TRL's output contract from its
+    log-probs and entropies. hidden ``(B, L - 1, H)`` already divided by the temperature; targets, mask
+    ``(B, L - 1)``."""
+    if request.output is not None:
+        raise RuntimeError(
+            "fused_objective=True computes the loss of a whole micro-batch in one policy forward; this one was "
+            "split into several (TRL's batch_size), which the fused path does not support."
+        )
+    t = request.batch.mask.shape[1]
+    with torch.autocast(hidden.device.type, enabled=False):
+        out = objective_from_hidden(
+            request.objective,
+            hidden[:, -t:],
+            weight,
+            targets[:, -t:].clamp(min=0),  # -100 only where the batch's mask is 0: never scored
+            request.batch,
+            chunk_size=chunk_size,
+            **request.normalisers,
+        )
+    request.output = out
+    log_probs = out.logprobs.new_zeros(mask.shape)
+    entropies = out.entropies.new_zeros(mask.shape)
+    log_probs[:, -t:], entropies[:, -t:] = out.logprobs, out.entropies
+    return FusedCausalLMOutput(loss=out.loss.detach(), log_probs=log_probs, entropy=entropies, label_mask=mask)

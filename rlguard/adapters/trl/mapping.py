@@ -2,19 +2,25 @@
 
 :func:`map_trl_config` is the whole translation:
 
-- ``objective=None``: the objective of ``loss_type``: grpo and bnpo -> ``grpo``, dr_grpo, dapo, sapo, and cispo
-  (with ``bounds="absolute"``, TRL's convention);
-- ``importance_sampling_level="sequence"`` turns grpo, dapo and dr_grpo into ``gspo``;
-- ``epsilon``, ``epsilon_high`` -> ``clip_low``, ``clip_high`` of the GRPO family; CISPO's ``clip_high`` is the
-  absolute cap ``epsilon_high``; GMPO (log-space clip) keeps its own;
+- ``objective=None``: the objective of ``loss_type``: grpo and bnpo -> ``grpo``, dr_grpo, dapo, sapo, luspo,
+  vespo, and cispo (with ``bounds="absolute"``, TRL's convention);
+- ``importance_sampling_level="sequence"`` turns grpo, dapo and dr_grpo into ``gspo``; luspo at ``"token"`` (TRL
+  warns) is ``grpo`` with luspo's aggregation; vespo's weight is per sequence at either level;
+- ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg`` -> VESPO's ``k_pos`` ... ``lambda_neg``
+  (vLLM importance-sampling correction with vespo is refused: TRL folds it into VESPO's weight);
+- ``epsilon``, ``epsilon_high`` -> ``clip_low``, ``clip_high`` of the GRPO family and Clip-Cov; CISPO's
+  ``clip_high`` is the absolute cap ``epsilon_high``; GMPO (log-space clip) keeps its own;
 - ``delta`` (TRL's two-sided clip) -> ``clip_c``, the dual clip, which it equals when ``delta >= 1 + epsilon_high``;
 - ``beta``, ``use_bias_correction_kl`` -> ``beta`` with ``kl_estimator="k3"``, ``kl_unbiased``;
 - ``sapo_temperature_pos``/``_neg`` -> ``tau_pos``/``tau_neg``;
 - ``off_policy_mask_threshold`` -> ``off_policy_mask_delta``;
+- ``top_entropy_quantile < 1``: TRL's own ``get_high_entropy_mask`` weights the objective's policy term (not the
+  KL term, not the normalisers) and the entropy bonus, as in TRL (in the trainer, per micro-batch);
+- ``use_adaptive_entropy`` is refused (TRL's controller is trainer state updated inside its loss);
 - vLLM's ``*_truncate`` modes -> ``rollout_is``; ``*_mask`` modes -> ``rollout_mask`` plus ``rollout_is``;
 - ``loss_type``, unless ``objective_kwargs`` names an ``aggregation``: grpo, sapo -> ``seq-mean-token-mean``;
-  bnpo, dapo, cispo -> ``token-mean``; dr_grpo -> ``seq-mean-token-sum-norm`` with
-  ``max_length=max_completion_length``.
+  bnpo, dapo, cispo, vespo -> ``token-mean``; luspo -> ``seq-mean-token-sum``; dr_grpo ->
+  ``seq-mean-token-sum-norm`` with ``max_length=max_completion_length``.
 
 ``objective_kwargs`` override every mapped value. Normalisers, with ``B`` the micro-batch's rows, ``GA`` the
 current gradient-accumulation steps (1 in evaluation), ``W`` the number of processes (DDP averages gradients)
@@ -33,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, SAPO, Objective, get_objective
+from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, LUSPO, SAPO, VESPO, ClipCov, Objective, get_objective
 from rlguard.core_losses.registry import objective_class
 from rlguard.guards.actuator import make_guard
 
@@ -50,6 +56,8 @@ LOSS_TYPE_OBJECTIVE = {
     "dapo": "dapo",
     "cispo": "cispo",
     "sapo": "sapo",
+    "luspo": "luspo",
+    "vespo": "vespo",
 }
 LOSS_TYPE_AGGREGATION = {
     "grpo": "seq-mean-token-mean",
@@ -58,12 +66,16 @@ LOSS_TYPE_AGGREGATION = {
     "dr_grpo": "seq-mean-token-sum-norm",
     "dapo": "token-mean",
     "cispo": "token-mean",
+    "luspo": "seq-mean-token-sum",
+    "vespo": "token-mean",
 }
 #: Objectives whose ratio is one per sequence, and aggregations that weight a sequence by its token count.
 _SEQUENCE_RATIO = (GSPO, GMPO)
 _TOKEN_SUMMED = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 #: Token-ratio objectives that TRL's importance_sampling_level="sequence" turns into GSPO.
 _TO_GSPO = ("grpo", "dapo", "dr_grpo")
+#: Objectives whose own ratio ignores importance_sampling_level (VESPO's weight is always per sequence).
+_OWN_RATIO_LEVEL = ("vespo",)
 Normaliser = Literal["sequences", "local_tokens", "global_tokens"]
 
 
@@ -127,14 +139,13 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
 
 
 def _reject_unsupported(args: GRPOConfig) -> None:
-    if args.top_entropy_quantile < 1.0:
-        raise NotImplementedError(
-            f"top_entropy_quantile={args.top_entropy_quantile} is not supported by GuardedGRPOTrainer yet: the "
-            "entropy mask weights the policy term but not the normalisers, which PolicyBatch cannot express. Use 1.0."
-        )
     if args.use_adaptive_entropy:
         raise NotImplementedError(
-            "use_adaptive_entropy=True is not supported by GuardedGRPOTrainer yet; use a fixed entropy_coef."
+            "use_adaptive_entropy=True is not supported by GuardedGRPOTrainer: TRL's controller is trainer state that "
+            "its _compute_loss updates at each accumulation boundary (a window-global entropy reduced across "
+            "processes, saved with checkpoints), not a loss; rlguard's loss path does not run it, and copying it "
+            "would be a second controller to keep in sync. Use a fixed entropy_coef, or schedule entropy_coef with "
+            "the guard (GuardConfig(schedules={'entropy_coef': ...}))."
         )
     if args.importance_sampling_level not in ("token", "sequence"):
         raise ValueError(
@@ -155,6 +166,10 @@ def _objective_name(args: GRPOConfig) -> str:
                 "trl.GRPOTrainer."
             )
         name = LOSS_TYPE_OBJECTIVE[args.loss_type]
+        if name == "luspo" and args.importance_sampling_level == "token":
+            return "grpo"  # TRL's luspo at token level: the token ratio, PPO clip, LUSPO's per-sequence token sum
+    if name in _OWN_RATIO_LEVEL:
+        return name
     if args.importance_sampling_level == "sequence":
         if name in _TO_GSPO:
             return "gspo"
@@ -198,6 +213,15 @@ def _clip_kwargs(args: GRPOConfig, cls: type[Objective], warn: bool) -> dict[str
         return {"bounds": "absolute", "clip_low": None, "clip_high": epsilon_high}
     if issubclass(cls, SAPO):
         return {"tau_pos": args.sapo_temperature_pos, "tau_neg": args.sapo_temperature_neg}
+    if issubclass(cls, ClipCov):  # Clip-Cov's PPO clip is TRL's
+        return {"clip_low": args.epsilon, "clip_high": epsilon_high}
+    if issubclass(cls, VESPO):
+        return {
+            "k_pos": args.vespo_k_pos,
+            "lambda_pos": args.vespo_lambda_pos,
+            "k_neg": args.vespo_k_neg,
+            "lambda_neg": args.vespo_lambda_neg,
+        }
     return {}
 
 
@@ -210,6 +234,12 @@ def _rollout_kwargs(args: GRPOConfig) -> dict[str, Any]:
     """
     if not (args.use_vllm and args.vllm_importance_sampling_correction):
         return {}
+    if args.loss_type == "vespo" or getattr(args, "objective", None) == "vespo":
+        raise NotImplementedError(
+            "VESPO with vLLM importance-sampling correction: TRL folds the engine ratio into VESPO's sequence weight "
+            "W (log W gains sum_t log rho_t); rlguard's rollout_is multiplies each token's term instead, which is a "
+            "different estimator. Set vllm_importance_sampling_correction=False, or use another objective."
+        )
     mode = args.vllm_importance_sampling_mode
     level, kind = mode.split("_", 1) if "_" in mode else (mode, "")
     if level not in ("token", "sequence") or kind not in ("truncate", "mask"):
@@ -243,7 +273,7 @@ def _normaliser(args: GRPOConfig, aggregation: str, user_aggregation: bool) -> N
 
 def _warn_on_known_differences(args: GRPOConfig, cls: type[Objective], mapping: TRLLossMapping) -> None:
     aggregation = mapping.kwargs["aggregation"]
-    if issubclass(cls, _SEQUENCE_RATIO) and aggregation in _TOKEN_SUMMED:
+    if issubclass(cls, _SEQUENCE_RATIO) and not issubclass(cls, LUSPO) and aggregation in _TOKEN_SUMMED:
         warnings.warn(
             f"objective {mapping.objective!r} has one ratio per sequence but aggregation={aggregation!r} sums over "
             "tokens, so each sequence weighs in proportion to its length (trl#3823). For the paper's objective use "

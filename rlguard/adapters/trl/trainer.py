@@ -40,12 +40,18 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import FORWARD_KEYS, check_trl_compatibility
-from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
+from rlguard.adapters.trl.logprobs import (
+    FUSED_REQUEST,
+    FusedRequest,
+    check_hidden_logprobs_supported,
+    use_hidden_logprobs,
+)
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
-from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, aggregate
+from rlguard.core_losses import CISPO, SAPO, Objective, PolicyBatch, RolloutBatch, aggregate
+from rlguard.core_losses.objectives.weighted import weighted
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
-from rlguard.guards.guard import Controls
+from rlguard.guards.decision import Controls
 from rlguard.metrics import REDUCTIONS, WEIGHTS, trl_log_key
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer"]
@@ -66,6 +72,11 @@ class GuardedGRPOConfig(GRPOConfig):
         logprobs_from_hidden: compute the policy's per-token log-probs and entropies with
             :func:`rlguard.core_losses.logprobs_from_hidden` (chunked over tokens, logits recomputed in backward)
             instead of TRL's fused LM head kernel; see :mod:`rlguard.adapters.trl.logprobs` for what it refuses.
+        fused_objective: compute the objective itself in the LM-head pass
+            (:func:`rlguard.core_losses.objective_from_hidden`): the gradients of the hidden states and the LM head
+            are formed while each chunk's logits are live, so backward makes no second pass over the vocabulary.
+            Implies ``logprobs_from_hidden`` and refuses what it refuses, and TRL's entropy bonus
+            (``entropy_coef``; the objective's own ``objective_kwargs={"entropy_coef": ...}`` works).
     """
 
     objective: str | None = field(
@@ -93,6 +104,16 @@ class GuardedGRPOConfig(GRPOConfig):
             "temperature divides the hidden states, which is exact. Refused for LM heads with a bias or LoRA, "
             "logit soft-capping or scaling, MoE auxiliary losses, DeepSpeed ZeRO-3 and FSDP. The reference model "
             "keeps TRL's kernel."
+        },
+    )
+
+    fused_objective: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute the objective in the LM-head pass with rlguard's objective_from_hidden: the gradients "
+            "of hidden states and LM head are formed while each chunk's logits are live (three matrix products, "
+            "no recomputation in backward). Implies logprobs_from_hidden and refuses what it refuses, and TRL's "
+            "entropy bonus (entropy_coef != 0); objective_kwargs={'entropy_coef': ...} is the objective's own."
         },
     )
 
@@ -142,6 +163,11 @@ class GuardedGRPOTrainer(GRPOTrainer):
         config = cast(GRPOConfig, self.args)
         mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
         guard = self._attach_stability_callbacks(getattr(config, "guard", None))
+        if guard is not None and "beta" in guard.config.schedules and config.beta == 0.0:
+            raise ValueError(
+                "the guard schedules beta, but GuardedGRPOConfig(beta=0.0) makes TRL load no reference model: set "
+                "beta > 0 (the schedule then replaces it) or drop the beta schedule."
+            )
         if guard is not None and "on_nonfinite" not in mapping.kwargs:
             # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
             mapping = dataclasses.replace(mapping, kwargs={**mapping.kwargs, "on_nonfinite": "mask"})
@@ -150,15 +176,32 @@ class GuardedGRPOTrainer(GRPOTrainer):
         self.rlguard_objective: Objective = mapping.build()
         self._rlguard_configured_objective = self.rlguard_objective
         self._rlguard_step_stats = StepStats()
-        if getattr(config, "logprobs_from_hidden", False):
-            self._use_hidden_logprobs()
+        self._rlguard_fused_model: Any = None
+        fused = bool(getattr(config, "fused_objective", False))
+        if fused and self._entropy_bonus_enabled:
+            raise ValueError(
+                f"fused_objective=True cannot add TRL's entropy bonus (entropy_coef={self.entropy_coef}, "
+                f"use_adaptive_entropy={self.use_adaptive_entropy}): it needs gradients through the entropies "
+                "outside the objective. Use objective_kwargs={'entropy_coef': ...} (the objective's own bonus, "
+                "aggregated like its loss) or fused_objective=False."
+            )
+        if fused and self.top_entropy_quantile < 1.0:
+            raise ValueError(
+                f"fused_objective=True cannot apply top_entropy_quantile={self.top_entropy_quantile}: TRL's "
+                "high-entropy mask needs every token's entropy before the objective, which the fused pass computes "
+                "inside it. Use top_entropy_quantile=1.0 or fused_objective=False."
+            )
+        if fused or getattr(config, "logprobs_from_hidden", False):
+            policy = self._use_hidden_logprobs()
+            self._rlguard_fused_model = policy if fused else None
 
-    def _use_hidden_logprobs(self) -> None:
-        """Route TRL's fused LM head of the policy through ``logprobs_from_hidden`` (the model TRL patched)."""
+    def _use_hidden_logprobs(self) -> Any:
+        """Route TRL's fused LM head of the policy through rlguard's (the model TRL patched, which it returns)."""
         model: Any = self.model
         model = model.get_base_model() if is_peft_model(model) else model
         check_hidden_logprobs_supported(model, zero3=is_deepspeed_zero3_enabled(), fsdp=bool(self.is_fsdp_enabled))
         use_hidden_logprobs(model, self.temperature)
+        return model
 
     def _attach_stability_callbacks(self, spec: str | GuardConfig | None) -> Guard | None:
         """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback
@@ -187,26 +230,40 @@ class GuardedGRPOTrainer(GRPOTrainer):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
-        logprobs, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in FORWARD_KEYS},
-        )  # (B, T), (B, T), () or None
         training = self._training()
         accumulation = self.current_gradient_accumulation_steps if training else 1
+        request = self._fused_request(inputs, mask, accumulation)
+        try:
+            logprobs, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model,
+                torch.cat([prompt_ids, completion_ids], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1),
+                completion_ids.size(1),
+                compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled,
+                **{key: inputs.get(key) for key in FORWARD_KEYS},
+            )  # (B, T), (B, T), () or None
+        finally:
+            if request is not None:
+                setattr(self._rlguard_fused_model, FUSED_REQUEST, None)
         batch = self._policy_batch(inputs, logprobs, entropies, mask)
-        out = self.rlguard_objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+        objective, entropy_mask = self.rlguard_objective, None
+        if self.top_entropy_quantile < 1.0:
+            # TRL's own mask (its quantile is over the entropies of all processes); it weights the policy term only
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T) bool
+            objective = weighted(objective, entropy_mask)
+        if request is None:
+            out = objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+        else:  # the policy's forward computed it (rlguard.adapters.trl.logprobs); refused with top_entropy_quantile
+            assert request.output is not None, "the policy's fused forward did not run"
+            out = request.output
         if training and self.rlguard_guard is not None:
             collect_step_stats(batch=batch, output=out, stats=self._rlguard_step_stats)
         loss = out.loss
         mode = "train" if training else "eval"
         if self._entropy_bonus_enabled:
             # TRL's bonus: coef * (token mean of the entropy over this micro-batch) / GA, whatever the loss_type
-            fmask = mask.to(entropies.dtype)
+            fmask = (mask if entropy_mask is None else mask * entropy_mask).to(entropies.dtype)
             mean_entropy = aggregate(entropies, fmask, "token-mean", num_tokens=fmask.sum().clamp(min=1) * accumulation)
             loss = loss - self.entropy_coef * mean_entropy
             policy_loss = self.accelerator.gather(out.loss.detach() * accumulation).mean().item()
@@ -219,12 +276,36 @@ class GuardedGRPOTrainer(GRPOTrainer):
         self._log_rlguard_metrics(mode, out.metrics, mask, accumulation)
         return loss
 
+    def _fused_request(self, inputs: Mapping[str, Any], mask: Tensor, accumulation: int) -> FusedRequest | None:
+        """With ``fused_objective``: the objective, batch and normalisers for the policy's next forward, set on
+        the policy (None otherwise)."""
+        if self._rlguard_fused_model is None:
+            return None
+        policy_batch = self._policy_batch(inputs, torch.zeros(mask.shape, device=mask.device), None, mask)
+        if inputs.get("sampling_per_token_logps") is not None and policy_batch.old_logprobs is None:
+            raise NotImplementedError(
+                "fused_objective=True needs old_per_token_logps with vLLM importance sampling (TRL computes them "
+                "when vllm_importance_sampling_correction is on); use fused_objective=False."
+            )
+        batch = RolloutBatch(
+            advantages=policy_batch.advantages,
+            mask=mask,
+            old_logprobs=policy_batch.old_logprobs,
+            ref_logprobs=policy_batch.ref_logprobs,
+            rollout_logprobs=policy_batch.rollout_logprobs,
+        )
+        weight = self._rlguard_fused_model.get_output_embeddings().weight
+        dtype_of = torch.empty(0, dtype=torch.promote_types(weight.dtype, torch.float32))
+        request = FusedRequest(self.rlguard_objective, batch, self._normalisers(inputs, dtype_of, mask, accumulation))
+        setattr(self._rlguard_fused_model, FUSED_REQUEST, request)
+        return request
+
     def _training(self) -> bool:
         """TRL's mode switch: ``self.model.training``."""
         return self.model is not None and bool(self.model.training)
 
     def _policy_batch(
-        self, inputs: Mapping[str, Any], logprobs: Tensor, entropies: Tensor, mask: Tensor
+        self, inputs: Mapping[str, Any], logprobs: Tensor, entropies: Tensor | None, mask: Tensor
     ) -> PolicyBatch:
         old = inputs.get("old_per_token_logps")
         rollout = inputs.get("sampling_per_token_logps")

@@ -22,6 +22,13 @@ verl (``actor_rollout_ref.actor.*``)  rlguard
 ``clip_ratio_c``                      ``clip_c`` (dual clip) of grpo, dapo, dr_grpo, as verl's ``vanilla``; not of
                                       gspo and gspo_token, as verl's ``gspo``
 ``tau_pos``, ``tau_neg``              SAPO's ``tau_pos``, ``tau_neg``
+``clip_ratio_c`` (DPPO)               ``is_cap`` of dppo_tv, dppo_kl (their truncated IS weight; ``clip_ratio_*``
+                                      are their thresholds ``delta`` as in verl)
+``policy_loss.clip_cov_ratio``,       Clip-Cov's ``clip_cov_ratio``, ``clip_cov_lb``, ``clip_cov_ub``; the draw
+``_lb``, ``_ub``                      uses torch's default generator, as verl's ``clip_cov``
+``policy_loss.kl_cov_ratio``,         KL-Cov's ``kl_cov_ratio``, ``kl_cov_coef``
+``ppo_kl_coef``
+``policy_loss.dro_beta``              DRO's ``tau`` (required, as in verl)
 ``loss_agg_mode``                     ``aggregation``; ``token-sum`` is ``token-mean`` with ``num_tokens = 1/dp``.
                                       sapo and gmpo keep ``seq-mean-token-mean``: verl's ``sapo`` and ``geo_mean``
                                       ignore ``loss_agg_mode``
@@ -51,7 +58,10 @@ Where rlguard and verl's own losses differ (float64 parity otherwise, tests/test
   there), ``actor/ppo_kl`` is verl's k1 estimate (mean ``log pi_old - log pi``). Every canonical metric of the
   objective follows under ``rlguard/`` (``rlguard/clip_frac_high``, ``rlguard/seq_ratio_max``,
   ``rlguard/kl_old``, ...); verl averages each over micro-batches, so ``rlguard/ratio_max`` is the mean of the
-  micro-batch maxima.
+  micro-batch maxima. For ``clip_cov`` rlguard's ``clip_frac`` counts PPO-clipped and Clip-Cov-dropped tokens
+  (verl's ``clip_cov`` reports the dropped ones only); for ``dppo_*`` it counts the masked tokens with ``A != 0``
+  (verl's counts zero-advantage tokens outside the region too); ``kl_cov``'s ``actor/ppo_kl`` is the k1 estimate
+  above (verl's ``kl_cov`` reports the mean ``|log r|`` under that key).
 
 verl adds its KL loss (``use_kl_loss``) and entropy bonus (``entropy_coeff``) around the policy loss, as for its
 own losses. Mismatch correction is verl's ``algorithm.rollout_correction`` (TIS, MIS, IcePop), computed on the
@@ -72,9 +82,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlguard.adapters.verl import driver
+from rlguard.adapters.verl import trainers
 from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
-from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, guarded_trainer_class, register_v1_trainer
+from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
 from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
 from rlguard.adapters.verl.mapping import (
@@ -86,6 +96,7 @@ from rlguard.adapters.verl.mapping import (
     objective_hyperparameters,
 )
 from rlguard.adapters.verl.registration import register
+from rlguard.adapters.verl.trainers import guarded_trainer_class, register_v1_trainer
 
 __all__ = [
     "LOSS_MODE_PREFIX",
@@ -111,8 +122,8 @@ logger = logging.getLogger(__name__)
 
 
 def __getattr__(name: str) -> Any:
-    """``GuardedRayPPOTrainer`` and ``GuardedPPOTrainerSync``, built on first use (:mod:`~.driver`)."""
-    return getattr(driver, name)
+    """``GuardedRayPPOTrainer`` and ``GuardedPPOTrainerSync``, built on first use (:mod:`~.trainers`)."""
+    return getattr(trainers, name)
 
 
 def _on_import() -> None:

@@ -6,7 +6,7 @@ See :mod:`rlguard.adapters.verl` for the translation and where rlguard and verl'
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,8 +16,8 @@ from verl.workers.config import PolicyLossConfig
 from rlguard.adapters.verl.mapping import ROLLOUT_KEYS, config_get, loss_mode, normalisers, objective_hyperparameters
 from rlguard.core_losses import Objective, PolicyBatch, kl_estimate, masked_mean
 from rlguard.core_losses.aggregation import AGGREGATIONS
-from rlguard.core_losses.batch import NONFINITE_POLICIES, PreparedBatch
-from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.batch import NONFINITE_POLICIES
+from rlguard.core_losses.objectives.weighted import with_token_weights
 from rlguard.core_losses.registry import objective_class
 
 __all__ = ["RLGuardPolicyLossConfig", "policy_loss"]
@@ -66,30 +66,6 @@ class RLGuardPolicyLossConfig(PolicyLossConfig):
             )
 
 
-_WITH_TOKEN_WEIGHTS: dict[type[Objective], Callable[..., Objective]] = {}
-
-
-def _with_token_weights(cls: type[Objective]) -> Callable[..., Objective]:
-    """``cls`` whose per-token policy terms are multiplied by ``token_weights``, as verl applies
-    ``rollout_is_weights``: after the surrogate, before KL, entropy and aggregation. One subclass per class."""
-    if cls in _WITH_TOKEN_WEIGHTS:
-        return _WITH_TOKEN_WEIGHTS[cls]
-
-    @dataclasses.dataclass(frozen=True, kw_only=True)
-    class WithTokenWeights(cls):  # type: ignore[valid-type, misc]  # a class built at run time
-        token_weights: Tensor | None = None  # (B, T), detached
-
-        def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
-            terms: Surrogate = super().surrogate(log_ratio, batch, mask)
-            if self.token_weights is None:
-                return terms
-            return dataclasses.replace(terms, loss=terms.loss * self.token_weights.to(terms.loss.dtype))
-
-    WithTokenWeights.__name__ = WithTokenWeights.__qualname__ = f"{cls.__name__}WithTokenWeights"
-    _WITH_TOKEN_WEIGHTS[cls] = WithTokenWeights
-    return WithTokenWeights
-
-
 def policy_loss(
     name: str,
     *,
@@ -118,7 +94,7 @@ def policy_loss(
     if rollout_is_weights is not None:
         # padding may hold anything; 1 keeps a NaN there from reaching the loss through 0 * NaN
         weights = torch.where(response_mask.bool(), rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
-        objective = _with_token_weights(cls)(token_weights=weights, **hyperparameters)
+        objective = with_token_weights(cls)(token_weights=weights, **hyperparameters)
     else:
         objective = cls(**hyperparameters)
     batch = PolicyBatch(logprobs=log_prob, advantages=advantages, mask=response_mask, old_logprobs=old_log_prob)

@@ -33,6 +33,16 @@ VERL_LOSS_AGG_MODES: tuple[str, ...] = (*AGGREGATIONS, "token-sum")
 #: Objectives whose verl counterpart ignores ``loss_agg_mode`` (``sapo``, ``geo_mean``): they keep their own.
 _OWN_AGGREGATION: tuple[type[Objective], ...] = (SAPO, GMPO)
 
+#: verl's ``policy_loss.*`` keys of its clip_cov, kl_cov and dro losses -> rlguard's names.
+_POLICY_LOSS_KEYS = {
+    "clip_cov_ratio": "clip_cov_ratio",
+    "clip_cov_lb": "clip_cov_lb",
+    "clip_cov_ub": "clip_cov_ub",
+    "kl_cov_ratio": "kl_cov_ratio",
+    "ppo_kl_coef": "kl_cov_coef",
+    "dro_beta": "tau",
+}
+
 #: Keys of RLGuardPolicyLossConfig that go to the objective unchanged when set.
 _PASSED_THROUGH = ("off_policy_mask_delta", "on_nonfinite")
 
@@ -70,7 +80,13 @@ def objective_hyperparameters(name: str, config: Any, loss_agg_mode: str) -> dic
     }
     if not issubclass(cls, GSPO):  # verl applies the dual clip in `vanilla` only, not in `gspo`
         mapped["clip_c"] = config_get(config, "clip_ratio_c", 3.0)
+    mapped["is_cap"] = config_get(config, "clip_ratio_c", 20.0)  # DPPO's truncation of the IS weight
     policy = config_get(config, "policy_loss")
+    for theirs, ours in _POLICY_LOSS_KEYS.items():
+        if config_get(policy, theirs) is not None:
+            mapped[ours] = config_get(policy, theirs)
+    if name == "dro" and "tau" not in mapped and "tau" not in dict(config_get(policy, "objective_kwargs") or {}):
+        raise ValueError("policy_loss.dro_beta must be set (> 0) for rlguard.dro, as for verl's dro; got None.")
     aggregation = config_get(policy, "aggregation")
     if aggregation is None and not issubclass(cls, _OWN_AGGREGATION):
         if loss_agg_mode not in VERL_LOSS_AGG_MODES:

@@ -99,16 +99,25 @@ def losses(
 def detectors(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """List the guard's detectors and interventions with their default thresholds and sources."""
+    """List the guard's detectors and interventions with their default thresholds and sources, and which presets
+    run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse and rollbacks that
+    learn)."""
+    from rlguard.guards import Guard, GuardConfig
     from rlguard.guards.registry import detector_registry, intervention_registry
 
     dets, acts = detector_registry(), intervention_registry()
+    presets = ("default", "strict", "stable")
+    running = {p: set(Guard(GuardConfig.preset(p)).interventions) for p in presets}
+    in_presets = {n: [p for p in presets if n in running[p]] for n in acts}
     if as_json:
         data = {
             "detectors": [
                 {"name": n, "summary": c.summary, "source": c.source, "defaults": c.defaults()} for n, c in dets.items()
             ],
-            "interventions": [{"name": n, "summary": c.summary, "defaults": c.defaults()} for n, c in acts.items()],
+            "interventions": [
+                {"name": n, "summary": c.summary, "presets": in_presets[n], "defaults": c.defaults()}
+                for n, c in acts.items()
+            ],
         }
         typer.echo(json.dumps(data, indent=2, default=str))
         return
@@ -121,8 +130,9 @@ def detectors(
     table = Table(title="rlguard interventions")
     table.add_column("intervention")
     table.add_column("what it does")
+    table.add_column("presets")
     for n, act in acts.items():
-        table.add_row(n, escape(act.summary))
+        table.add_row(n, escape(act.summary), ", ".join(in_presets[n]) or "opt-in")
     console.print(table)
 
 
@@ -134,7 +144,7 @@ def demo(
         str,
         typer.Option(
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
-            "(+guard is +default; presets: monitor, default, strict), and @FAULT, a fault injected into that run "
+            "(+guard is +default; presets: monitor, default, strict, stable), and @FAULT, a fault injected into that run "
             "(@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives."
         ),
     ] = DEFAULT_RUNS,

@@ -210,7 +210,7 @@ def test_stressor_rejects_bad_knobs(kwargs: dict[str, object], match: str) -> No
 def test_full_grid_has_every_cell_and_seed_once() -> None:
     grid = build_grid(seeds=8)
     keys = {(c.objective, c.guard, c.stressor.name, c.seed) for c in grid}
-    assert len(grid) == len(keys) == 3 * 2 * 5 * 8
+    assert len(grid) == len(keys) == 3 * 3 * 5 * 8
 
 
 def test_parser_defaults_and_lists() -> None:
@@ -250,13 +250,13 @@ def test_quick_grid_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     with (tmp_path / "runs.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == 2 * 2 * 2  # grpo, gspo x off, default x none, high_lr x 1 seed
+    assert len(rows) == 2 * 3 * 2  # grpo, gspo x off, default, stable x none, high_lr x 1 seed
     for col in ("objective", "guard", "stressor", "seed", "collapsed", "final_reward", "clip_frac_mean", "wall_s"):
         assert col in rows[0]
     assert {(r["objective"], r["guard"], r["stressor"]) for r in rows} == {
-        (o, g, s) for o in ("grpo", "gspo") for g in ("off", "default") for s in ("none", "high_lr")
+        (o, g, s) for o in ("grpo", "gspo") for g in ("off", "default", "stable") for s in ("none", "high_lr")
     }
-    assert (tmp_path / "summary.md").read_text().count("\n") == 2 + 8  # header and rule, one row per cell
+    assert (tmp_path / "summary.md").read_text().count("\n") == 2 + 12  # header and rule, one row per cell
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         f"curves_{s}_{o}.png" for s in ("high_lr", "none") for o in ("grpo", "gspo")
     ]

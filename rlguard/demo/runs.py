@@ -18,7 +18,7 @@ FAULTS: dict[str, str] = {
 #: the default runs: a healthy pair (GRPO; GSPO under the default guard) and a stressed pair (an LR spike, without
 #: and with the strict guard)
 DEFAULT_RUNS = "grpo,gspo+guard,grpo@lr_spike,grpo+strict@lr_spike"
-GUARD_PRESETS = ("monitor", "default", "strict")
+GUARD_PRESETS = ("monitor", "default", "strict", "stable")
 #: the progress task of the supervised warm start
 WARM_START = "warm start"
 #: progress hook: (task: WARM_START or a run's label, steps done, total steps, the step's stats) -> None

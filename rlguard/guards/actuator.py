@@ -216,7 +216,8 @@ def objective_with_controls(base: Objective, controls: Controls) -> Objective:
 
 
 def make_guard(guard: str | GuardConfig | Guard) -> Guard:
-    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig`` or a ``Guard``."""
+    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``, ``"stable"``), a ``GuardConfig`` or a
+    ``Guard``."""
     if isinstance(guard, Guard):
         return guard
     if isinstance(guard, GuardConfig):
@@ -224,7 +225,8 @@ def make_guard(guard: str | GuardConfig | Guard) -> Guard:
     if isinstance(guard, str):
         return Guard(GuardConfig.preset(guard))
     raise ValueError(
-        f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a Guard; got {guard!r}."
+        f"guard must be a preset name ('monitor', 'default', 'strict', 'stable'), a GuardConfig or a Guard; got "
+        f"{guard!r}."
     )
 
 

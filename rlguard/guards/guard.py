@@ -39,8 +39,9 @@ class GuardConfig:
     Attributes:
         detectors: detector name -> keyword overrides of its defaults, or None to switch it off. Registered
             detectors not named here run with their defaults.
-        interventions: intervention name -> overrides, or None to switch it off; likewise. An empty guard
-            (``monitor`` preset) switches all of them off and only observes.
+        interventions: intervention name -> overrides, or None to switch it off; likewise, except that the opt-in
+            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``recovery``) run only
+            when named. An empty guard (``monitor`` preset) switches all of them off and only observes.
         schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
             (:mod:`rlguard.guards.schedules`); the decision carries their values.
         snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
@@ -64,8 +65,8 @@ class GuardConfig:
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> GuardConfig:
-        """``"monitor"`` (observe only), ``"default"`` or ``"strict"``; ``changes`` override fields."""
-        presets = {"monitor": _monitor, "default": _default, "strict": _strict}
+        """``"monitor"`` (observe only), ``"default"``, ``"strict"`` or ``"stable"``; ``changes`` override fields."""
+        presets = {"monitor": _monitor, "default": _default, "strict": _strict, "stable": _stable}
         if name not in presets:
             raise ValueError(f"unknown guard preset {name!r}; presets: {', '.join(presets)}.")
         return replace(presets[name](), **changes)
@@ -98,6 +99,16 @@ def _strict() -> GuardConfig:
             "halt": {"critical_steps": 10},
         },
         snapshot_interval=5,
+    )
+
+
+def _stable() -> GuardConfig:
+    """``default`` plus the controllers that keep a run going instead of stopping it (issue 15): the trust region
+    on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
+    ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
+    repeated failed recoveries)."""
+    return GuardConfig(
+        interventions={"trust_region": {}, "entropy_control": {}, "recovery": {}, "rollback": None, "halt": None}
     )
 
 
@@ -237,7 +248,8 @@ class Guard:
             clip_scale=clip_scale,
             clip_high_scale=clip_high_scale,
             rollback_to=best.rollback_to,
-            snapshot=healthy and due and best.action == "continue",
+            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found
+            snapshot=healthy and due and best.action in ("continue", "set_clip", "scale_lr"),
             events=tuple(events),
             reason=best.reason,
             **scheduled,
@@ -254,7 +266,7 @@ class Guard:
         self._consecutive_skips = self._consecutive_skips + 1 if decision.action == "skip_step" else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
-        if not findings and not any(a.level for a in self._alarms.values()) and decision.action == "continue":
+        if not findings and not any(a.level for a in self._alarms.values()) and decision.outcome == "step":
             self._last_healthy_step = decision.step
         if decision.action == "rollback":
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh
@@ -322,7 +334,9 @@ def _build(registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] 
         raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.")
     built = {}
     for name, cls in registry.items():
-        if name in overrides and overrides[name] is None:
+        if (name in overrides and overrides[name] is None) or (
+            name not in overrides and not getattr(cls, "enabled_by_default", True)
+        ):
             continue
         params = dict(overrides.get(name) or {})
         try:

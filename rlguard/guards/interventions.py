@@ -63,10 +63,15 @@ class Proposal:
 
 @dataclass(kw_only=True)
 class Intervention(PrivateState):
-    """Base class; subclasses set ``name`` and implement :meth:`propose`."""
+    """Base class; subclasses set ``name`` and implement :meth:`propose`.
+
+    ``enabled_by_default = False`` makes an intervention opt-in: it runs only where a
+    :class:`~rlguard.guards.GuardConfig` names it (a preset, or the user's config).
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    enabled_by_default: ClassVar[bool] = True
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         """The proposal for this step, or None."""

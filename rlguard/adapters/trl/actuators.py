@@ -45,7 +45,7 @@ class TrainerActuator(TorchActuator):
 
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]
-        return trainer_capabilities(self.trainer)
+        return trainer_capabilities(self.trainer) | ({"update_ratio"} if self.measure_update else set())
 
     def set_controls(self, controls: Controls) -> None:
         if "clip" in self.capabilities:

@@ -123,6 +123,7 @@ from rlguard.guards.actuator import (
     check_capabilities,
     make_guard,
 )
+from rlguard.guards.trust_region import measures_update
 from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
 __all__ = ["StabilityCallback"]
@@ -158,7 +159,8 @@ class StabilityCallback(TrainerCallback):
             decision does.
         snapshot_dir: keep rollback snapshots in this folder (one file per rank) instead of CPU memory.
         measure_update: report ``update_ratio`` (``||theta_t - theta_(t-1)|| / ||theta_(t-1)||`` of the last applied
-            update) in the next step's stats; costs one copy of the weights per step. Not under DeepSpeed.
+            update) in the next step's stats; costs one copy of the weights per step. Not under DeepSpeed. On by
+            itself when the guard runs a ``trust_region`` that reads it (the ``stable`` preset).
 
     Attributes:
         history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
@@ -365,7 +367,7 @@ class StabilityCallback(TrainerCallback):
                 optimizer,
                 owns_step=False,
                 snapshot_path=path,
-                measure_update=self.measure_update,
+                measure_update=self.measure_update or measures_update(self.guard),  # trust_region reads it
                 trainer=self._trainer,
             )
             if path is not None and old is not None:

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=8, help="seeds per cell")
     parser.add_argument("--out", default="benchmarks/collapse/results", help="folder for CSVs, summary and plots")
     parser.add_argument("--objectives", default=",".join(OBJECTIVES), help="comma-separated objective names")
-    parser.add_argument("--guards", default=",".join(GUARDS), help="comma-separated: off, default")
+    parser.add_argument("--guards", default=",".join(GUARDS), help="comma-separated: off, default, stable")
     parser.add_argument("--stressors", default=",".join(STRESSORS), help=f"comma-separated: {', '.join(STRESSORS)}")
     parser.add_argument("--iterations", type=int, default=None, help="rollout batches per run (default 100)")
     parser.add_argument("--resume", action="store_true", help="keep the finished runs of --out/runs.jsonl")

@@ -130,9 +130,12 @@ def _markdown(rows: Sequence[dict[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+_GUARD_COLOUR = {"off": "tab:red", "default": "tab:blue", "stable": "tab:green"}
+
+
 def plot_curves(results: Sequence[RunResult], folder: Path) -> list[Path]:
     """One PNG per (stressor, objective) cell: reward per rollout batch (trailing mean), each seed a thin line,
-    guard off in red and default in blue, collapsed runs dashed."""
+    guard off in red, default in blue, stable in green, collapsed runs dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,11 +149,11 @@ def plot_curves(results: Sequence[RunResult], folder: Path) -> list[Path]:
     for (stressor, objective), runs in groups.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for r in runs:
-            colour = "tab:red" if r.config.guard == "off" else "tab:blue"
+            colour = _GUARD_COLOUR.get(r.config.guard, "tab:grey")
             style = "--" if r.verdict.collapsed else "-"
             ax.plot(trailing_mean(r.rewards, r.config.window), style, color=colour, lw=0.8, alpha=0.7)
-        ax.plot([], [], color="tab:red", label="guard off")
-        ax.plot([], [], color="tab:blue", label="guard default")
+        for guard in dict.fromkeys(r.config.guard for r in runs):
+            ax.plot([], [], color=_GUARD_COLOUR.get(guard, "tab:grey"), label=f"guard {guard}")
         ax.plot([], [], "--", color="grey", label="collapsed")
         ax.set(title=f"{objective}, stressor {stressor}", xlabel="rollout batch", ylabel="reward (trailing mean)")
         ax.set_ylim(0, 1)

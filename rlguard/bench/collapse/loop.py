@@ -23,6 +23,7 @@ from rlguard.bench.collapse.verdict import collapse_verdict
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
+from rlguard.guards.trust_region import measures_update
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import (
     AdditionTask,
@@ -138,12 +139,14 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     lr = effective_lr(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
-    guard = Guard(GuardConfig.preset("default")) if config.guard == "default" else None
-    actuator = TorchActuator(model, optimizer, objective=objective)  # the guard's decisions act through it
+    guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
+    # the guard's decisions act through it; it measures each update's relative size for the trust region
+    actuator = TorchActuator(model, optimizer, objective=objective, measure_update=measures_update(guard))
     if guard is not None:
         bind_guard(guard, actuator, where="the collapse benchmark's loop")
     counts = {"skip": 0, "rollback": 0, "lr_backoffs": 0, "clip_changes": 0}
     last_lr_scale = 1.0
+    last_clip: tuple[float | None, ...] = (1.0, 1.0, None, None)
     gen = torch.Generator().manual_seed(config.seed)
     history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
     rewards: list[float] = []
@@ -197,16 +200,19 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             clip_fracs.append(stats.get("clip_frac", 0.0))
             outcome = "step"
             if guard is not None:
+                update_ratio = actuator.take_update_ratio()  # the previous applied update's, if any
+                if update_ratio is not None:
+                    stats["update_ratio"] = update_ratio
                 decision = guard.observe(step, stats)
                 if decision.outcome == "step" and not _finite_step(stats, grad_norm):
                     nonfinite = True  # the guard let a non-finite step through: the run has failed
                     break
-                current = actuator.objective_in_use
                 outcome = apply_decision(decision, actuator).outcome
                 counts[outcome] = counts.get(outcome, 0) + 1
                 counts["lr_backoffs"] += decision.lr_scale < last_lr_scale
-                counts["clip_changes"] += actuator.objective_in_use is not current
-                last_lr_scale = decision.lr_scale
+                clip = (decision.clip_scale, decision.clip_high_scale, decision.clip_low, decision.clip_high)
+                counts["clip_changes"] += clip != last_clip
+                last_lr_scale, last_clip = decision.lr_scale, clip
             step += 1
             if outcome == "halt":
                 halted = True

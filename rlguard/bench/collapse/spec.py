@@ -16,13 +16,13 @@ from rlguard.core_losses import get_objective
 OBJECTIVES: tuple[str, ...] = ("grpo", "dapo", "gspo")
 
 
-GUARDS: tuple[str, ...] = ("off", "default")
+GUARDS: tuple[str, ...] = ("off", "default", "stable")
 
 
 STRESSORS: tuple[str, ...] = ("none", "mismatch", "high_lr", "stale", "moe")
 
 
-GuardName = Literal["off", "default"]
+GuardName = Literal["off", "default", "stable"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class RunConfig:
 
     Attributes:
         objective: objective name for :func:`~rlguard.core_losses.get_objective` (its paper's defaults).
-        guard: ``off`` or ``default`` (the ``default`` preset of :class:`~rlguard.guards.GuardConfig`).
+        guard: ``off``, or the preset of :class:`~rlguard.guards.GuardConfig` that acts (``default``, ``stable``).
         stressor: the perturbation.
         seed: seeds the model, the warm start, the prompts and the sampling.
         iterations: rollout batches.

@@ -144,8 +144,8 @@ def demo(
         str,
         typer.Option(
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
-            "(+guard is +default; presets: monitor, default, strict, stable), and @FAULT, a fault injected into that run "
-            "(@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives."
+            "(+guard is +default; presets: monitor, default, strict, stable), and @FAULT, a fault injected into that "
+            "run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives."
         ),
     ] = DEFAULT_RUNS,
     out: Annotated[

@@ -154,6 +154,19 @@ class ScriptedGuard(Guard):
         return self.script.get(step, Decision(step))
 
 
+def trainer_stand_in(guarded_trainer: type) -> type:
+    """A stand-in trainer carrying GuardedGRPOTrainer's real ``rlguard_set_controls`` and TRL's metric store."""
+
+    class StandIn:
+        rlguard_set_controls = guarded_trainer.rlguard_set_controls
+
+        def __init__(self) -> None:
+            self._rlguard_configured_objective = self.rlguard_objective = base_objective()
+            self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
+
+    return StandIn
+
+
 def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
     """transformers' Trainer without DeepSpeed: StabilityCallback's events in the trainer's order; the trainer
     runs ``optimizer.step()`` itself. The trainer is a stand-in carrying GuardedGRPOTrainer's real
@@ -163,19 +176,15 @@ def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
 
     from rlguard.adapters.trl import GuardedGRPOTrainer, StabilityCallback
 
-    class StandIn:
-        rlguard_set_controls = GuardedGRPOTrainer.rlguard_set_controls
-
-        def __init__(self) -> None:
-            self._rlguard_configured_objective = self.rlguard_objective = base_objective()
-            self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
-
+    StandIn = trainer_stand_in(GuardedGRPOTrainer)
     model, optimizer = make_model()
     lrs = watch_lr(model, optimizer)
     trainer = StandIn()
     callback = StabilityCallback(guard=ScriptedGuard({d.step: d for d in SCRIPT}))
     callback.attach(trainer)
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0, logging_steps=1
+    )
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
     records, stopped = [], False
@@ -337,7 +346,7 @@ def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(t
     pytest.importorskip("trl")
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from rlguard.adapters.trl import StabilityCallback
+    from rlguard.adapters.trl import GuardedGRPOTrainer, StabilityCallback
 
     model, optimizer = make_model()
     guard = ScriptedGuard({})
@@ -345,7 +354,10 @@ def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(t
     observe = guard.observe
     guard.observe = lambda step, stats: (seen.append(dict(stats)), observe(step, stats))[1]  # type: ignore[method-assign]
     callback = StabilityCallback(guard=guard, measure_update=True)
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0)
+    callback.attach(trainer_stand_in(GuardedGRPOTrainer)())
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0, logging_steps=1
+    )
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
     sizes = []

@@ -54,6 +54,7 @@ from rlguard.core_losses import (
     CISPO,
     GRPO,
     GSPO,
+    VESPO,
     LossOutput,
     Objective,
     PolicyBatch,
@@ -539,11 +540,13 @@ class TRLMetricParts:
     kl: Tensor | None  # () sum of per-token KL estimates; None without a KL term (TRL logs no "kl")
     clip: Tensor | None  # (6,) low, high, region sums, counted units, low_min, high_max; None: TRL logs none
     cispo: bool = False  # TRL's CISPO logs only cispo_clip_ratio
+    vespo_phi: Tensor | None = None  # (2,) sum of VESPO's phi(W_i) over sequences, sequences; None: not VESPO
 
     def parts(self) -> list[Tensor]:
         """The values to gather, flat."""
         out = [self.tokens, self.entropy]
         out += [] if self.kl is None else [self.kl]
+        out += [] if self.vespo_phi is None else list(self.vespo_phi.unbind())
         return out + ([] if self.clip is None else list(self.clip.unbind()))
 
     def reduce(self, gathered: Tensor) -> dict[str, float]:
@@ -556,6 +559,9 @@ class TRLMetricParts:
         if self.kl is not None:
             out["kl"] = sums[2].item() / tokens
             k = 3
+        if self.vespo_phi is not None:  # TRL: the mean of phi(W_i) over all processes' sequences
+            out["vespo/phi_seq_mean"] = sums[k].item() / max(sums[k + 1].item(), 1.0)
+            k += 2
         if self.clip is None:
             return out
         units = max(sums[k + 3].item(), 1.0)
@@ -601,6 +607,19 @@ def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts
                 logprobs, batch.ref_logprobs.to(f64), objective.kl_estimator, old_logprobs=behaviour
             )
             kl = (per_token * mask).sum()
+        if isinstance(objective, VESPO):
+            advantages = batch.advantages.to(f64)
+            per_sequence = advantages.dim() == 1
+            advantages = advantages.unsqueeze(-1) if per_sequence else advantages  # (B, 1) or (B, T)
+            phi = objective.weights(token_log_ratio(logprobs, old), advantages.expand_as(mask), mask)  # (B, T)
+            phi = phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # as TRL's get_gamma_weights
+            # TRL's phi is (B, 1) for sequence advantages (one value per sequence), else (B, T) over the mask
+            phi_parts = (
+                torch.stack([phi[:, 0].sum(), torch.tensor(float(phi.size(0)), dtype=f64)])
+                if per_sequence
+                else torch.stack([(phi * mask).sum(), tokens])
+            )
+            return TRLMetricParts(tokens, entropy, kl, None, vespo_phi=phi_parts)
         if not isinstance(objective, (GRPO, CISPO)):
             return TRLMetricParts(tokens, entropy, kl, None)
         log_ratio = token_log_ratio(logprobs, old)  # (B, T)

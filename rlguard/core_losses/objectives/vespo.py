@@ -46,13 +46,19 @@ class VESPO(Objective):
         for name in ("lambda_pos", "lambda_neg"):
             _check_range(name, getattr(self, name), low=0.0, strict=True)
 
-    def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
-        adv = batch.advantages  # (B, T)
+    def weights(self, log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+        """``phi(W_i)`` per token, detached. # log_ratio, mask (B, T); advantages (B, T) -> (B, T)"""
         with torch.no_grad():
             log_w = masked_sum(log_ratio, mask, dim=-1).unsqueeze(-1)  # (B, 1) log W_i
             log_w = log_w.clamp(LOG_WEIGHT_MIN, LOG_RATIO_CLAMP)
-            nonneg = adv >= 0
-            k = torch.where(nonneg, torch.full_like(adv, self.k_pos), torch.full_like(adv, self.k_neg))  # (B, T)
-            lam = torch.where(nonneg, torch.full_like(adv, self.lambda_pos), torch.full_like(adv, self.lambda_neg))
-            phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # (B, T) phi(W_i), in log space
+            nonneg = advantages >= 0
+            k = torch.where(nonneg, torch.full_like(advantages, self.k_pos), torch.full_like(advantages, self.k_neg))
+            lam = torch.where(
+                nonneg, torch.full_like(advantages, self.lambda_pos), torch.full_like(advantages, self.lambda_neg)
+            )  # (B, T)
+            return torch.exp(lam + k * log_w - lam * torch.exp(log_w))  # (B, T) phi(W_i), in log space
+
+    def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
+        adv = batch.advantages  # (B, T)
+        phi = self.weights(log_ratio, adv, mask)  # (B, T)
         return Surrogate(loss=-phi * adv * batch.logprobs)

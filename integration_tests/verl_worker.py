@@ -199,8 +199,9 @@ def actor_overrides(model_dir: str) -> list[str]:
         "actor_rollout_ref.actor.use_torch_compile=false",
         "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
         "actor_rollout_ref.actor.optim.lr=0.01",
-        "actor_rollout_ref.actor.clip_ratio_low=0.001",
-        "actor_rollout_ref.actor.clip_ratio_high=0.001",
+        # RLGUARD_VERL_CLIP narrows the clip range (test_verl_run's GSPO parity needs its clip to act)
+        f"actor_rollout_ref.actor.clip_ratio_low={os.environ.get('RLGUARD_VERL_CLIP', '0.02')}",
+        f"actor_rollout_ref.actor.clip_ratio_high={os.environ.get('RLGUARD_VERL_CLIP', '0.03')}",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
         # RLGUARD_VERL_OBJECTIVE picks another rlguard objective (integration_tests/test_verl_run.py)
         f"actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.{os.environ.get('RLGUARD_VERL_OBJECTIVE', 'gspo')}",

@@ -119,6 +119,34 @@ def behaviour_policy(
     return model, None
 
 
+def policy_gradient_step(
+    actuator: TorchActuator,
+    optimizer: torch.optim.Optimizer,
+    batch: PolicyBatch,
+    *,
+    max_grad_norm: float,
+    lr: float,
+    rollouts: Any,
+) -> tuple[dict[str, float], Tensor]:
+    """The objective in use on ``batch``, its gradient (clipped to ``max_grad_norm``) and the step's reduced stats;
+    the optimizer step itself is the guard's to allow. ``rollouts`` carries ``rewards``, ``group_ids`` and ``mask``.
+    Shared by both collapse benchmarks' loops."""
+    out = actuator.objective_in_use(batch)
+    optimizer.zero_grad()
+    out.loss.backward()  # type: ignore[no-untyped-call]
+    grad_norm = torch.nn.utils.clip_grad_norm_(actuator.model.parameters(), max_grad_norm)
+    stats = collect_step_stats(
+        batch=batch,
+        output=out,
+        grad_norm=grad_norm,
+        lr=lr,
+        rewards=rollouts.rewards,
+        group_ids=rollouts.group_ids,
+        lengths=rollouts.mask.sum(-1),
+    ).reduce()
+    return stats, grad_norm
+
+
 def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | None = None) -> RunResult:
     """Train one run of the grid and judge it (see the module docstring).
 
@@ -183,19 +211,9 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             )
             if on_batch is not None:
                 on_batch(it, batch)
-            out = actuator.objective_in_use(batch)
-            optimizer.zero_grad()
-            out.loss.backward()  # type: ignore[no-untyped-call]
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            stats = collect_step_stats(
-                batch=batch,
-                output=out,
-                grad_norm=grad_norm,
-                lr=lr,
-                rewards=sub.rewards,
-                group_ids=sub.group_ids,
-                lengths=sub.mask.sum(-1),
-            ).reduce()
+            stats, grad_norm = policy_gradient_step(
+                actuator, optimizer, batch, max_grad_norm=config.max_grad_norm, lr=lr, rollouts=sub
+            )
             batch_entropy.append(stats.get("entropy", math.nan))
             clip_fracs.append(stats.get("clip_frac", 0.0))
             outcome = "step"

@@ -18,12 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from rlguard.bench.collapse import CollapseVerdict, collapse_verdict
+from rlguard.bench.collapse.loop import policy_gradient_step
 from rlguard.bench.collapse_long.engine import mismatch_stats, sample_rollouts, trainer_pass
 from rlguard.bench.collapse_long.model import ModelConfig, TinyTransformer, make_model
 from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
 from rlguard.bench.collapse_long.task import NUM_SPECIAL, ReverseShiftTask
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
-from rlguard.guards import Guard, GuardConfig, collect_step_stats
+from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
 
 GUARDS: tuple[str, ...] = ("off", "default")
@@ -267,19 +268,9 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             )
             if on_batch is not None:
                 on_batch(it, batch)
-            out = actuator.objective_in_use(batch)
-            optimizer.zero_grad()
-            out.loss.backward()  # type: ignore[no-untyped-call]
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            stats = collect_step_stats(
-                batch=batch,
-                output=out,
-                grad_norm=grad_norm,
-                lr=lr,
-                rewards=sub.rewards,
-                group_ids=sub.group_ids,
-                lengths=sub.mask.sum(-1),
-            ).reduce()
+            stats, _ = policy_gradient_step(
+                actuator, optimizer, batch, max_grad_norm=config.max_grad_norm, lr=lr, rollouts=sub
+            )
             entropy.append(stats.get("entropy", math.nan))
             clip.append(stats.get("clip_frac", 0.0))
             outcome = "step" if guard is None else guarded_update(guard, step, stats, actuator, tally)

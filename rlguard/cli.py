@@ -414,3 +414,7 @@ def bench_collapse_long(ctx: typer.Context) -> None:
 
 def main() -> None:  # pragma: no cover - console entry point
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m rlguard.cli
+    main()

@@ -26,9 +26,10 @@ from rlguard.bench.collapse_long.task import NUM_SPECIAL, ReverseShiftTask
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
+from rlguard.guards.trust_region import measures_update
 
-GUARDS: tuple[str, ...] = ("off", "default")
-GuardName = Literal["off", "default"]
+GUARDS: tuple[str, ...] = ("off", "default", "stable")
+GuardName = Literal["off", "default", "stable"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class RunConfig:
 
     Attributes:
         objective: name for :func:`~rlguard.core_losses.get_objective` (its paper's defaults).
-        guard: ``off`` or ``default`` (``Guard(GuardConfig.preset("default"))``).
+        guard: ``off``, or the preset of :class:`~rlguard.guards.GuardConfig` that acts (``default``, ``stable``).
         stressor: the perturbation and its strength.
         seed: seeds the model, the warm start, the prompts and the sampling (same data order in every cell).
         iterations: rollout batches. num_prompts, group_size: prompts per batch, completions per prompt.
@@ -195,6 +196,9 @@ def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: T
     """The one place the guard acts on this loop: judge ``stats`` and carry the decision out through the
     plain-torch actuator (which takes the optimizer step when the outcome is ``step``). Returns ``step``,
     ``skip``, ``rollback``, ``halt`` or ``nonfinite`` (the guard let a non-finite step through: a failed run)."""
+    update_ratio = actuator.take_update_ratio()  # the previous applied update's, if the trust region reads it
+    if update_ratio is not None:
+        stats["update_ratio"] = update_ratio
     decision = guard.observe(step, stats)
     if decision.outcome == "step" and not _finite_stats(stats):
         return "nonfinite"
@@ -224,8 +228,9 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     lr = config.lr * st.lr_factor
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
-    guard = Guard(GuardConfig.preset("default")) if config.guard == "default" else None
-    actuator = TorchActuator(model, optimizer, objective=objective)  # the guard's decisions act through it
+    guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
+    # the guard's decisions act through it; it measures each update's relative size for the trust region
+    actuator = TorchActuator(model, optimizer, objective=objective, measure_update=measures_update(guard))
     if guard is not None:
         bind_guard(guard, actuator, where="the long-completion collapse benchmark's loop")
     tally = GuardTally()

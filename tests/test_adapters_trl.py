@@ -664,7 +664,7 @@ def test_objective_alone_gives_its_papers_clip_range_and_aggregation(caplog: pyt
     """``--objective gspo`` on TRL's defaults gave epsilon=0.2 (500x GSPO's range) and dapo's token-mean."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.trainer"):
+    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.config"):
         args = config(objective="gspo")
     kwargs = args.objective_mapping().kwargs
     assert (kwargs["clip_low"], kwargs["clip_high"], kwargs["aggregation"]) == (3e-4, 4e-4, "seq-mean-token-mean")
@@ -676,7 +676,7 @@ def test_objective_alone_gives_its_papers_clip_range_and_aggregation(caplog: pyt
     assert parsed.objective_mapping().kwargs == kwargs  # the command line alike
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.trainer"):
+    with caplog.at_level(logging.INFO, logger="rlguard.adapters.trl.config"):
         args = config(objective="gspo", epsilon=0.2, loss_type="dapo", expect=(SEQUENCE_WARNING,))  # TRL's values
     kwargs = args.objective_mapping().kwargs
     assert (kwargs["clip_low"], kwargs["clip_high"], kwargs["aggregation"]) == (0.2, 0.2, "token-mean")

@@ -7,7 +7,9 @@
 Modules (``docs/design.md``, "Adapters"):
 
 - :mod:`~rlguard.adapters.trl.mapping`: what a ``GRPOConfig`` means in rlguard (pure, no framework import);
-- :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOConfig`` and ``GuardedGRPOTrainer`` (the loss glue);
+- :mod:`~rlguard.adapters.trl.config`: ``GuardedGRPOConfig`` (TRL's config plus the objective and the guard);
+- :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOTrainer`` (the loss glue);
+- :mod:`~rlguard.adapters.trl.trl_metrics`: the loss's metrics under TRL's keys, reduced over processes;
 - :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue) and the actuators it drives;
 - :mod:`~rlguard.adapters.trl.logprobs`: ``GuardedGRPOConfig(logprobs_from_hidden=True)``;
 - :mod:`~rlguard.adapters.trl.compat`: every version gate and every patch of TRL, accelerate and DeepSpeed.

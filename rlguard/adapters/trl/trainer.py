@@ -23,11 +23,7 @@ non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches 
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -43,239 +39,22 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import FORWARD_KEYS, check_trl_compatibility
+from rlguard.adapters.trl.config import GuardedGRPOConfig, guard_from_spec
 from rlguard.adapters.trl.logprobs import (
     FUSED_REQUEST,
     FusedRequest,
     check_hidden_logprobs_supported,
     use_hidden_logprobs,
 )
-from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config, paper_trl_settings
-from rlguard.core_losses import (
-    CISPO,
-    GRPO,
-    GSPO,
-    VESPO,
-    LossOutput,
-    Objective,
-    PolicyBatch,
-    RolloutBatch,
-    aggregate,
-    kl_estimate,
-)
+from rlguard.adapters.trl.mapping import map_trl_config
+from rlguard.adapters.trl.trl_metrics import reduce_over_processes, trl_metric_parts
+from rlguard.core_losses import LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
 from rlguard.core_losses.objectives.weighted import weighted
-from rlguard.core_losses.ratios import clipped_surrogate, seq_log_ratio, token_log_ratio
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
 from rlguard.guards.decision import Controls
-from rlguard.metrics import REDUCTIONS, WEIGHTS
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class GuardedGRPOConfig(GRPOConfig):
-    """``trl.GRPOConfig`` plus the choice of rlguard objective. Every TRL field keeps its meaning (see the module).
-
-    Attributes:
-        objective: a registered rlguard objective (``rlguard losses`` lists them); ``None`` follows ``loss_type``.
-        objective_kwargs: arguments of the objective, overriding what TRL's settings map to, e.g.
-            ``{"aggregation": "seq-mean-token-mean"}`` or ``{"rollout_mask": "geometric"}``; a JSON object string
-            (the command line) is parsed. Not ``beta``.
-        guard: stability guard acting in the loop (:mod:`rlguard.adapters.trl.callback`): a preset name
-            (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig``, or a JSON object (a string, e.g. on
-            the command line, or a mapping, e.g. in a YAML config) of ``GuardConfig`` fields with an optional
-            ``"preset"`` they change: ``'{"preset": "strict", "snapshot_interval": 5}'``; ``None`` for none. With
-            a guard the objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip
-            the step.
-        epsilon, epsilon_high, loss_type: TRL's, with one difference: with an ``objective`` and a setting left
-            unset (``None``, also on the command line and in YAML), the objective's paper value fills it
-            (:func:`~rlguard.adapters.trl.mapping.paper_trl_settings`: ``objective="gspo"`` gives the clip range
-            3e-4/4e-4 and ``loss_type="grpo"``, GSPO's ``seq-mean-token-mean``); without an ``objective``, TRL's
-            defaults (0.2, ``"dapo"``). One log line says which values were used.
-        logprobs_from_hidden: compute the policy's per-token log-probs and entropies with
-            :func:`rlguard.core_losses.logprobs_from_hidden` (chunked over tokens, logits recomputed in backward)
-            instead of TRL's fused LM head kernel; see :mod:`rlguard.adapters.trl.logprobs` for what it refuses.
-        fused_objective: compute the objective itself in the LM-head pass
-            (:func:`rlguard.core_losses.objective_from_hidden`): the gradients of the hidden states and the LM head
-            are formed while each chunk's logits are live, so backward makes no second pass over the vocabulary.
-            Implies ``logprobs_from_hidden`` and refuses what it refuses, and TRL's entropy bonus
-            (``entropy_coef``; the objective's own ``objective_kwargs={"entropy_coef": ...}`` works).
-    """
-
-    objective: str | None = field(
-        default=None,
-        metadata={"help": "rlguard objective (see `rlguard losses`); None follows loss_type."},
-    )
-    objective_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={
-            "help": "Arguments of the rlguard objective, as a dict or a JSON string; they override the values mapped "
-            "from TRL's settings."
-        },
-    )
-    # TRL's and transformers' parsers take the second member of a union as the type: str here, converted below
-    guard: GuardConfig | str | dict[str, Any] | None = field(
-        default=None,
-        metadata={
-            "help": "Stability guard acting in the loop: 'monitor', 'default', 'strict', or a JSON object of "
-            'GuardConfig fields with an optional preset they change, e.g. \'{"preset": "strict", '
-            '"snapshot_interval": 5}\'.'
-        },
-    )
-    # None = not set by the user: the objective's paper value, or TRL's default without an objective (see above)
-    epsilon: float | None = field(  # type: ignore[assignment]  # TRL's float, resolved in __post_init__
-        default=None,
-        metadata={
-            "help": "Lower clip bound (TRL's epsilon). Unset: the objective's paper value with `objective` (gspo: "
-            "3e-4), else TRL's 0.2."
-        },
-    )
-    epsilon_high: float | None = field(
-        default=None,
-        metadata={
-            "help": "Upper clip bound (TRL's epsilon_high). Unset: the objective's paper value with `objective` when "
-            "epsilon is unset too (gspo: 4e-4), else epsilon."
-        },
-    )
-    loss_type: str | None = field(  # type: ignore[assignment]  # TRL's str, resolved in __post_init__
-        default=None,
-        metadata={
-            "help": "TRL's loss_type (it sets the aggregation). Unset: the one of the objective's paper aggregation "
-            "with `objective` (gspo: 'grpo'), else TRL's 'dapo'."
-        },
-    )
-    logprobs_from_hidden: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute the policy's per-token log-probs and entropies with rlguard's logprobs_from_hidden from "
-            "the last hidden states and the LM head weight, a chunk of tokens at a time (logits recomputed in "
-            "backward), instead of TRL's fused LM head kernel (TRL 1.16 does not build the full logits either; "
-            "rlguard's chunks are smaller, see benchmarks/logprobs_memory.py). Float32 accumulation; the "
-            "temperature divides the hidden states, which is exact. Refused for LM heads with a bias or LoRA, "
-            "logit soft-capping or scaling, MoE auxiliary losses, DeepSpeed ZeRO-3 and FSDP. The reference model "
-            "keeps TRL's kernel."
-        },
-    )
-
-    fused_objective: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute the objective in the LM-head pass with rlguard's objective_from_hidden: the gradients "
-            "of hidden states and LM head are formed while each chunk's logits are live (three matrix products, "
-            "no recomputation in backward). Implies logprobs_from_hidden and refuses what it refuses, and TRL's "
-            "entropy bonus (entropy_coef != 0); objective_kwargs={'entropy_coef': ...} is the objective's own."
-        },
-    )
-
-    # a JSON string given for these (e.g. on the command line) is parsed into a dict; the base declares it unannotated
-    _VALID_DICT_FIELDS = [*GRPOConfig._VALID_DICT_FIELDS, "objective_kwargs"]  # noqa: RUF012
-
-    def __post_init__(self) -> None:
-        used = self._fill_unset_trl_settings()
-        super().__post_init__()  # type: ignore[no-untyped-call]  # parses a JSON string given for objective_kwargs
-        if self.objective_kwargs is None:
-            self.objective_kwargs = {}
-        if not isinstance(self.objective_kwargs, dict):
-            raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
-        if "aggregation" in used and "aggregation" not in self.objective_kwargs:
-            self.objective_kwargs = {**self.objective_kwargs, "aggregation": used["aggregation"]}
-        self.guard = guard_from_spec(self.guard)
-        map_trl_config(self)
-        if self.objective is not None:
-            _log_settings_used(self, used)
-
-    def _fill_unset_trl_settings(self) -> dict[str, Any]:
-        """Fill ``epsilon``, ``epsilon_high``, ``loss_type`` left ``None``; return what the objective's paper gave."""
-        paper = {} if self.objective is None else paper_trl_settings(self.objective)
-        used: dict[str, Any] = {}
-        if self.epsilon is None:
-            # an explicit epsilon keeps TRL's meaning of an unset epsilon_high (= epsilon)
-            if self.epsilon_high is None and "epsilon_high" in paper:
-                self.epsilon_high = used["epsilon_high"] = paper["epsilon_high"]
-            if "epsilon" in paper:
-                self.epsilon = used["epsilon"] = paper["epsilon"]
-            else:
-                self.epsilon = _TRL_DEFAULTS["epsilon"]
-        if self.loss_type is None:
-            self.loss_type = paper.get("loss_type", _TRL_DEFAULTS["loss_type"])
-            used.update({k: paper[k] for k in ("loss_type", "aggregation") if k in paper})
-        return used
-
-    def to_dict(self) -> dict[str, Any]:
-        """TRL's dict of the settings, JSON-ready (a ``GuardConfig`` given as ``guard`` appears as its repr)."""
-        out: dict[str, Any] = super().to_dict()
-        if isinstance(out.get("guard"), GuardConfig):
-            out["guard"] = repr(out["guard"])
-        return out
-
-    def objective_mapping(self) -> TRLLossMapping:
-        """How this config translates into an rlguard objective (:func:`map_trl_config`, without warnings)."""
-        return map_trl_config(self, warn=False)
-
-
-#: TRL's own defaults of the settings GuardedGRPOConfig leaves unset (None) by default
-_TRL_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(GRPOConfig) if f.name in ("epsilon", "loss_type")
-}
-
-
-def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> GuardConfig | str | None:
-    """``GuardedGRPOConfig.guard`` as given -> a preset name, a ``GuardConfig`` or None.
-
-    A JSON object (string) or a mapping holds ``GuardConfig`` fields, with an optional ``"preset"`` they change
-    (``"default"`` without one); schedules, which are functions, cannot be given this way.
-    """
-    if spec is None or isinstance(spec, GuardConfig):
-        return spec
-    if isinstance(spec, str):
-        if not spec.lstrip().startswith("{"):
-            make_guard(spec)  # a preset name: validated now
-            return spec
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"guard: {spec!r} is not valid JSON ({err}); give a preset name or a JSON object."
-            ) from err
-    if not isinstance(spec, Mapping):
-        raise ValueError(
-            f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a JSON object of its "
-            f"fields; got {spec!r}."
-        )
-    fields = dict(spec)
-    preset = fields.pop("preset", "default")
-    allowed = {f.name for f in dataclasses.fields(GuardConfig)} - {"schedules"}
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise ValueError(
-            f"guard: unknown GuardConfig field(s) {unknown} in {dict(spec)!r}; accepted: 'preset' and "
-            f"{sorted(allowed)} (schedules only from Python, as a GuardConfig)."
-        )
-    if not isinstance(preset, str):
-        raise ValueError(f"guard: 'preset' must be a preset name ('monitor', 'default', 'strict'); got {preset!r}.")
-    return GuardConfig.preset(preset, **fields)
-
-
-def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> None:
-    """One log line: the clip range and aggregation the objective got, and whether they are its paper's (then at
-    WARNING level: TRL users expect TRL's defaults) or the user's TRL settings."""
-    kwargs = config.objective_mapping().kwargs
-    parts = []
-    if "clip_high" in kwargs:
-        source = "the paper's" if used.keys() & {"epsilon", "epsilon_high"} else "from epsilon/epsilon_high"
-        parts.append(f"clip range ({kwargs.get('clip_low')}, {kwargs['clip_high']}) ({source})")
-    source = "the paper's" if used.keys() & {"loss_type", "aggregation"} else "from loss_type/objective_kwargs"
-    parts.append(f"aggregation {kwargs['aggregation']!r} ({source}, loss_type={config.loss_type!r})")
-    hint = "; set epsilon, epsilon_high or loss_type to use TRL's" if used else ""
-    logger.log(
-        logging.WARNING if used else logging.INFO,
-        "rlguard: objective %r with %s%s.",
-        config.objective,
-        " and ".join(parts),
-        hint,
-    )
 
 
 class GuardedGRPOTrainer(GRPOTrainer):
@@ -496,157 +275,10 @@ class GuardedGRPOTrainer(GRPOTrainer):
         )
         gathered = self.accelerator.gather(local.unsqueeze(0))  # (W, K + 2 + len(trl.parts()))
         k = len(names)
-        values = _reduce_over_processes(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
+        values = reduce_over_processes(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
         reduced = dict(zip(names, values, strict=True))
         reduced["loss"] = reduced["loss"] * accumulation  # the micro-batch's share at the scale of one step
         for name, value in reduced.items():
             self._metrics[mode][f"rlguard/{name}"].append(value)
         for key, value in trl.reduce(gathered[:, k + 2 :]).items():
             self._metrics[mode][key].append(value)
-
-
-def _reduce_over_processes(names: list[str], values: Tensor, tokens: Tensor, sequences: Tensor) -> Tensor:
-    """Per metric, the reduction and weighting of the metric table (:mod:`rlguard.metrics`): max, min, sum, or a
-    mean weighted by tokens, sequences or equally. values ``(W, K)``, tokens and sequences ``(W,)``; returns
-    ``(K,)``."""
-    weights = {
-        "tokens": tokens / tokens.sum().clamp(min=1.0),
-        "sequences": sequences / sequences.sum().clamp(min=1.0),
-        "samples": tokens / tokens.sum().clamp(min=1.0),
-        "equal": torch.full_like(tokens, 1.0 / tokens.numel()),
-    }  # (W,) each
-    out = []
-    for k, name in enumerate(names):
-        column = values[:, k]
-        reduction = REDUCTIONS.get(name, "mean")
-        if reduction == "max":
-            out.append(column.max())
-        elif reduction == "min":
-            out.append(column.min())
-        elif reduction == "sum":
-            out.append(column.sum())
-        else:
-            out.append((column * weights[WEIGHTS.get(name, "tokens")]).sum())
-    return torch.stack(out)
-
-
-@dataclass(frozen=True)
-class TRLMetricParts:
-    """One micro-batch's share of the metrics TRL's own loss logs (local sums, counted units, extremes), to gather
-    over processes and :meth:`reduce` into TRL's keys; see :func:`trl_metric_parts`."""
-
-    tokens: Tensor  # () loss tokens
-    entropy: Tensor  # () sum of per-token entropies
-    kl: Tensor | None  # () sum of per-token KL estimates; None without a KL term (TRL logs no "kl")
-    clip: Tensor | None  # (6,) low, high, region sums, counted units, low_min, high_max; None: TRL logs none
-    cispo: bool = False  # TRL's CISPO logs only cispo_clip_ratio
-    vespo_phi: Tensor | None = None  # (2,) sum of VESPO's phi(W_i) over sequences, sequences; None: not VESPO
-
-    def parts(self) -> list[Tensor]:
-        """The values to gather, flat."""
-        out = [self.tokens, self.entropy]
-        out += [] if self.kl is None else [self.kl]
-        out += [] if self.vespo_phi is None else list(self.vespo_phi.unbind())
-        return out + ([] if self.clip is None else list(self.clip.unbind()))
-
-    def reduce(self, gathered: Tensor) -> dict[str, float]:
-        """``(W, len(parts()))`` gathered :meth:`parts` -> TRL's keys and values: means over all processes' tokens
-        (or rows, for a sequence ratio), min and max over their sequences (NaN where none counted)."""
-        sums = gathered.sum(dim=0)
-        tokens = max(sums[0].item(), 1.0)
-        out = {"entropy": sums[1].item() / tokens}
-        k = 2
-        if self.kl is not None:
-            out["kl"] = sums[2].item() / tokens
-            k = 3
-        if self.vespo_phi is not None:  # TRL: the mean of phi(W_i) over all processes' sequences
-            out["vespo/phi_seq_mean"] = sums[k].item() / max(sums[k + 1].item(), 1.0)
-            k += 2
-        if self.clip is None:
-            return out
-        units = max(sums[k + 3].item(), 1.0)
-        low, high, region = (v / units for v in sums[k : k + 3].tolist())
-        if self.cispo:
-            return {**out, "cispo_clip_ratio": high}
-        low_min, high_max = gathered[:, k + 4].min().item(), gathered[:, k + 5].max().item()
-        return {
-            **out,
-            "clip_ratio/low_mean": low,
-            "clip_ratio/high_mean": high,
-            "clip_ratio/region_mean": region,
-            "clip_ratio/low_min": low_min if math.isfinite(low_min) else math.nan,
-            "clip_ratio/high_max": high_max if math.isfinite(high_max) else math.nan,
-        }
-
-
-def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts:
-    """The metrics TRL's ``GRPOTrainer._compute_loss`` logs, as TRL defines them, for this micro-batch.
-
-    ``entropy`` and ``kl`` are token means over the loss mask (before any off-policy or rollout masking, as in
-    TRL; rlguard's ``rlguard/entropy`` and ``rlguard/kl_ref`` average over the tokens the loss kept). Clip fractions:
-    ``clip_ratio/*`` for the GRPO family, ``cispo_clip_ratio`` for CISPO, none for the others (TRL logs none for
-    SAPO). TRL counts a ratio clipped below where ``r < 1 - epsilon`` and ``A < 0``, above where
-    ``r > 1 + epsilon_high`` (CISPO: ``r > epsilon_high``, its absolute cap) and ``A > 0``; the dual clip ``delta``
-    is not included. ``r`` is the ratio the loss clips: per token, or per sequence for a sequence-ratio objective
-    (GSPO, TRL's ``importance_sampling_level="sequence"``), where each row counts once. ``*_mean`` average over
-    the units of all processes; ``low_min``/``high_max`` are the extremes of the per-sequence fractions. The
-    bounds are the objective's current ones (the guard may change them). rlguard's own ``rlguard/clip_frac*``
-    count tokens, the dual clip included, and every capped CISPO weight.
-    """
-    with torch.no_grad():
-        f64 = torch.float64
-        logprobs = batch.logprobs.detach().to(f64)
-        old = logprobs if batch.old_logprobs is None else batch.old_logprobs.to(f64)
-        mask = batch.mask.to(f64)  # (B, T)
-        tokens = mask.sum()
-        entropy = torch.zeros((), dtype=f64) if batch.entropies is None else (batch.entropies.to(f64) * mask).sum()
-        kl = None
-        if objective.beta != 0.0 and batch.ref_logprobs is not None:
-            behaviour = old if objective.kl_unbiased else None
-            per_token = kl_estimate(
-                logprobs, batch.ref_logprobs.to(f64), objective.kl_estimator, old_logprobs=behaviour
-            )
-            kl = (per_token * mask).sum()
-        if isinstance(objective, VESPO):
-            advantages = batch.advantages.to(f64)
-            per_sequence = advantages.dim() == 1
-            advantages = advantages.unsqueeze(-1) if per_sequence else advantages  # (B, 1) or (B, T)
-            phi = objective.weights(token_log_ratio(logprobs, old), advantages.expand_as(mask), mask)  # (B, T)
-            phi = phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # as TRL's get_gamma_weights
-            # TRL's phi is (B, 1) for sequence advantages (one value per sequence), else (B, T) over the mask
-            phi_parts = (
-                torch.stack([phi[:, 0].sum(), torch.tensor(float(phi.size(0)), dtype=f64)])
-                if per_sequence
-                else torch.stack([(phi * mask).sum(), tokens])
-            )
-            return TRLMetricParts(tokens, entropy, kl, None, vespo_phi=phi_parts)
-        if not isinstance(objective, (GRPO, CISPO)):
-            return TRLMetricParts(tokens, entropy, kl, None)
-        log_ratio = token_log_ratio(logprobs, old)  # (B, T)
-        if isinstance(objective, GSPO):
-            log_ratio = seq_log_ratio(log_ratio, mask)  # (B, 1)
-        advantages = batch.advantages.to(f64)
-        advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
-        if isinstance(objective, CISPO):
-            cap = objective.weight_bounds()[1]
-            high = ((torch.exp(log_ratio) > cap) & (advantages > 0)).to(f64)  # (B, T)
-            low = torch.zeros_like(high)
-        else:
-            terms = clipped_surrogate(log_ratio, advantages, objective.clip_low, objective.clip_high)
-            assert terms.clipped_low is not None and terms.clipped_high is not None
-            low, high = terms.clipped_low.to(f64), terms.clipped_high.to(f64)  # (B, 1) or (B, T)
-        region = torch.maximum(low, high)
-        if low.size(-1) == 1:  # one ratio per sequence: each row counts once
-            weights, count = torch.ones_like(low), torch.tensor(float(low.size(0)), dtype=f64)
-            per_seq_low, per_seq_high = low.squeeze(-1), high.squeeze(-1)  # (B,)
-        else:
-            weights, count = mask, tokens
-            per_seq_low = (low * mask).sum(-1) / mask.sum(-1)  # (B,), NaN for empty rows
-            per_seq_high = (high * mask).sum(-1) / mask.sum(-1)
-        inf = torch.tensor(math.inf, dtype=f64)
-        low_min = torch.where(per_seq_low.isnan(), inf, per_seq_low).min() if per_seq_low.numel() else inf
-        high_max = torch.where(per_seq_high.isnan(), -inf, per_seq_high).max() if per_seq_high.numel() else -inf
-        clip = torch.stack(
-            [(low * weights).sum(), (high * weights).sum(), (region * weights).sum(), count, low_min, high_max]
-        )
-        return TRLMetricParts(tokens, entropy, kl, clip, cispo=isinstance(objective, CISPO))

@@ -5,8 +5,9 @@
 
 A ``GuardedGRPOTrainer`` on the tiny Llama (``rlguard.tasks.hf``) trains with ``guard=None`` and with
 ``guard="default"``, one after the other, ``--repeats`` times, with one torch thread. In the guarded runs the
-guard's own work is timed where it happens: ``collect_step_stats`` of every micro-batch (in the loss) and of the
-step, ``StepStats.reduce`` (the one collective), ``Guard.observe``, and applying the decision (including
+guard's own work is timed where it happens: its share of every micro-batch (``add_metric_values``, in the loss,
+from the metrics the trainer reads to the host for logging with or without a guard) and ``collect_step_stats`` of
+the step, ``StepStats.reduce`` (the one collective), ``Guard.observe``, and applying the decision (including
 snapshots); the gradient clipping the callback does in place of the trainer is counted apart, since the
 unguarded trainer clips too. Step time is ``on_step_begin`` to ``on_step_end`` (generation, loss, backward,
 optimizer), median over steps after the first.
@@ -124,7 +125,8 @@ def instrumented(timers: Timers) -> Iterator[None]:
         with timers.callback():
             on_pre_optimizer_step(self, *args, **kwargs)
 
-    timed(trl_adapter, "collect_step_stats", "collect")  # per micro-batch, in the loss
+    timed(trl_adapter, "add_metric_values", "collect")  # per micro-batch, in the loss (from the logged metrics)
+    timed(trl_adapter, "collect_step_stats", "collect")  # per micro-batch with vLLM's log-probs
     timed(trl_guard, "collect_step_stats", "collect")  # per step, in the callback
     timed(StepStats, "reduce", "reduce")
     timed(Guard, "observe", "observe")

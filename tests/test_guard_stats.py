@@ -10,7 +10,7 @@ import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import StepStats, collect_step_stats, repetition_flags
-from rlguard.guards.stats import _combine
+from rlguard.guards.stats import _combine, add_metric_values
 
 
 def test_weighted_mean_sum_max_min_combine_like_the_concatenated_data() -> None:
@@ -134,3 +134,37 @@ def test_metric_table_marks_exactly_the_stats_the_built_in_detectors_read() -> N
 
     reads = {stat for cls in detector_registry().values() for stat in cls().reads()}
     assert reads == JUDGED
+
+
+def test_metric_values_read_on_the_host_weigh_like_the_tensor_path_and_count_a_nonfinite_loss() -> None:
+    """``add_metric_values`` (the TRL adapter hands over the metrics it read for logging) weighs each metric by
+    the metric table: token-weighted, sequence-weighted, max and sum, written out by hand below."""
+    names = ("clip_frac", "seq_ratio_mean", "ratio_max", "nonfinite", "loss")
+    micro = [  # values, unmasked tokens, live sequences, loss
+        ((0.25, 1.5, 2.0, 1.0, 0.3), 12.0, 3.0, 0.3),
+        ((0.5, 0.5, 3.5, 0.0, math.nan), 4.0, 2.0, math.nan),
+    ]
+    st = StepStats()
+    for values, tokens, sequences, loss in micro:
+        add_metric_values(st, names, values, tokens=tokens, sequences=sequences, loss=loss)
+    out = st.reduce()
+    assert out["clip_frac"] == pytest.approx((0.25 * 12 + 0.5 * 4) / 16, rel=1e-15)
+    assert out["seq_ratio_mean"] == pytest.approx((1.5 * 3 + 0.5 * 2) / 5, rel=1e-15)
+    assert out["ratio_max"] == 3.5
+    assert out["nonfinite"] == 1.0 + 0.0 + 1.0  # the objective's count, plus the non-finite loss
+    assert math.isnan(out["loss"])
+
+    g = torch.Generator().manual_seed(2)  # the same reduction as the tensor path on a real objective's output
+    lp = -torch.rand(5, 6, generator=g, dtype=torch.float64)
+    mask = (torch.rand(5, 6, generator=g) > 0.3).double()
+    mask[:, 0] = 1
+    batch = PolicyBatch(logprobs=lp, advantages=torch.randn(5, generator=g, dtype=torch.float64), mask=mask,
+                        old_logprobs=lp + 0.2 * torch.randn(5, 6, generator=g, dtype=torch.float64))  # fmt: skip
+    result = get_objective("grpo", on_nonfinite="mask")(batch)
+    host = StepStats()
+    names = tuple(sorted(result.metrics))
+    add_metric_values(host, names, [float(result.metrics[n]) for n in names], tokens=float(mask.sum()),
+                      sequences=5.0, loss=float(result.loss))  # fmt: skip
+    assert host.reduce() == pytest.approx(collect_step_stats(batch=batch, output=result).reduce(), rel=1e-14)
+    with pytest.raises(ValueError, match="unknown stat 'kl_reff'"):
+        host.add_floats(["kl_reff"], [1.0], [1.0])

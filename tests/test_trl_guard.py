@@ -295,3 +295,27 @@ def test_a_beta_schedule_without_a_reference_model_is_refused_at_start_up(tmp_pa
             model=str(save_tiny_llama(tmp_path / "model")), reward_funcs=addition_reward, args=args,
             train_dataset=addition_dataset(8),
         )  # fmt: skip
+
+
+def test_the_guard_judges_the_objective_metrics_the_trainer_logs(tmp_path: Path) -> None:
+    """The guard's share of each micro-batch comes from the one transfer that logs the objective's metrics: with
+    one micro-batch per step the stats it judged are the logged ``rlguard/*`` values (means, extremes, counts)."""
+    from rlguard.adapters.trl import GuardedGRPOTrainer
+    from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
+
+    args = GuardedGRPOConfig(
+        output_dir=str(tmp_path / "out"), **cpu_training_arguments(), per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=4, max_steps=2, logging_steps=1, save_strategy="no",
+        disable_tqdm=True, learning_rate=1e-3, guard="monitor",
+    )  # fmt: skip
+    trainer = GuardedGRPOTrainer(
+        model=str(save_tiny_llama(tmp_path / "model")), reward_funcs=addition_reward, args=args,
+        train_dataset=addition_dataset(8),
+    )  # fmt: skip
+    trainer.train()
+    (callback,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
+    assert len(callback.observed) == 2
+    for observed, logged in zip(callback.observed, trainer.state.log_history, strict=False):
+        for name in ("loss", "entropy", "kl_old", "ratio_mean", "ratio_max", "seq_ratio_min", "clip_frac"):
+            assert observed[name] == pytest.approx(logged[f"rlguard/{name}"], rel=1e-12, abs=1e-15), name
+        assert observed["nonfinite"] == 0.0

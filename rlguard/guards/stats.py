@@ -12,11 +12,12 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.typing import NDArray as _NDArray
 from torch import Tensor
 
 from rlguard.core_losses.advantages import group_advantages
@@ -27,6 +28,7 @@ from rlguard.metrics import REDUCTIONS, WEIGHTS, Reduction
 #: moments (prefix ``_``) let ``reward_std`` and ``mismatch_prob_corr`` be computed exactly from the combined data.
 STAT_REDUCTIONS: dict[str, Reduction] = dict(REDUCTIONS)
 _ORDER = tuple(STAT_REDUCTIONS)
+NDArray = _NDArray[Any]
 _INDEX = {name: i for i, name in enumerate(_ORDER)}
 #: the weight of each objective metric of ``LossOutput.metrics``: unmasked tokens, live sequences, or 1
 _TOKEN_WEIGHTED = frozenset(name for name, w in WEIGHTS.items() if w == "tokens")
@@ -36,9 +38,11 @@ _SEQUENCE_WEIGHTED = frozenset(name for name, w in WEIGHTS.items() if w == "sequ
 class StepStats:
     """Local accumulators of one step's stats; :meth:`reduce` combines them across ranks.
 
-    Python floats accumulate in Python (no tensor op per stat); tensors accumulate in four dense ``(n,)`` float64
-    tensors on their device (weighted sums, weights, maxima, minima), so :meth:`add_many` takes a whole stacked
-    vector of metrics in a handful of ops and there is no host-device sync before :meth:`reduce`.
+    Python floats, and scalars in CPU tensors (read at once, which costs no sync), accumulate in Python (no tensor
+    op per stat); tensors on an accelerator accumulate in four dense ``(n,)`` float64 tensors on their device
+    (weighted sums, weights, maxima, minima), so :meth:`add_many` takes a whole stacked vector of metrics in a
+    handful of ops and there is no host-device sync before :meth:`reduce`. Values already on the host as a vector
+    (the objective's metrics after the adapter's one transfer) go through :meth:`add_floats`.
     """
 
     def __init__(self) -> None:
@@ -59,6 +63,10 @@ class StepStats:
         if name not in _INDEX:
             raise ValueError(f"unknown stat {name!r}; known stats: {', '.join(n for n in _ORDER if n[0] != '_')}.")
         i, kind = _INDEX[name], STAT_REDUCTIONS[name]
+        if isinstance(value, Tensor) and value.device.type == "cpu":
+            value = float(value.detach().reshape(()))  # a scalar on the host: Python's float64, no tensor ops
+        if isinstance(weight, Tensor) and weight.device.type == "cpu":
+            weight = float(weight.detach().reshape(()))
         if not (isinstance(value, Tensor) or isinstance(weight, Tensor)):
             self._add_float(i, kind, float(value), float(weight))
             return
@@ -89,6 +97,15 @@ class StepStats:
         d[:2] += torch.stack([torch.where(kinds.mean, v * w, v), torch.where(kinds.mean, w, kinds.present)])
         d[2:] = torch.where(kinds.extremes, torch.stack([torch.maximum(d[2], v), torch.minimum(d[3], v)]), d[2:])
 
+    def add_floats(self, names: Sequence[str], values: Sequence[float], weights: Sequence[float]) -> None:
+        """:meth:`add` of each of ``names`` with its value and weight, all Python floats already on the host."""
+        for name, v, w in zip(names, values, weights, strict=True):
+            i = _INDEX.get(name)
+            if i is None:
+                self.add(name, v, w)  # raises, naming the known stats
+                return
+            self._add_float(i, STAT_REDUCTIONS[name], v, w)
+
     def _add_float(self, i: int, kind: str, v: float, w: float) -> None:
         """:meth:`add` in Python floats, with the same semantics (NaN propagates through max and min)."""
         prev = self._value[i]
@@ -106,15 +123,17 @@ class StepStats:
             self._value[i] = max(prev, v) if kind == "max" else min(prev, v)
         self._weight[i] = 1.0
 
+    def _host_packed(self) -> NDArray:
+        """``(2, n)`` float64 of the Python part: values and weights; unseen stats have weight 0."""
+        return np.array([[0.0 if x is None else x for x in self._value], self._weight], dtype=np.float64)
+
     def _packed(self) -> Tensor:
         """``(2, n)`` float64: values and weights; unseen stats have weight 0 (a few ops, whatever ``n``)."""
-        device = torch.device("cpu") if self._dense is None else self._dense.device
-        value = torch.tensor([0.0 if x is None else x for x in self._value], dtype=torch.float64, device=device)
-        weight = torch.tensor(self._weight, dtype=torch.float64, device=device)
         if self._dense is None:
-            return torch.stack([value, weight])
-        d, kinds = self._dense, _kinds(_ORDER, device)
-        py_seen = torch.tensor([x is not None for x in self._value], device=device)
+            return torch.from_numpy(self._host_packed())
+        d, kinds = self._dense, _kinds(_ORDER, self._dense.device)
+        value, weight = torch.from_numpy(self._host_packed()).to(d.device).unbind()
+        py_seen = torch.tensor([x is not None for x in self._value], device=d.device)
         extreme = torch.where(
             kinds.extremes[0],
             torch.maximum(torch.where(py_seen, value, -math.inf), d[2]),
@@ -129,8 +148,11 @@ class StepStats:
 
         Without an initialised process group (or with one rank) this is the local result.
         """
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+        if not distributed and self._dense is None:
+            return _combine(self._host_packed()[None])  # everything on the host already: no tensor at all
         packed = self._packed()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        if distributed:
             if dist.get_backend(group) == "gloo":
                 packed = packed.cpu()
             gathered = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
@@ -178,7 +200,10 @@ def _kinds(names: tuple[str, ...], device: torch.device) -> _Kinds:
 
 
 _KIND = np.array([STAT_REDUCTIONS[name] for name in _ORDER])
-_IS_MEAN, _IS_SUM, _IS_MAX, _IS_MIN = (np.equal(_KIND, kind) for kind in ("mean", "sum", "max", "min"))
+_IS_MAX, _IS_MIN = (np.equal(_KIND, kind) for kind in ("max", "min"))
+#: per stat, its row in the stack of the four reductions (mean, sum, max, min) that :func:`_combine` computes
+_KIND_ROW = np.array([("mean", "sum", "max", "min").index(kind) for kind in _KIND])
+_COLUMN = np.arange(len(_ORDER))
 
 
 def _combine(parts: np.ndarray) -> dict[str, float]:
@@ -190,10 +215,11 @@ def _combine(parts: np.ndarray) -> dict[str, float]:
     mean = summed / np.where(total_weight > 0, total_weight, 1.0)
     high = np.where(seen, values, -np.inf).max(0)
     low = np.where(seen, values, np.inf).min(0)
-    combined = np.select([_IS_MEAN, _IS_SUM, _IS_MAX, _IS_MIN], [mean, summed, high, low])
+    combined = np.stack([mean, summed, high, low])[_KIND_ROW, _COLUMN]  # (n,): each stat's own reduction
     # an extreme over values one of which is NaN is NaN (a mean or sum of them is NaN already)
     combined = np.where((_IS_MAX | _IS_MIN) & (np.isnan(values) & seen).any(0), np.nan, combined)
-    out = {name: float(combined[i]) for i, name in enumerate(_ORDER) if seen[:, i].any()}
+    any_seen: list[bool] = np.any(seen, axis=0).tolist()
+    out = {name: x for name, x, on in zip(_ORDER, combined.tolist(), any_seen, strict=True) if on}
     _finish(out)
     return out
 
@@ -272,9 +298,13 @@ def collect_step_stats(
     if output is not None:
         _add_metrics(st, output, tokens, sequences)
     if grad_norm is not None:
-        g = grad_norm if isinstance(grad_norm, Tensor) else torch.tensor(float(grad_norm))
-        st.add("grad_norm", g)
-        st.add("nonfinite", (~torch.isfinite(g.detach())).double())
+        if isinstance(grad_norm, Tensor) and grad_norm.device.type != "cpu":  # stays on its device until reduce
+            st.add("grad_norm", grad_norm)
+            st.add("nonfinite", (~torch.isfinite(grad_norm.detach())).double())
+        else:
+            g = float(grad_norm)
+            st.add("grad_norm", g)
+            st.add("nonfinite", float(not math.isfinite(g)))
     if lr is not None:
         st.add("lr", lr)
     if rewards is not None:
@@ -311,6 +341,25 @@ def _add_metrics(st: StepStats, output: LossOutput, tokens: float | Tensor, sequ
         values = values + nonfinite_at * (~torch.isfinite(loss)).double()
     basis = torch.stack([torch.as_tensor(x, dtype=torch.float64, device=values.device) for x in (tokens, sequences)])
     st.add_many(names, values, torch.addmv(unweighted, weight_of, basis))
+
+
+def add_metric_values(
+    stats: StepStats, names: Sequence[str], values: Sequence[float], *, tokens: float, sequences: float, loss: float
+) -> None:
+    """:func:`collect_step_stats` of an objective's output whose metrics were already read to the host: ``values``
+    of ``names`` (``LossOutput.metrics``), the batch's unmasked ``tokens`` and live ``sequences``, and the loss.
+    Same weights (tokens, sequences or 1, from the metric table) and the same count of a non-finite loss; the
+    adapters that read the metrics for logging anyway hand them over here, so the guard adds no transfer."""
+    weight = {"tokens": tokens, "sequences": sequences}
+    kept = [(n, v) for n, v in zip(names, values, strict=True) if n in STAT_REDUCTIONS]
+    bad_loss = float(not math.isfinite(loss))
+    if "nonfinite" not in names:
+        stats.add("nonfinite", bad_loss)
+    stats.add_floats(
+        [n for n, _ in kept],
+        [v + bad_loss if n == "nonfinite" else v for n, v in kept],
+        [weight.get(WEIGHTS.get(n, ""), 1.0) for n, _ in kept],  # 1 for the unweighted
+    )
 
 
 @functools.lru_cache(maxsize=64)

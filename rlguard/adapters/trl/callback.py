@@ -5,7 +5,8 @@
 >>> cb.attach(trainer)  # TRL's rewards, lengths, entropy, KL, clip fractions join the stats  # doctest: +SKIP
 
 ``GuardedGRPOConfig(guard="default")`` does all of this for ``GuardedGRPOTrainer`` and adds the objective's own
-metrics (collected per micro-batch with :func:`~rlguard.guards.collect_step_stats`) and the clip range.
+metrics (each micro-batch's, from the same transfer to the host that logs them:
+:func:`~rlguard.guards.stats.add_metric_values`) and the clip range.
 
 Each decision is carried out by :func:`~rlguard.guards.actuator.apply_decision` on an actuator
 (:mod:`rlguard.adapters.trl.actuators`; ``docs/design.md``, "Actuator contract"):

@@ -53,6 +53,7 @@ from rlguard.core_losses.objectives.weighted import weighted
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard, objective_with_controls
 from rlguard.guards.decision import Controls
+from rlguard.guards.stats import add_metric_values
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
 
@@ -176,8 +177,6 @@ class GuardedGRPOTrainer(GRPOTrainer):
         else:  # the policy's forward computed it (rlguard.adapters.trl.logprobs); refused with top_entropy_quantile
             assert request.output is not None, "the policy's fused forward did not run"
             out = request.output
-        if training and self.rlguard_guard is not None:
-            collect_step_stats(batch=batch, output=out, stats=self._rlguard_step_stats)
         loss = out.loss
         mode = "train" if training else "eval"
         if self._entropy_bonus_enabled:
@@ -194,7 +193,7 @@ class GuardedGRPOTrainer(GRPOTrainer):
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._log_rlguard_metrics(mode, out, batch, accumulation)
+        self._log_rlguard_metrics(mode, out, batch, accumulation, guard=training)
         return loss
 
     def _fused_request(self, inputs: Mapping[str, Any], mask: Tensor, accumulation: int) -> FusedRequest | None:
@@ -261,9 +260,13 @@ class GuardedGRPOTrainer(GRPOTrainer):
             tokens = tokens * accumulation / cast(GRPOConfig, self.args).steps_per_generation
         return {"num_tokens": tokens}
 
-    def _log_rlguard_metrics(self, mode: str, out: LossOutput, batch: PolicyBatch, accumulation: int) -> None:
-        """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather) and log
-        them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's meaning."""
+    def _log_rlguard_metrics(
+        self, mode: str, out: LossOutput, batch: PolicyBatch, accumulation: int, *, guard: bool
+    ) -> None:
+        """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather, one
+        transfer to the host) and log them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's
+        meaning. With ``guard`` and a guard, this process's row of the same transfer goes to the guard's stats
+        (:func:`~rlguard.guards.stats.add_metric_values`)."""
         metrics, mask = out.metrics, batch.mask
         names = sorted(metrics)
         tokens = mask.sum().to(torch.float64)
@@ -271,14 +274,22 @@ class GuardedGRPOTrainer(GRPOTrainer):
         trl = trl_metric_parts(self.rlguard_objective, batch)
         local = torch.stack(
             [*(metrics[n].detach().to(torch.float64) for n in names), tokens, sequences]
+            + [out.loss.detach().to(torch.float64)]
             + [t.to(torch.float64) for t in trl.parts()]
         )
-        gathered = self.accelerator.gather(local.unsqueeze(0))  # (W, K + 2 + len(trl.parts()))
+        # (W, K + 3 + len(trl.parts())): the only device -> host transfer of the micro-batch's metrics
+        gathered = self.accelerator.gather(local.unsqueeze(0)).cpu().numpy()
         k = len(names)
         values = reduce_over_processes(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
         reduced = dict(zip(names, values, strict=True))
         reduced["loss"] = reduced["loss"] * accumulation  # the micro-batch's share at the scale of one step
         for name, value in reduced.items():
             self._metrics[mode][f"rlguard/{name}"].append(value)
-        for key, value in trl.reduce(gathered[:, k + 2 :]).items():
+        for key, value in trl.reduce(gathered[:, k + 3 :]).items():
             self._metrics[mode][key].append(value)
+        if guard and self.rlguard_guard is not None:
+            row = gathered[self.accelerator.process_index].tolist()
+            stats = self._rlguard_step_stats
+            add_metric_values(stats, names, row[:k], tokens=row[k], sequences=row[k + 1], loss=row[k + 2])
+            if batch.rollout_logprobs is not None:  # the trainer-vs-engine probability moments
+                collect_step_stats(batch=batch, stats=stats)

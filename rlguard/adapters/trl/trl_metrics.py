@@ -5,10 +5,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+from numpy.typing import NDArray as _NDArray
 from torch import Tensor
 
 from rlguard.core_losses import CISPO, GRPO, GSPO, VESPO, Objective, PolicyBatch, kl_estimate
@@ -17,30 +22,48 @@ from rlguard.metrics import REDUCTIONS, WEIGHTS
 
 __all__ = ["TRLMetricParts", "reduce_over_processes", "trl_metric_parts"]
 
+NDArray = _NDArray[Any]
 
-def reduce_over_processes(names: list[str], values: Tensor, tokens: Tensor, sequences: Tensor) -> Tensor:
+
+def reduce_over_processes(names: Sequence[str], values: NDArray, tokens: NDArray, sequences: NDArray) -> NDArray:
     """Per metric, the reduction and weighting of the metric table (:mod:`rlguard.metrics`): max, min, sum, or a
-    mean weighted by tokens, sequences or equally. values ``(W, K)``, tokens and sequences ``(W,)``; returns
-    ``(K,)``."""
-    weights = {
-        "tokens": tokens / tokens.sum().clamp(min=1.0),
-        "sequences": sequences / sequences.sum().clamp(min=1.0),
-        "samples": tokens / tokens.sum().clamp(min=1.0),
-        "equal": torch.full_like(tokens, 1.0 / tokens.numel()),
-    }  # (W,) each
-    out = []
-    for k, name in enumerate(names):
-        column = values[:, k]
-        reduction = REDUCTIONS.get(name, "mean")
-        if reduction == "max":
-            out.append(column.max())
-        elif reduction == "min":
-            out.append(column.min())
-        elif reduction == "sum":
-            out.append(column.sum())
-        else:
-            out.append((column * weights[WEIGHTS.get(name, "tokens")]).sum())
-    return torch.stack(out)
+    mean weighted by tokens, sequences or equally. values ``(W, K)``, tokens and sequences ``(W,)``, float64 on
+    the host; returns ``(K,)``."""
+    weights = np.stack(
+        [
+            tokens / max(tokens.sum(), 1.0),
+            sequences / max(sequences.sum(), 1.0),
+            np.full_like(tokens, 1.0 / tokens.size),
+        ]
+    )  # (3, W): by tokens (and samples), by sequences, equal
+    layout = _layout(tuple(names))
+    mean = (values * weights[layout.weight].T).sum(axis=0)  # (K,)
+    return np.select(  # type: ignore[no-any-return]  # numpy's stubs type select loosely
+        [layout.max, layout.min, layout.sum], [values.max(axis=0), values.min(axis=0), values.sum(axis=0)], mean
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Per metric of a tuple of names: ``(K,)`` masks of the max, min and sum reductions (mean otherwise) and the
+    row of the weights that weights its mean."""
+
+    max: NDArray
+    min: NDArray
+    sum: NDArray
+    weight: NDArray
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(names: tuple[str, ...]) -> _Layout:
+    reductions = [REDUCTIONS.get(name, "mean") for name in names]
+    row = {"tokens": 0, "samples": 0, "sequences": 1, "equal": 2}
+    return _Layout(
+        max=np.array([r == "max" for r in reductions], dtype=bool),
+        min=np.array([r == "min" for r in reductions], dtype=bool),
+        sum=np.array([r == "sum" for r in reductions], dtype=bool),
+        weight=np.array([row[WEIGHTS.get(name, "tokens")] for name in names], dtype=np.int64),
+    )
 
 
 @dataclass(frozen=True)
@@ -62,26 +85,27 @@ class TRLMetricParts:
         out += [] if self.vespo_phi is None else list(self.vespo_phi.unbind())
         return out + ([] if self.clip is None else list(self.clip.unbind()))
 
-    def reduce(self, gathered: Tensor) -> dict[str, float]:
-        """``(W, len(parts()))`` gathered :meth:`parts` -> TRL's keys and values: means over all processes' tokens
-        (or rows, for a sequence ratio), min and max over their sequences (NaN where none counted)."""
-        sums = gathered.sum(dim=0)
-        tokens = max(sums[0].item(), 1.0)
-        out = {"entropy": sums[1].item() / tokens}
+    def reduce(self, gathered: NDArray) -> dict[str, float]:
+        """``(W, len(parts()))`` gathered :meth:`parts` (float64, on the host) -> TRL's keys and values: means over
+        all processes' tokens (or rows, for a sequence ratio), min and max over their sequences (NaN where none
+        counted)."""
+        sums = gathered.sum(axis=0).tolist()
+        tokens = max(sums[0], 1.0)
+        out = {"entropy": sums[1] / tokens}
         k = 2
         if self.kl is not None:
-            out["kl"] = sums[2].item() / tokens
+            out["kl"] = sums[2] / tokens
             k = 3
         if self.vespo_phi is not None:  # TRL: the mean of phi(W_i) over all processes' sequences
-            out["vespo/phi_seq_mean"] = sums[k].item() / max(sums[k + 1].item(), 1.0)
+            out["vespo/phi_seq_mean"] = sums[k] / max(sums[k + 1], 1.0)
             k += 2
         if self.clip is None:
             return out
-        units = max(sums[k + 3].item(), 1.0)
-        low, high, region = (v / units for v in sums[k : k + 3].tolist())
+        units = max(sums[k + 3], 1.0)
+        low, high, region = (v / units for v in sums[k : k + 3])
         if self.cispo:
             return {**out, "cispo_clip_ratio": high}
-        low_min, high_max = gathered[:, k + 4].min().item(), gathered[:, k + 5].max().item()
+        low_min, high_max = float(gathered[:, k + 4].min()), float(gathered[:, k + 5].max())
         return {
             **out,
             "clip_ratio/low_mean": low,

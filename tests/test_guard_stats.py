@@ -10,7 +10,7 @@ import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import StepStats, collect_step_stats, repetition_flags
-from rlguard.guards.stats import _combine, add_metric_values
+from rlguard.guards.stats import _combine, _combine_local, add_metric_values
 
 
 def test_weighted_mean_sum_max_min_combine_like_the_concatenated_data() -> None:
@@ -168,3 +168,20 @@ def test_metric_values_read_on_the_host_weigh_like_the_tensor_path_and_count_a_n
     assert host.reduce() == pytest.approx(collect_step_stats(batch=batch, output=result).reduce(), rel=1e-14)
     with pytest.raises(ValueError, match="unknown stat 'kl_reff'"):
         host.add_floats(["kl_reff"], [1.0], [1.0])
+
+
+def test_one_rank_on_the_host_combines_in_python_exactly_as_the_vectorised_combine() -> None:
+    """``reduce`` of host-only stats without a process group skips numpy (``_combine_local``): the same floats,
+    NaN included, and unseen stats absent, as ``_combine`` of the packed array."""
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        st = StepStats()
+        for name in rng.choice(["entropy", "kl_old", "ratio_max", "ratio_min", "nonfinite", "loss", "grad_norm",
+                                "reward_mean", "_reward_sq_mean", "clip_frac", "length_max"], size=12):  # fmt: skip
+            value = math.nan if rng.random() < 0.1 else float(rng.normal())
+            st.add(str(name), value, weight=float(rng.integers(0, 5)))
+        local, vectorised = _combine_local(st._value, st._weight), _combine(st._host_packed()[None])
+        assert local.keys() == vectorised.keys(), trial
+        for name, value in vectorised.items():
+            assert local[name] == value or (math.isnan(local[name]) and math.isnan(value)), (trial, name)
+        assert st.reduce().keys() == local.keys()

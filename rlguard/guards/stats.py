@@ -150,7 +150,7 @@ class StepStats:
         """
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
         if not distributed and self._dense is None:
-            return _combine(self._host_packed()[None])  # everything on the host already: no tensor at all
+            return _combine_local(self._value, self._weight)  # everything on the host already: no array at all
         packed = self._packed()
         if distributed:
             if dist.get_backend(group) == "gloo":
@@ -201,6 +201,7 @@ def _kinds(names: tuple[str, ...], device: torch.device) -> _Kinds:
 
 _KIND = np.array([STAT_REDUCTIONS[name] for name in _ORDER])
 _IS_MAX, _IS_MIN = (np.equal(_KIND, kind) for kind in ("max", "min"))
+_IS_MEAN_LIST = [kind == "mean" for kind in _KIND.tolist()]
 #: per stat, its row in the stack of the four reductions (mean, sum, max, min) that :func:`_combine` computes
 _KIND_ROW = np.array([("mean", "sum", "max", "min").index(kind) for kind in _KIND])
 _COLUMN = np.arange(len(_ORDER))
@@ -220,6 +221,18 @@ def _combine(parts: np.ndarray) -> dict[str, float]:
     combined = np.where((_IS_MAX | _IS_MIN) & (np.isnan(values) & seen).any(0), np.nan, combined)
     any_seen: list[bool] = np.any(seen, axis=0).tolist()
     out = {name: x for name, x, on in zip(_ORDER, combined.tolist(), any_seen, strict=True) if on}
+    _finish(out)
+    return out
+
+
+def _combine_local(values: Sequence[float | None], weights: Sequence[float]) -> dict[str, float]:
+    """:func:`_combine` of one rank's Python part, in Python (a few microseconds where numpy's calls cost ten
+    times that): a mean is the weighted sum over the weight, the others are their value; the same floats."""
+    out = {
+        name: v / w if mean else v
+        for name, mean, v, w in zip(_ORDER, _IS_MEAN_LIST, values, weights, strict=True)
+        if w > 0 and v is not None
+    }
     _finish(out)
     return out
 

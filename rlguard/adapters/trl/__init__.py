@@ -10,7 +10,8 @@ Modules (``docs/design.md``, "Adapters"):
 - :mod:`~rlguard.adapters.trl.config`: ``GuardedGRPOConfig`` (TRL's config plus the objective and the guard);
 - :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOTrainer`` (the loss glue);
 - :mod:`~rlguard.adapters.trl.trl_metrics`: the loss's metrics under TRL's keys, reduced over processes;
-- :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue) and the actuators it drives;
+- :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue);
+- :mod:`~rlguard.adapters.trl.actuators`: what a decision does under DDP and under DeepSpeed ZeRO (the actuators);
 - :mod:`~rlguard.adapters.trl.logprobs`: ``GuardedGRPOConfig(logprobs_from_hidden=True)``;
 - :mod:`~rlguard.adapters.trl.compat`: every version gate and every patch of TRL, accelerate and DeepSpeed.
 """

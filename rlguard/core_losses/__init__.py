@@ -12,8 +12,8 @@ from rlguard.core_losses.aggregation import (
     default_normalisers,
     masked_mean,
 )
-from rlguard.core_losses.batch import LossOutput, PolicyBatch
-from rlguard.core_losses.fused import FusedLossOutput, RolloutBatch, objective_from_hidden
+from rlguard.core_losses.batch import LossOutput, PolicyBatch, RolloutBatch
+from rlguard.core_losses.fused import FusedLossOutput, objective_from_hidden
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
 from rlguard.core_losses.objective import Objective

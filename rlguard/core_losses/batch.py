@@ -1,4 +1,5 @@
-"""The batch an objective consumes, its result, and input validation.
+"""The batch an objective consumes (and the same without the policy's log-probs), its result, and input
+validation.
 
 Shapes: B sequences (completions), T completion positions (padded).
 """
@@ -85,6 +86,54 @@ class PolicyBatch:
     def sequence_level_advantages(self) -> bool:
         """True when advantages hold one value per sequence, ``(B,)`` or ``(B, 1)``."""
         return self.advantages.dim() == 1 or self.advantages.shape[-1] == 1
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A :class:`~rlguard.core_losses.PolicyBatch` without ``logprobs`` and ``entropies``: what is known before
+    the policy's forward. :func:`objective_from_hidden` computes the other two.
+
+    Attributes:
+        advantages: ``(B,)`` or ``(B, 1)`` per sequence, or ``(B, T)`` per token.
+        mask: ``(B, T)`` 1 (or True) for completion tokens that count, 0 for padding.
+        old_logprobs: ``(B, T)`` behaviour policy; ``None`` means on-policy.
+        ref_logprobs: ``(B, T)`` reference policy, for the KL term and the ``kl_ref`` metric.
+        rollout_logprobs: ``(B, T)`` the inference engine's log-probs, for mismatch correction and metrics.
+    """
+
+    advantages: Tensor
+    mask: Tensor
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    rollout_logprobs: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mask, Tensor) or self.mask.dim() != 2:
+            shape = tuple(self.mask.shape) if isinstance(self.mask, Tensor) else type(self.mask).__name__
+            raise ValueError(f"mask must be a (B, T) tensor; got {shape}.")
+        for name in _TOKEN_FIELDS[:3]:  # not entropies, which the policy's forward computes
+            value = getattr(self, name)
+            if isinstance(value, Tensor) and value.shape != self.mask.shape:
+                raise ValueError(
+                    f"{name} must have the shape of mask {tuple(self.mask.shape)}; got {tuple(value.shape)}."
+                )
+        self.policy_batch(torch.zeros(self.mask.shape, device=self.mask.device))  # PolicyBatch's checks
+
+    def policy_batch(self, logprobs: Tensor, entropies: Tensor | None = None, rows: slice = slice(None)) -> PolicyBatch:
+        """The :class:`PolicyBatch` of sequences ``rows`` with these ``logprobs`` and ``entropies`` ``(b, T)``."""
+
+        def cut(value: Tensor | None) -> Tensor | None:
+            return None if value is None else value[rows]
+
+        return PolicyBatch(
+            logprobs=logprobs,
+            advantages=self.advantages[rows],
+            mask=self.mask[rows],
+            old_logprobs=cut(self.old_logprobs),
+            ref_logprobs=cut(self.ref_logprobs),
+            rollout_logprobs=cut(self.rollout_logprobs),
+            entropies=entropies,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,12 @@ arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides
   updated ``clip_scale``/``clip_low``/``clip_high``. That is the channel from driver to workers: verl passes a
   policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
   sends another. One call when the controls change, none otherwise; it applies from the next step;
-- ``lr_scale`` (the trust region, the LR back-off, the ``lr_scale`` schedule): sends the actor workers the
-  decision's absolute scale through ``rlguard_set_lr_scale``, a registered ``ONE_TO_ALL`` method of
-  :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker` (verl's ``ActorRolloutRefWorker`` plus that
-  call, which the guarded trainers put into verl's worker mapping). The worker writes the scale into what the FSDP
-  engine's ``LambdaLR`` multiplies (``base_lrs = initial_lr * scale``), so the actor's LR is the schedule's times
-  the scale at every optimizer step until the guard decides another; it applies from the next step (verl logs a
-  step after its update), is never compounded (1 restores the schedule), is sent once when it changes and again
-  after every checkpoint load (a rollback, a resume: the scheduler comes back as saved). Where the actor's worker
-  is verl's own (a trainer built by :func:`guarded_trainer_class` on a user's worker mapping, a Megatron actor)
-  ``lr_scale`` is not in the driver's capabilities: recorded only (``[record-only: ...]`` in its events);
+- ``lr_scale``: sends the actor workers the decision's absolute scale (``rlguard_set_lr_scale``, a registered
+  ``ONE_TO_ALL`` method of :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, which the guarded
+  trainers map for the actor): the actor's LR is its schedule's times the scale from the next step on, never
+  compounded. Sent once per change and again after every checkpoint load (rollback, resume: the scheduler comes
+  back as saved). With verl's own actor worker (:func:`guarded_trainer_class` on a user's worker mapping) or a
+  Megatron actor, ``lr_scale`` is not in the driver's capabilities: recorded only;
 - ``snapshot``: saves a verl checkpoint (``_save_checkpoint``, ``global_step_<N>``) unless this step has one;
 - ``rollback``: loads the newest ``global_step_<N>`` with ``N <= rollback_to`` into the actor (and critic)
   workers (``load_checkpoint``: weights, optimizer and LR scheduler), syncs the rollout replicas
@@ -50,9 +46,8 @@ What does not work in verl 0.9.1, and why:
   decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
   the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
   the weights (``skip`` gives zero gradient, not an unchanged optimizer state).
-- ``lr_scale`` with verl's own actor worker (see above) or a Megatron actor: recorded, not applied. verl offers
-  the driver no call that sets the actor's learning rate (rlguard's worker adds one), and scaling the loss does
-  not scale Adam's update.
+- ``lr_scale`` with verl's own actor worker or a Megatron actor (above): verl offers the driver no call that sets
+  the actor's LR (rlguard's worker adds one), and scaling the loss does not scale Adam's update.
 - Poison outside the policy loss (NaN reference log-probs or entropies, in verl's own KL and entropy terms) is
   not masked: verl's engine then drops the whole update (``grad_norm`` not finite), as it does for any NaN.
 - Without a guard, verl 0.9.1's FSDP engine already refuses a step whose gradient norm is not finite: a poisoned

@@ -228,8 +228,9 @@ def test_every_actuator_carries_out_the_script_like_the_reference(loop: str, tmp
 
 
 def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp_path: Path) -> None:
-    """verl's driver with verl's stock workers: no drop_update and no lr_scale (declared); snapshot is a verl checkpoint, rollback loads the
-    newest one at or before ``rollback_to``, halt ends fit; the controls reach the workers' config."""
+    """verl's driver with verl's stock workers: no drop_update and no lr_scale (declared); snapshot is a verl
+    checkpoint, rollback loads the newest one at or before ``rollback_to``, halt ends fit; the controls reach the
+    workers' config."""
     pytest.importorskip("verl")
     from test_verl_guard import FakeTrainer, trainer_config
 

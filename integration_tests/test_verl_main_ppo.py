@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("verl", reason="needs verl (pip install 'rlguard[verl]')")
 pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install 'rlguard[verl]')")
 
-from verl_main_ppo_guards import WIDE
+from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
 from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
 from rlguard.guards.actuator import ACTION_CODE, GUARD_STATE_FILE
@@ -118,10 +118,16 @@ def check_guarded_run(run: Run, out: Path) -> None:
     assert [s["rlguard/guard/halted"] for s in steps] == [0.0, 0.0, 0.0, 1.0]
     # no sequence clipped within the wide range [0.01, 11] of steps 1-2
     assert [s["actor/rlguard/clip_frac"] for s in steps[:2]] == [0.0, 0.0]
-    # Known bug (issue 18 stays open): after the merge of the decision contract, the narrowed range (1 +- 1e-6) of
-    # steps 3-4 does not act in the workers (sequence ratios 0.55 to 2.1, clip_frac 0), although the guard's
-    # decisions carry it (checked directly) and the driver pushes it through set_loss_fn. The assertion that it acts,
-    # max(clip_frac of steps 3-4) > 0, is left out until that is found; the guard-engine test checks set_loss_fn.
+    # the schedule's narrowed range (1 +- 1e-6, decided at step 2) reached the workers through set_loss_fn and was
+    # the range their loss used at steps 3-4, as the workers themselves report it (whether a sequence then counts
+    # as clipped depends on the sampled advantages: a mini-batch whose groups all have zero advantage clips none)
+    used = [(s["actor/rlguard/guard/clip_low"], s["actor/rlguard/guard/clip_high"]) for s in steps]
+    assert used == [pytest.approx(WIDE)] * 2 + [pytest.approx(NARROW)] * 2, used
+    # the LR schedule's x0.5 (decided at step 2) reached the actor's optimizer through rlguard's actor worker: the LR
+    # verl's worker reports after each step's scheduler step (constant schedule) halves at steps 3-4, and stays
+    # halved after the rollback at step 3 loaded step 2's scheduler (saved at x1): the driver sent the scale again
+    lrs = [s["actor/lr"] for s in steps]
+    assert lrs[0] == lrs[1] > 0 and lrs[2:] == pytest.approx([LR_SCALE * lrs[0]] * 2, rel=1e-9), lrs
     # the rollback at step 3 restored step 2's checkpoint bit for bit (saved again as step 3's)
     checkpoints = out / "checkpoints"
     assert steps[2]["rlguard/guard/rollback_to"] == 2.0
@@ -155,6 +161,12 @@ def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tm
     assert resumed.returncode == 0, resumed.log[-8000:]
     steps = resumed.steps()
     assert [s["training/global_step"] for s in steps] == [4]
+    # the restored guard state sent its controls to the fresh workers before step 4 trained
+    assert (steps[0]["actor/rlguard/guard/clip_low"], steps[0]["actor/rlguard/guard/clip_high"]) == pytest.approx(
+        NARROW
+    )
+    # ... and the LR scale: step 3's checkpoint holds step 2's scheduler (x1); the saved guard state sent x0.5
+    assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * first.steps()[0]["actor/lr"], rel=1e-9)
     assert steps[0]["rlguard/guard/action"] == ACTION_CODE["halt"]
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     assert GUARD_STATE_FILE in {p.name for p in (tmp_path / "checkpoints" / "global_step_3").iterdir()}

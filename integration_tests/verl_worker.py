@@ -5,7 +5,8 @@ metrics of every mini-batch to ``OUT_JSON``. Every process builds the same globa
 verl's worker takes its data-parallel share, as the Ray dispatch would, so 1 and 2 processes must agree.
 
 What it takes to run verl 0.9.1 on CPU (verl has no CPU platform and falls back to CUDA):
-- a CPU platform registered with ``verl.plugin.platform`` before anything calls ``get_platform``, whose
+- a CPU platform (``rlguard.verl_cpu.platform.PlatformCPU``) registered with ``verl.plugin.platform`` before
+  anything calls ``get_platform``, whose
   ``current_device()`` is ``"cpu"`` (verl moves tensors to it; ``0`` would mean cuda:0);
 - verl's FSDP engine class registered for device ``"cpu"`` too (verl registers it for cuda and npu);
 - ``torch.distributed.init_process_group("gloo")`` before verl's worker, which would build "cpu:gloo,cpu:gloo";
@@ -15,14 +16,11 @@ What it takes to run verl 0.9.1 on CPU (verl has no CPU platform and falls back 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,7 +29,9 @@ import torch
 os.environ.setdefault("VERL_USE_EXTERNAL_MODULES", "rlguard.adapters.verl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from verl.plugin.platform import PlatformBase, PlatformRegistry, set_platform
+from verl.plugin.platform import PlatformRegistry, set_platform
+
+from rlguard.verl_cpu.platform import PlatformCPU
 
 BATCH = 8  # sequences in the global batch (one prompt per group, rollout_n=1)
 MINI_BATCH = 4  # sequences per mini-batch: two optimizer steps
@@ -39,92 +39,8 @@ MICRO_BATCH_PER_RANK = 1  # gradient accumulation inside each mini-batch
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 10, 64
 
 
-def _cpu_device_module() -> types.ModuleType:
-    """``torch.cpu`` with the memory and seeding calls verl makes on its device module (all no-ops on CPU)."""
-    module = types.ModuleType("verl_cpu_device")
-    for name in ("current_device", "device_count", "is_available", "synchronize", "set_device", "Stream", "stream"):
-        if hasattr(torch.cpu, name):
-            setattr(module, name, getattr(torch.cpu, name))
-    for name in ("max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved"):
-        setattr(module, name, lambda *args, **kwargs: 0)
-    for name in ("empty_cache", "reset_peak_memory_stats", "ipc_collect"):
-        setattr(module, name, lambda *args, **kwargs: None)
-    module.manual_seed = torch.manual_seed  # type: ignore[attr-defined]
-    module.manual_seed_all = torch.manual_seed  # type: ignore[attr-defined]
-    module.get_device_name = lambda *args, **kwargs: "CPU"  # type: ignore[attr-defined]
-    module.mem_get_info = lambda *args, **kwargs: (0, 0)  # type: ignore[attr-defined]
-    module.get_rng_state = torch.get_rng_state  # type: ignore[attr-defined]
-    module.set_rng_state = torch.set_rng_state  # type: ignore[attr-defined]
-    return module
-
-
-@PlatformRegistry.register(platform="cpu")
-class PlatformCPU(PlatformBase):
-    """verl's platform interface for CPU, enough for the FSDP engine over gloo."""
-
-    device_name = "cpu"
-    vendor_name = "cpu"
-    device_module = _cpu_device_module()
-
-    def is_available(self) -> bool:
-        return True
-
-    def current_device(self) -> str:  # type: ignore[override]  # verl moves tensors to this; 0 means cuda:0
-        return "cpu"
-
-    def device_count(self) -> int:
-        return 1
-
-    def set_device(self, device_index: int) -> None:
-        return None
-
-    def synchronize(self, device_index: int | None = None) -> None:
-        return None
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        return None
-
-    def empty_cache(self) -> None:
-        return None
-
-    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-        return None, None
-
-    def communication_backend_name(self) -> str:
-        return "gloo"
-
-    def visible_devices_envvar(self) -> str:
-        return "CPU_VISIBLE_DEVICES"
-
-    @contextlib.contextmanager
-    def nvtx_range(self, msg: str) -> Iterator[None]:
-        yield
-
-    def profiler_start(self) -> None:
-        return None
-
-    def profiler_stop(self) -> None:
-        return None
-
-    def ray_resource_name(self) -> str:
-        return "CPU"
-
-    def ray_noset_envvars(self) -> list[str]:
-        return []
-
-    def is_ipc_supported(self) -> bool:
-        return False
-
-    def cudart(self) -> Any:
-        return None
-
-
+if PlatformRegistry.get("cpu") is not PlatformCPU:  # rlguard's CPU platform (rlguard.verl_cpu), without Ray
+    PlatformRegistry.register(platform="cpu")(PlatformCPU)
 set_platform(PlatformCPU())
 
 

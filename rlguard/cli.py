@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -17,7 +16,6 @@ from rich.table import Table
 from rlguard.demo.runs import DEFAULT_RUNS  # framework-free: the demo's run list and settings
 
 if TYPE_CHECKING:
-    from rlguard.demo import DemoConfig, DemoResult
     from rlguard.doctor import Diagnosis
 
 app = typer.Typer(
@@ -179,67 +177,14 @@ def demo(
     except ValueError as err:
         raise _bad_input("demo", err) from None
     out_dir = out if out is not None else Path(time.strftime("rlguard-demo-%Y%m%d-%H%M%S"))
-    result = _run_demo_with_progress(config, out_dir, quiet=as_json)
+    from rlguard.demo.console import print_summary, run_with_progress
+
+    command = "rlguard demo " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["demo"] else ""
+    result = run_with_progress(config, out_dir, console=console, quiet=as_json, command=command)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
-    _print_demo_summary(result)
-
-
-def _run_demo_with_progress(config: DemoConfig, out: Path, *, quiet: bool) -> DemoResult:
-    """:func:`rlguard.demo.run_demo` under a rich progress display (on stderr with ``quiet``, JSON on stdout)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-
-    from rlguard.demo import run_demo
-
-    command = "rlguard demo " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["demo"] else ""
-    display = Console(stderr=True) if quiet else console
-    with Progress(
-        TextColumn("{task.description:<16}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[stats]}"),
-        console=display,
-    ) as progress:
-        tasks: dict[str, TaskID] = {}  # added when they start, so that each one's clock is its own
-        shown: dict[str, dict[str, float]] = {}
-
-        def on_progress(task: str, done: int, total: int, stats: dict[str, float]) -> None:
-            if task not in tasks:
-                tasks[task] = progress.add_task(task, total=total, stats="")
-            latest = shown.setdefault(task, {})
-            latest.update(stats)  # the reward is logged on generation steps only: keep the last one
-            text = "  ".join(
-                f"{k} {latest[k]:.3g}" for k in ("loss", "reward_mean", "entropy", "kl_ref") if k in latest
-            )
-            progress.update(tasks[task], completed=done, stats=escape(text))
-
-        if not quiet:
-            return run_demo(config, out, on_progress, command=command)
-        # stdout is for the JSON only: what the frameworks print (DeepSpeed's logger, when installed) goes to stderr
-        with contextlib.redirect_stdout(sys.stderr):
-            return run_demo(config, out, on_progress, command=command)
-
-
-def _print_demo_summary(result: DemoResult) -> None:
-    """The demo's summary table and where its report is."""
-    from rlguard.demo import summary_rows
-
-    rows = summary_rows(result.runs)
-    table = Table(
-        title=f"rlguard demo: {result.config.steps} GRPO steps per run (first fifth -> last fifth of the steps)",
-        caption="exact answers: greedy decoding of the 100 sums, before -> after the run",
-    )
-    for col in rows[0]:
-        table.add_column(col, justify="left" if col in ("run", "guard events") else "right")
-    for row in rows:
-        table.add_row(*(escape(v) for v in row.values()))
-    console.print(table)
-    console.print(
-        f"report: [bold]{escape(str(result.report))}[/bold]  (took {result.seconds:.0f} s; each run's folder works "
-        f"with `rlguard report` and `rlguard doctor`)"
-    )
+    print_summary(result, console)
 
 
 _SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}

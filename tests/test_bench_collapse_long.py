@@ -16,6 +16,7 @@ import torch
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
+from rlguard.bench.collapse import CollapseVerdict
 from rlguard.bench.collapse_long.cli import main
 from rlguard.bench.collapse_long.engine import (
     EngineNumerics,
@@ -27,9 +28,15 @@ from rlguard.bench.collapse_long.engine import (
     trainer_pass,
 )
 from rlguard.bench.collapse_long.model import ModelConfig, MoE, generate, make_model
-from rlguard.bench.collapse_long.report import mcnemar_exact_p, paired_bootstrap_ci, wilson_interval
+from rlguard.bench.collapse_long.report import (
+    mcnemar_exact_p,
+    paired_bootstrap_ci,
+    paired_comparisons,
+    wilson_interval,
+)
 from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
 from rlguard.bench.collapse_long.task import EOS, NUM_SPECIAL, PAD, ReverseShiftTask
+from rlguard.bench.collapse_long.train import RunConfig, RunResult
 from rlguard.cli import app
 
 TASK = ReverseShiftTask(length=6, alphabet=60)
@@ -226,6 +233,38 @@ def test_paired_bootstrap_interval_of_constant_differences_is_that_constant() ->
 
 
 # -- command line and a quick run -----------------------------------------------------------------------------------
+def _result(objective: str, guard: str, seed: int, collapsed: bool, final: float) -> RunResult:
+    config = RunConfig(objective=objective, guard=guard, seed=seed)  # type: ignore[arg-type]
+    n = config.window
+    return RunResult(
+        config,
+        [0.5] * n + [final] * n,
+        [1.0] * 2 * n,
+        [33.0] * 2 * n,
+        [0.0] * 2 * n,
+        [0.0] * 2 * n,
+        [0.0] * 2 * n,
+        CollapseVerdict(collapsed, 5 if collapsed else None, "reward" if collapsed else ""),
+    )
+
+
+def test_paired_comparisons_pair_objectives_within_a_guard_and_each_guard_with_guard_off() -> None:
+    results = [
+        *(_result("grpo", "off", s, s < 3, 0.1 if s < 3 else 0.9) for s in range(4)),
+        *(_result("gspo", "off", s, s < 1, 0.2) for s in range(4)),
+        *(_result("grpo", "stable", s, False, 0.8) for s in range(4)),
+    ]
+    rows = {(r["guard"], r["objective"], r["baseline"]): r for r in paired_comparisons(results)}
+    assert set(rows) == {("off", "gspo", "grpo"), ("stable", "grpo", "grpo, guard off")}
+    objectives = rows[("off", "gspo", "grpo")]
+    assert (objectives["only_objective_collapsed"], objectives["only_baseline_collapsed"]) == (0, 2)
+    assert objectives["collapse_rate_diff"] == -0.5
+    guarded = rows[("stable", "grpo", "grpo, guard off")]
+    assert (guarded["pairs"], guarded["only_objective_collapsed"], guarded["only_baseline_collapsed"]) == (4, 0, 3)
+    assert guarded["mcnemar_p"] == pytest.approx(mcnemar_exact_p(0, 3))
+    assert guarded["final_reward_diff"] == pytest.approx(((0.8 - 0.1) * 3 + (0.8 - 0.9)) / 4)
+
+
 def test_quick_run_writes_every_output_and_resume_runs_nothing_twice(tmp_path: Path) -> None:
     out = tmp_path / "res"
     assert main(["--quick", "--workers", "1", "--out", str(out)]) == 0

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlguard.cli import _print_demo_summary, app
+from rlguard.cli import app, console
 from rlguard.core_losses import list_objectives
 from rlguard.demo import DEFAULT_RUNS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
+from rlguard.demo.console import print_summary
 from rlguard.guards import Event
 
 runner = CliRunner()
@@ -101,7 +102,7 @@ def test_demo_summary_compares_the_first_and_last_fifth_of_each_run(capsys: pyte
     rows = summary_rows(result.runs)
     assert rows[0]["reward_mean"] == "0.15 -> 0.95" and rows[0]["guard events"] == "no guard"
     assert rows[1]["guard events"] == "action:set_clip x2" and rows[1]["exact answers"] == "25% -> 50%"
-    _print_demo_summary(result)
+    print_summary(result, console)
     out = capsys.readouterr().out
     assert "0.15 -> 0.95" in out and "action:set_clip x2" in out and "out/report.html" in out
 

@@ -146,6 +146,42 @@ def test_recovery_turns_a_persistent_critical_alarm_into_a_rollback_where_halt_w
     assert rec.propose(ctx) is None  # data-side: ignored, as by halt
 
 
+def test_a_chronic_mismatch_alarm_leaves_snapshots_healthy_under_stable_only() -> None:
+    # a rollout engine that is off from the first step: mismatch_growth critical throughout (mean |log-prob gap|
+    # 0.3 >= its 0.16 bound). Under `stable` the steps stay healthy (snapshots, something to roll back to) and the
+    # LR backs off; under `default` no step is healthy and the alarm itself rolls back.
+    def run(preset: str) -> tuple[Guard, list[Decision]]:
+        guard = Guard(GuardConfig.preset(preset, snapshot_interval=1))
+        stats = {"loss": 0.1, "update_ratio": 1e-4, "nonfinite": 0.0, "mismatch_logp_abs_mean": 0.3}
+        return guard, [guard.observe(t, stats) for t in range(12)]
+
+    guard, decisions = run("stable")
+    assert guard.alarms().get("mismatch_growth") == "critical"
+    assert guard.last_healthy_step == 11 and sum(d.snapshot for d in decisions) == 12
+    assert {d.action for d in decisions} <= {"continue", "scale_lr", "set_clip"} and decisions[-1].lr_scale == 0.25
+    guard, decisions = run("default")
+    assert guard.last_healthy_step is None and not any(d.snapshot for d in decisions)
+    assert "rollback" in {d.action for d in decisions} or "halt" in {d.action for d in decisions}
+
+
+def test_stable_leaves_an_entropy_collapse_with_the_reward_holding_to_entropy_control() -> None:
+    stable = Guard(GuardConfig.preset("stable"))
+    recovery = stable.interventions["recovery"]
+    assert isinstance(recovery, Recovery)
+    assert "entropy_collapse" not in recovery.on and "entropy_collapse" in recovery.ignore
+    assert {"reward_collapse", "kl_ref_blowup"} <= set(recovery.on)
+    ctx = StepContext(60, {}, {}, {"entropy_collapse": "critical"}, {"entropy_collapse": 40}, 0, 20)
+    assert recovery.propose(ctx) is None
+    ctx = StepContext(60, {}, {}, {"reward_collapse": "critical"}, {"reward_collapse": 1}, 0, 20)
+    p = recovery.propose(ctx)
+    assert p is not None and p.action == "rollback"
+
+
+def test_healthy_despite_names_must_be_detectors() -> None:
+    with pytest.raises(ValueError, match=r"healthy_despite names unknown detectors \['mismatch'\]"):
+        Guard(GuardConfig(healthy_despite=("mismatch",)))
+
+
 def test_entropy_control_widens_clip_high_on_critical_collapse_and_narrows_back() -> None:
     ec = EntropyControl()
     critical = {"entropy_collapse": Finding("critical", 0.1, 0.2, "entropy 0.1 is 10% of the run's baseline")}

@@ -155,6 +155,7 @@ def test_clip_controls_set_verls_clip_range(controls: dict[str, float], low: flo
     assert metrics["actor/pg_clipfrac"] == pytest.approx(ref_metrics["actor/pg_clipfrac"])
     assert not torch.allclose(grad, wide_grad)  # the range matters on these data
     assert metrics["rlguard/guard/clip_scale"] == controls.get("clip_scale", 1.0)
+    assert (metrics["rlguard/guard/clip_low"], metrics["rlguard/guard/clip_high"]) == pytest.approx((low, high))
 
 
 def test_clip_scale_also_scales_clip_values_in_objective_kwargs() -> None:

@@ -3,7 +3,7 @@
 A decision is an *outcome* (``step``, ``skip``, ``rollback``, ``halt``) plus *controls* (:class:`Controls`: the
 LR multiplier, the clip range, ``beta``, the entropy coefficient). :func:`apply_decision` is the single place
 where a decision becomes actions; every training loop supplies only an :class:`Actuator`: TRL under DDP and under
-DeepSpeed ZeRO-2/3 (:mod:`rlguard.adapters.trl.callback`), verl's driver (:mod:`rlguard.adapters.verl.driver`),
+DeepSpeed ZeRO-2/3 (:mod:`rlguard.adapters.trl.actuators`), verl's driver (:mod:`rlguard.adapters.verl.driver`),
 the benchmarks' plain-torch loop (:class:`TorchActuator`). See ``docs/design.md`` ("Actuator contract").
 
 Per optimizer step, after the step's gradients are complete and before the optimizer applies them::

@@ -17,7 +17,8 @@ from typing import Any
 from rlguard.guards.decision import Decision
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
-from rlguard.guards.interventions import ACTION_PRIORITY, Intervention, Proposal, StepContext
+from rlguard.guards.interventions import ACTION_PRIORITY, Intervention, Proposal, Rollback, StepContext
+from rlguard.guards.recovery import Recovery
 from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
 
@@ -47,6 +48,10 @@ class GuardConfig:
         snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
         events_path: if set, every event is appended to this JSONL file.
         observe_only: never act (action is always ``continue``); schedules still apply.
+        healthy_despite: detectors whose findings and alarms do not make a step unhealthy: conditions of the data
+            or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
+            snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
+            run with no healthy snapshot, and the next real failure halts it instead of rolling back.
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -55,6 +60,7 @@ class GuardConfig:
     snapshot_interval: int = 10
     events_path: str | None = None
     observe_only: bool = False
+    healthy_despite: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.schedules) - set(SCHEDULED_KEYS)
@@ -107,8 +113,23 @@ def _stable() -> GuardConfig:
     on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
     ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
     repeated failed recoveries)."""
+    # A rollback cures neither of two alarms, so they are left to the controllers: an entropy collapse with the
+    # reward holding is entropy_control's (clip-higher; a collapse that costs reward raises reward_collapse), and a
+    # train-inference mismatch comes back with the next rollout from the same engine (lr_backoff slows what it does).
+    not_rolled_back = ("entropy_collapse", "mismatch_growth")
+    recovery = {
+        "on": tuple(n for n in Rollback.on if n not in not_rolled_back),
+        "ignore": (*Recovery.ignore, *not_rolled_back),
+    }
     return GuardConfig(
-        interventions={"trust_region": {}, "entropy_control": {}, "recovery": {}, "rollback": None, "halt": None}
+        interventions={
+            "trust_region": {},
+            "entropy_control": {},
+            "recovery": recovery,
+            "rollback": None,
+            "halt": None,
+        },
+        healthy_despite=("mismatch_growth", *Recovery.ignore),
     )
 
 
@@ -130,6 +151,11 @@ class Guard:
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = GuardConfig.preset("default") if config is None else config
         self.detectors: dict[str, Detector] = _build(detector_registry(), self.config.detectors, "detector")
+        unknown = sorted(set(self.config.healthy_despite) - set(detector_registry()))
+        if unknown:
+            raise ValueError(
+                f"GuardConfig.healthy_despite names unknown detectors {unknown}; known: {sorted(detector_registry())}."
+            )
         self.interventions: dict[str, Intervention] = (
             {}
             if self.config.observe_only
@@ -226,7 +252,7 @@ class Guard:
         clip_high_scale = math.prod(p.clip_high_scale for p in proposals if p.clip_high_scale is not None)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
         lr_scale *= scheduled.pop("lr_scale", 1.0)
-        healthy = not findings and not any(a.level for a in self._alarms.values())
+        healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": lr_scale, "set_clip": clip_scale}
         if best.action != "continue" and best.reason:
@@ -255,6 +281,13 @@ class Guard:
             **scheduled,
         )
 
+    def _healthy(self, findings: Mapping[str, Finding]) -> bool:
+        """No finding and no raised alarm, except those of ``config.healthy_despite``."""
+        despite = self.config.healthy_despite
+        return not any(n not in despite for n in findings) and not any(
+            a.level for n, a in self._alarms.items() if n not in despite
+        )
+
     def _marked(self, action: str, reason: str) -> str:
         """``reason``, marked record-only when the bound actuator cannot carry out ``action``."""
         capability = _ACTION_CAPABILITY.get(action)
@@ -266,7 +299,7 @@ class Guard:
         self._consecutive_skips = self._consecutive_skips + 1 if decision.action == "skip_step" else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
-        if not findings and not any(a.level for a in self._alarms.values()) and decision.outcome == "step":
+        if self._healthy(findings) and decision.outcome == "step":
             self._last_healthy_step = decision.step
         if decision.action == "rollback":
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh

@@ -8,7 +8,8 @@ Modules (``docs/design.md``, "Adapters"):
 
 - :mod:`~rlguard.adapters.trl.mapping`: what a ``GRPOConfig`` means in rlguard (pure, no framework import);
 - :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOConfig`` and ``GuardedGRPOTrainer`` (the loss glue);
-- :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue) and the actuators it drives;
+- :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue);
+- :mod:`~rlguard.adapters.trl.actuators`: what a decision does under DDP and under DeepSpeed ZeRO (the actuators);
 - :mod:`~rlguard.adapters.trl.logprobs`: ``GuardedGRPOConfig(logprobs_from_hidden=True)``;
 - :mod:`~rlguard.adapters.trl.compat`: every version gate and every patch of TRL, accelerate and DeepSpeed.
 """

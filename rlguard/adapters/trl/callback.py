@@ -39,49 +39,12 @@ and then, at the accumulation boundary, ``engine.step`` (clip, optimizer step, z
 boundary, the guard, then ``engine.step()`` with the decision applied (everything else is delegated to
 accelerate's wrapper, which ``on_train_end`` puts back).
 
+What each part of a decision does under ZeRO-1/2/3 (the table, what is refused and what is untested) is
+written beside :class:`~rlguard.adapters.trl.actuators.ZeroActuator`, in :mod:`rlguard.adapters.trl.actuators`.
+
 A guard needs the trainer (its metrics of each step, its logs, its DeepSpeed engine), which transformers does not
 give callbacks: ``GuardedGRPOTrainer`` attaches its callbacks; on a stock trainer call ``cb.attach(trainer)``
 (``on_train_begin`` raises ``ValueError`` with that fix otherwise).
-
-=================  ================================  ================================  ==========================
-decision           ZeRO-2                            ZeRO-3                            how
-=================  ================================  ================================  ==========================
-``grad_norm``      yes                               yes                               [1]
-``skip_step``      yes                               yes                               [2]
-``lr_scale``       yes                               yes                               [3]
-``clip_scale``     yes                               yes                               as without DeepSpeed
-``rollback``       yes (engine checkpoint on disk)   yes (engine checkpoint on disk)   [4]
-``halt``           yes                               yes                               [5]
-guard state        yes                               yes                               as without DeepSpeed
-=================  ================================  ================================  ==========================
-
-1. After ``engine.backward``, before ``engine.step``: the 2-norm of the reduced gradient partitions the ZeRO
-   optimizer holds for its update (``averaged_gradients``), summed over ranks with one all-reduce and divided by
-   the loss scale: the norm of the full averaged gradient, as without DeepSpeed, before the engine clips it with
-   ``gradient_clipping`` (``args.max_grad_norm`` is left alone: the DeepSpeed config's ``"auto"`` reads it).
-2. ``engine.step()`` runs with the ZeRO optimizer's ``step`` replaced, for that call, by the clean-up of
-   DeepSpeed's own overflow branch (gradient partitions and ``param.grad`` dropped, micro-step counter reset,
-   loss scale untouched): fp32 master weights, model weights and optimizer state (Adam's moments and step) stay
-   bit-identical. Unlike an overflow the step counts: the engine's ``global_steps`` advance with the Trainer's
-   ``global_step`` and the LR scheduler steps (the engine's, with DeepSpeed's optimizer, or the Trainer's), as
-   without DeepSpeed. For a skipped step the Trainer logs the guard's norm as ``grad_norm`` (DeepSpeed's own norm
-   otherwise; the two agree to float32 rounding).
-3. Each param group's LR of the engine's optimizer is multiplied inside that same optimizer ``step`` and restored
-   before the engine steps its scheduler, so the scale never compounds.
-4. ``snapshot``: ``engine.save_checkpoint(<folder>, tag="rlguard_snapshot")`` on every rank (collective; weights,
-   ZeRO partitions, optimizer state) before the step's update, into ``snapshot_dir`` or
-   ``<output_dir>/rlguard_snapshot`` (not CPU memory: the state is partitioned), a folder every rank can read.
-   ``rollback``: the step is skipped as in [2], then ``engine.load_checkpoint`` of that tag (optimizer state,
-   not the scheduler's) on every rank; the engine's step counters are kept, so the schedule stays a function of
-   ``global_step``. Without a snapshot: halt.
-5. The step is skipped as in [2]; ``on_pre_optimizer_step`` sets ``control.should_training_stop`` on every rank.
-
-Stage 1 uses the same optimizer class and code as stage 2 (untested). Refused by ``on_train_begin``
-(``NotImplementedError``, before anything changes): stage 0 and ZeRO-Offload of the optimizer
-(``offload_optimizer``, whose gradients live in CPU buffers of another layout). Untested: fp16/bf16 (the norm is
-divided by the loss scale; a skip leaves the loss scale as it is) and pipeline parallelism. The skip clean-up
-mirrors private code of deepspeed 0.19 (``_pre_step``, ``_overflow_clean_up``, ``averaged_gradients``);
-``integration_tests/test_trl_guard_deepspeed.py`` checks its effect bit for bit (weights, optimizer state).
 
 Guard state is written as ``rlguard_guard.json`` into each checkpoint folder and read back when training
 resumes from ``output_dir/checkpoint-<global_step>``; events go to ``<output_dir>/events.jsonl`` (main process)

@@ -19,7 +19,8 @@ Each micro-batch, :func:`guarded_policy_loss` (what ``rlguard.<name>`` runs unde
   (the guard's clip schedules);
 - reports ``rlguard/nonfinite`` (non-finite values at unmasked positions), ``rlguard/masked_frac`` (tokens
   dropped, poisoned sequences included) and ``rlguard/guard/poisoned_seqs``, ``rlguard/guard/skipped``,
-  ``rlguard/guard/clip_scale`` next to the objective's ``rlguard/*`` metrics. verl averages every policy-loss
+  ``rlguard/guard/clip_scale``, ``rlguard/guard/clip_low``/``clip_high`` (the clip range the loss used) next to
+  the objective's ``rlguard/*`` metrics. verl averages every policy-loss
   metric over micro-batches and ranks, so ``rlguard/guard/skipped`` is the fraction of micro-batches skipped.
 """
 
@@ -147,6 +148,7 @@ def guarded_policy_loss(
     live = mask.any(dim=-1)  # (B,)
     poisoned_frac = poisoned.sum() / live.sum().clamp(min=1)
     skip = (poisoned_frac > guard.max_poisoned_frac) | guard.skip  # () bool, no host sync
+    overlay = _ClipOverlay(config, guard)
     loss, metrics = policy_loss(
         name,
         old_log_prob=old_log_prob,
@@ -154,7 +156,7 @@ def guarded_policy_loss(
         advantages=advantages,
         response_mask=kept.to(response_mask.dtype),
         loss_agg_mode=loss_agg_mode,
-        config=_ClipOverlay(config, guard),
+        config=overlay,
         rollout_is_weights=rollout_is_weights,
     )
     # zero loss, zero gradient, graph intact (every rank's FSDP backward must run)
@@ -173,6 +175,9 @@ def guarded_policy_loss(
             "rlguard/guard/poisoned_seqs": n_poisoned,
             "rlguard/guard/skipped": skipped,
             "rlguard/guard/clip_scale": float(guard.clip_scale),
+            # the clip range this loss used (verl's clip_ratio_low/high after the driver's controls)
+            "rlguard/guard/clip_low": float(overlay.get("clip_ratio_low")),
+            "rlguard/guard/clip_high": float(overlay.get("clip_ratio_high")),
         }
     )
     return loss, metrics

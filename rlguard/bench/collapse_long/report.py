@@ -84,6 +84,9 @@ def paired_bootstrap_ci(diffs: Sequence[float], *, resamples: int = 10_000, seed
     return (float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
 
 
+_GUARD_COLOUR = {"off": "tab:red", "default": "tab:blue", "stable": "tab:green"}
+
+
 def _cells(results: Sequence[RunResult]) -> dict[CellKey, list[RunResult]]:
     cells: dict[CellKey, list[RunResult]] = {}
     for r in results:
@@ -127,15 +130,22 @@ def summarise(results: Sequence[RunResult]) -> list[dict[str, Any]]:
 
 
 def paired_comparisons(results: Sequence[RunResult], baseline: str = "grpo") -> list[dict[str, Any]]:
-    """Each objective against ``baseline`` in the same stressor and guard, on the seeds both ran (same seed:
-    same initial weights, warm start, prompts and sampling seeds): discordant pairs, exact McNemar p, the
-    difference of collapse rates and of final rewards with 95 % paired bootstrap intervals."""
+    """Each objective against ``baseline`` in the same stressor and guard, and each guarded cell against the same
+    objective with the guard off (``baseline`` then reads ``guard off``), on the seeds both ran (same seed: same
+    initial weights, warm start, prompts and sampling seeds): discordant pairs, exact McNemar p, the difference of
+    collapse rates and of final rewards with 95 % paired bootstrap intervals."""
     cells = _cells(results)
-    rows = []
+    pairs: list[tuple[str, str, str, str, list[RunResult], list[RunResult]]] = []
     for (stressor, objective, guard), runs in cells.items():
         base = cells.get((stressor, baseline, guard))
-        if objective == baseline or base is None:
-            continue
+        if objective != baseline and base is not None:
+            pairs.append((stressor, guard, objective, baseline, runs, base))
+    for (stressor, objective, guard), runs in cells.items():
+        off = cells.get((stressor, objective, "off"))
+        if guard != "off" and off is not None:
+            pairs.append((stressor, guard, objective, f"{objective}, guard off", runs, off))
+    rows = []
+    for stressor, guard, objective, against, runs, base in pairs:
         a = {r.config.seed: run_row(r) for r in runs}
         b = {r.config.seed: run_row(r) for r in base}
         seeds = sorted(a.keys() & b.keys())
@@ -151,7 +161,7 @@ def paired_comparisons(results: Sequence[RunResult], baseline: str = "grpo") -> 
                 "stressor": stressor,
                 "guard": guard,
                 "objective": objective,
-                "baseline": baseline,
+                "baseline": against,
                 "pairs": len(seeds),
                 "only_objective_collapsed": only_a,
                 "only_baseline_collapsed": only_b,
@@ -212,7 +222,7 @@ def markdown(summary: Sequence[dict[str, Any]], paired: Sequence[dict[str, Any]]
 
 def plot_cells(results: Sequence[RunResult], folder: Path) -> list[Path]:
     """One PNG per (stressor, objective): reward and entropy per rollout batch, one line per seed, guard off red,
-    default blue, collapsed runs dashed."""
+    default blue, stable green, collapsed runs dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,14 +236,14 @@ def plot_cells(results: Sequence[RunResult], folder: Path) -> list[Path]:
     for (stressor, objective), runs in groups.items():
         fig, (ax_r, ax_e) = plt.subplots(1, 2, figsize=(9, 3.2))
         for r in runs:
-            style = dict(color="tab:red" if r.config.guard == "off" else "tab:blue", lw=0.8, alpha=0.7)
+            style = dict(color=_GUARD_COLOUR.get(r.config.guard, "tab:grey"), lw=0.8, alpha=0.7)
             ls = "--" if r.verdict.collapsed else "-"
             ax_r.plot(r.rewards, ls, **style)
             ax_e.plot(r.entropies, ls, **style)
         ax_r.set(title=f"{objective}, {stressor}: reward", xlabel="rollout batch", ylim=(0, 1))
         ax_e.set(title="entropy (nats/token)", xlabel="rollout batch")
-        ax_r.plot([], [], color="tab:red", label="guard off")
-        ax_r.plot([], [], color="tab:blue", label="guard default")
+        for guard in sorted({r.config.guard for r in runs}, key=list(_GUARD_COLOUR).index):
+            ax_r.plot([], [], color=_GUARD_COLOUR[guard], label=f"guard {guard}")
         ax_r.plot([], [], "--", color="grey", label="collapsed")
         ax_r.legend(fontsize=7, loc="lower right")
         fig.tight_layout()

@@ -25,6 +25,7 @@ from rlguard.bench.collapse_long.model import ModelConfig, TinyTransformer, make
 from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
 from rlguard.bench.collapse_long.task import NUM_SPECIAL, ReverseShiftTask
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
+from rlguard.core_losses.rollout import mismatch_metrics
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
 from rlguard.guards.trust_region import measures_update
@@ -207,6 +208,11 @@ def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: T
     return outcome
 
 
+def _mismatch(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """:func:`~rlguard.core_losses.rollout.mismatch_metrics` of the trainer against the engine, as floats."""
+    return {k: float(v) for k, v in mismatch_metrics(trainer_logprobs, engine_logprobs, mask).items()}
+
+
 def _finite_stats(stats: dict[str, float]) -> bool:
     return math.isfinite(stats.get("loss", 0.0)) and math.isfinite(stats.get("grad_norm", 0.0))
 
@@ -256,6 +262,7 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             tp = trainer_pass(model, sub)
             if mb == 0:  # trainer vs engine before any update of this batch
                 gap = mismatch_stats(tp, sub)
+                gap_stats = {} if behaviour is model else _mismatch(tp.logprobs, sub.engine_logprobs, sub.mask)
                 curves["gap"].append(gap.logp_gap_abs_mean)
                 curves["routed"].append(gap.routed_differently)
             batch = PolicyBatch(
@@ -273,6 +280,11 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
             )
             entropy.append(stats.get("entropy", math.nan))
             clip.append(stats.get("clip_frac", 0.0))
+            # the train-inference gap a framework that recomputes the old log-probs reports (verl's
+            # rollout_probs_diff, TRL's vLLM mismatch stats): the trainer's pass before this batch's first update
+            # against the engine's log-probs. The step's own mismatch stats compare the engine with itself (the old
+            # log-probs are the engine's), so the guard gets these instead.
+            stats.update(gap_stats)
             outcome = "step" if guard is None else guarded_update(guard, step, stats, actuator, tally)
             step += 1
             if outcome == "halt":

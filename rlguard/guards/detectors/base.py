@@ -1,0 +1,96 @@
+"""The detector contract (:class:`Detector`) and the helpers the built-in detectors share.
+
+Design: ``docs/design.md`` (the guard layer). The underscored helpers are private to the package
+:mod:`rlguard.guards.detectors`: its modules share them, nothing outside imports them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlguard.guards.events import SEVERITY_LEVEL, Finding
+from rlguard.guards.robust import RollingWindow
+from rlguard.guards.state import PrivateState
+
+
+@dataclass(kw_only=True)
+class Detector(PrivateState):
+    """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
+
+    Attributes:
+        warmup: steps the detector watches (building its baseline) before it may fire.
+        patience: consecutive findings needed to raise the alarm (1 = at once).
+        clear_after: consecutive clean steps before a raised alarm clears (hysteresis).
+    """
+
+    name: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    warmup: int = 10
+    patience: int = 1
+    clear_after: int = 5
+
+    def __post_init__(self) -> None:
+        for f in ("warmup", "clear_after"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"{type(self).__name__}.{f} must be >= 0; got {getattr(self, f)}.")
+        if self.patience < 1:
+            raise ValueError(f"{type(self).__name__}.patience must be >= 1; got {self.patience}.")
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        """Judge one step and update the baseline; ``armed`` is False during warm-up (learn, never find)."""
+        raise NotImplementedError
+
+    def reads(self) -> tuple[str, ...]:
+        """The canonical stats this detector reads (its ``metric`` by default)."""
+        metric = getattr(self, "metric", "")
+        return (metric,) if isinstance(metric, str) and metric else ()
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """Whether this step carries evidence for the detector. A step without evidence is not judged and does
+        not count: neither a clean step (it does not break a streak of findings or clear an alarm) nor a
+        warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
+        stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
+        detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
+        reads = self.reads()
+        return not reads or any(_finite(stats, name) for name in reads)
+
+
+def _metric(stats: Mapping[str, float], name: str) -> float | None:
+    value = stats.get(name)
+    return None if value is None else float(value)
+
+
+def _finite(stats: Mapping[str, float], name: str) -> bool:
+    value = stats.get(name)
+    return value is not None and math.isfinite(value)
+
+
+def _anchor_median(anchor: list[float]) -> float | None:
+    """Median of the run's early healthy stretch (None until it holds 3 values)."""
+    if len(anchor) < 3:
+        return None
+    return RollingWindow(len(anchor), anchor).median()
+
+
+def _rank(finding: Finding | None) -> int:
+    return 0 if finding is None else SEVERITY_LEVEL[finding.severity]
+
+
+def _absolute(
+    metric: str, value: float, warn_above: float | None, critical_above: float | None, advice: str
+) -> Finding | None:
+    """A finding for a value beyond an absolute bound: these need no baseline and hold from the first step."""
+    for severity, bound in (("critical", critical_above), ("warn", warn_above)):
+        if bound is not None and value >= bound:
+            return Finding(
+                severity,  # type: ignore[arg-type]
+                value,
+                bound,
+                f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). {advice}".rstrip(),
+            )
+    return None

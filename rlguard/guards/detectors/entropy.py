@@ -1,0 +1,169 @@
+"""Detectors of the policy's entropy: collapse (sharpening without gain) and blow-up (drift towards noise)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlguard.guards.detectors.base import Detector, _anchor_median, _finite, _metric
+from rlguard.guards.events import Finding
+from rlguard.guards.robust import RollingWindow, mann_kendall_z
+
+
+@dataclass(kw_only=True)
+class EntropyCollapse(Detector):
+    """Policy entropy far below the run's own early baseline (upper quartile of the warm-up) while reward is not
+    improving.
+
+    Entropy falling while reward rises is the policy sharpening on what works (normal); falling with flat or
+    falling reward is collapse (Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
+    Per-token entropy of LLMs is often below 1, so the thresholds are ratios to the baseline, not nats.
+
+    Attributes:
+        warn_ratio: entropy / baseline below which it warns (reward not improving).
+        critical_ratio: entropy / baseline below which it is critical (reward not improving).
+        floor_ratio: entropy / baseline below which it is critical whatever the reward does.
+        trend_window: steps of reward for the Mann-Kendall trend test.
+        improving_z: Mann-Kendall z above which reward counts as improving.
+        anchor: first reward observations whose median is the early reward level; while the recent reward median
+            is above it the run has gained from its sharpening, and ``critical_ratio`` only warns.
+    """
+
+    name = "entropy_collapse"
+    source = "arXiv 2505.22617 (entropy mechanism); DAPO clip-higher, arXiv 2503.14476"
+    summary = "entropy < 0.5x (warn) / 0.2x (critical) of the run's baseline with flat reward; < 0.05x always"
+
+    warmup: int = 20
+    patience: int = 3
+    warn_ratio: float = 0.5
+    critical_ratio: float = 0.2
+    floor_ratio: float = 0.05
+    trend_window: int = 30
+    improving_z: float = 2.0
+    anchor: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_early: list[float] = []
+        self._s_rewards = RollingWindow(self.trend_window)
+        self._s_early_rewards: list[float] = []
+
+    def reads(self) -> tuple[str, ...]:
+        return ("entropy", "reward_mean")
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        return _finite(stats, "entropy")
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        entropy, reward = _metric(stats, "entropy"), _metric(stats, "reward_mean")
+        if reward is not None and math.isfinite(reward):
+            self._s_rewards.push(reward)
+            if len(self._s_early_rewards) < self.anchor:
+                self._s_early_rewards.append(reward)
+        if entropy is None or not math.isfinite(entropy):
+            return None
+        if not armed or len(self._s_early) < 3:
+            if len(self._s_early) < max(self.warmup, 3):
+                self._s_early.append(entropy)
+            return None
+        # upper quartile of the warm-up: a collapse that starts inside the warm-up does not drag the baseline down
+        early = sorted(self._s_early)
+        baseline = early[(3 * (len(early) - 1)) // 4]
+        if baseline <= 0:
+            return None
+        ratio = entropy / baseline
+        z = mann_kendall_z(list(self._s_rewards.values)) if len(self._s_rewards) >= 5 else 0.0
+        early_reward = _anchor_median(self._s_early_rewards)
+        gained = early_reward is not None and len(self._s_rewards) >= 5 and self._s_rewards.median() > early_reward
+        improving = z > self.improving_z
+        reward_text = (
+            f"reward trend z={z:+.1f}"
+            + (
+                f", recent median {self._s_rewards.median():.3g} vs early {early_reward:.3g}"
+                if early_reward is not None
+                else ""
+            )
+            + f" ({'improving' if improving else 'gained on its start' if gained else 'not improving'})"
+        )
+        advice = "raise entropy_coef or clip_high (clip-higher), lower the LR, or roll back to a healthy step."
+        for severity, bound, allowed in (
+            ("critical", self.floor_ratio, True),
+            ("critical", self.critical_ratio, not improving and not gained),
+            ("warn", self.warn_ratio, not improving),
+        ):
+            if ratio < bound and allowed:
+                return Finding(
+                    severity,  # type: ignore[arg-type]
+                    ratio,
+                    bound,
+                    f"entropy {entropy:.4g} is {ratio:.0%} of the run's baseline {baseline:.4g} "
+                    f"(threshold {bound:.0%}), {reward_text}. {advice}",
+                )
+        return None
+
+
+@dataclass(kw_only=True)
+class EntropyBlowup(Detector):
+    """Policy entropy far above the run's early baseline and above an absolute level in nats: the policy is
+    drifting towards uniform noise (``ln V``: 11.9 nats for Qwen's 151,936 tokens), with reward falling to zero.
+
+    Attributes:
+        warn_ratio, critical_ratio: entropy / early baseline that warns / is critical.
+        warn_nats, critical_nats: absolute entropy also required (per-token nats).
+        severe_nats: entropy that is critical at ``warn_ratio`` already (a run whose early entropy is 2 nats
+            cannot reach 8x before the uniform limit).
+        anchor: observations forming the early baseline (their median).
+    """
+
+    name = "entropy_blowup"
+    source = (
+        "the entropy mechanism, arXiv 2505.22617 (both directions); calibrated on rasbt/reasoning-from-scratch ch. 7"
+    )
+    summary = (
+        "entropy >= 4x (warn) / 8x (critical) its early baseline and >= 2 / 3 nats; >= 4x and >= 6 nats (critical)"
+    )
+
+    warmup: int = 10
+    patience: int = 3
+    warn_ratio: float = 4.0
+    critical_ratio: float = 8.0
+    warn_nats: float = 2.0
+    critical_nats: float = 3.0
+    severe_nats: float = 6.0
+    anchor: int = 10
+    metric: str = "entropy"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 < self.warn_ratio <= self.critical_ratio or not 0 < self.warn_nats <= self.critical_nats:
+            raise ValueError(
+                f"{self.name}: need 1 < warn_ratio <= critical_ratio and 0 < warn_nats <= critical_nats; got "
+                f"{self.warn_ratio}, {self.critical_ratio}, {self.warn_nats}, {self.critical_nats}."
+            )
+        self._s_anchor: list[float] = []
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        entropy = _metric(stats, self.metric)
+        if entropy is None or not math.isfinite(entropy):
+            return None
+        anchor = _anchor_median(self._s_anchor)
+        if armed and anchor is not None and anchor > 0:
+            ratio = entropy / anchor
+            for severity, r, nats in (
+                ("critical", self.critical_ratio, self.critical_nats),
+                ("critical", self.warn_ratio, self.severe_nats),
+                ("warn", self.warn_ratio, self.warn_nats),
+            ):
+                if ratio >= r and entropy >= nats:
+                    return Finding(
+                        severity,  # type: ignore[arg-type]
+                        entropy,
+                        max(r * anchor, nats),
+                        f"entropy {entropy:.3g} nats is {ratio:.1f}x the run's early baseline {anchor:.3g} (threshold "
+                        f"{r:g}x and {nats:g} nats): the policy is drifting towards noise. Roll back, lower the LR or "
+                        "clip_high, and check the KL term.",
+                    )
+        if len(self._s_anchor) < self.anchor:
+            self._s_anchor.append(entropy)
+        return None

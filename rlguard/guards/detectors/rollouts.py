@@ -1,0 +1,242 @@
+"""Detectors of what the rollouts say: reward collapse, groups without signal, completion lengths (explosion and
+collapse), truncation and repetition loops."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlguard.guards.detectors.base import Detector, _anchor_median, _metric
+from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
+from rlguard.guards.events import Finding
+from rlguard.guards.robust import RollingWindow
+
+
+@dataclass(kw_only=True)
+class RewardCollapse(Detector):
+    """Reward falls well below its best level: the EWMA of ``reward_mean`` drops from its running maximum by
+    more than ``warn_drop`` (``critical_drop``) robust sigmas and by ``min_rel_drop`` of the reward range seen.
+
+    Attributes:
+        alpha: EWMA smoothing of ``reward_mean``.
+        window: steps in the robust spread of ``reward_mean``.
+        warn_drop: drop, in robust sigmas, that warns; critical_drop: that is critical.
+        min_rel_drop: the drop must also be this share of (best - worst EWMA seen).
+        critical_rel_drop: a drop of ``warn_drop`` sigmas that is also this share of the range is critical too
+            (a bounded, noisy reward, 0 or 1 per prompt, cannot fall ``critical_drop`` of its wide sigmas), if the
+            drop is also ``>= min_level_drop`` of the best level (a 3% dip of a saturated 0.96 is no collapse) and
+            has lasted ``sustained`` observations (noise dips of the EWMA do not last).
+        min_level_drop: see ``critical_rel_drop``.
+        sustained: see ``critical_rel_drop``.
+    """
+
+    name = "reward_collapse"
+    source = "EWMA drawdown with a robust scale (Roberts 1959; Hampel 1974)"
+    summary = (
+        "EWMA reward drops >= 5 (warn) / 10 (critical) EWMA sigmas and >= 30% of its range below its best; "
+        ">= 5 sigmas, 80% of its range and 10% of its best level for 10 steps (critical)"
+    )
+
+    warmup: int = 20
+    patience: int = 3
+    alpha: float = 0.2
+    window: int = 50
+    warn_drop: float = 5.0
+    critical_drop: float = 10.0
+    min_rel_drop: float = 0.3
+    critical_rel_drop: float = 0.8
+    min_level_drop: float = 0.1
+    sustained: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_ewma: float | None = None
+        self._s_best = -math.inf
+        self._s_worst = math.inf
+        self._s_window = RollingWindow(self.window)
+        self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
+
+    def reads(self) -> tuple[str, ...]:
+        return ("reward_mean",)
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        reward = _metric(stats, "reward_mean")
+        if reward is None or not math.isfinite(reward):
+            return None
+        prev = self._s_ewma
+        self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
+        ewma = self._s_ewma
+        finding = None
+        if armed and len(self._s_window) >= 5:
+            # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
+            # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
+            # their standard deviation where that is larger (rewards of a few prompts are bimodal, MAD near 0)
+            diffs = [b - a for a, b in itertools.pairwise(self._s_window.values)]
+            std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+            noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+            scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
+            drop = (self._s_best - ewma) / scale
+            rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
+            low = drop >= self.warn_drop and rel >= self.critical_rel_drop
+            low = low and (self._s_best - ewma) >= self.min_level_drop * abs(self._s_best)
+            self._s_low = self._s_low + 1 if low else 0
+            of_level = self._s_low >= self.sustained
+            for severity, bound, min_rel in (
+                ("critical", self.critical_drop, self.min_rel_drop),
+                ("critical", self.warn_drop, self.critical_rel_drop if of_level else math.inf),
+                ("warn", self.warn_drop, self.min_rel_drop),
+            ):
+                if drop >= bound and rel >= min_rel:
+                    finding = Finding(
+                        severity,  # type: ignore[arg-type]
+                        ewma,
+                        self._s_best - bound * scale,
+                        f"reward (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its best {self._s_best:.4g}, "
+                        f"{rel:.0%} of its range (threshold {bound:g} sigmas and {min_rel:.0%}). Check for reward "
+                        "hacking or collapse; roll back to the best step "
+                        "and lower the LR.",
+                    )
+                    break
+        if finding is None:
+            self._s_window.push(reward)
+        if armed:
+            self._s_best = max(self._s_best, ewma)
+        self._s_worst = min(self._s_worst, ewma)
+        return finding
+
+
+@dataclass(kw_only=True)
+class ZeroVarianceGroups(ThresholdDetector):
+    """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse)."""
+
+    name = "zero_variance_groups"
+    source = "DAPO dynamic sampling, arXiv 2503.14476, sec. 3.2"
+    summary = "share of all-equal-reward groups >= 0.5 (warn) / 0.9 (critical); says too easy or too hard"
+
+    metric: str = "frac_zero_std_groups"
+    warn: float = 0.5
+    critical: float = 0.9
+    patience: int = 3
+
+    def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
+        solved = stats.get("frac_zero_std_solved", 0.0)
+        easy = solved >= value / 2
+        kind = (
+            "too easy: most of them are all solved; filter solved prompts or use harder ones (DAPO dynamic sampling)"
+            if easy
+            else "too hard: most of them are all failed; use easier prompts, more samples per prompt, or reward shaping"
+        )
+        return f"{value:.0%} of groups have zero reward variance (threshold {bound:.0%}); {kind}."
+
+
+@dataclass(kw_only=True)
+class LengthExplosion(CusumDetector):
+    name = "length_explosion"
+    source = "CUSUM on log mean completion length; DAPO overlong shaping, arXiv 2503.14476"
+    summary = (
+        "sustained rise of mean completion length: CUSUM >= 15 (warn) / 40 (critical, once >= 2x the early "
+        "baseline); recent median >= 2.5x the early baseline (warn), or >= 2x with reward a standard error below its "
+        "early level (critical)"
+    )
+    metric: str = "length_mean"
+    min_sigma: float = 0.05
+    floor: float = 1.0
+    patience: int = 2
+    drift_ratio: float | None = 2.5
+    critical_ratio: float | None = 2.0
+    critical_drift: float | None = 2.0
+    advice: str = "Check for repetition loops; add an overlong penalty or lower the LR."
+
+
+@dataclass(kw_only=True)
+class LengthCollapse(Detector):
+    """Completions collapsing to a few tokens: mean length <= ``critical_tokens`` from the first logged step (no
+    baseline needed), or a small share of the run's early baseline (median of its first ``anchor`` observations).
+
+    Attributes:
+        critical_tokens: mean length at or below which it is critical at once.
+        warn_ratio: length / early baseline below which it warns; critical_ratio: below which it is critical.
+        anchor: observations forming the early baseline.
+    """
+
+    name = "length_collapse"
+    source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
+    summary = (
+        "mean completion length <= 1 token (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
+        "of the early baseline"
+    )
+
+    warmup: int = 10
+    patience: int = 2
+    critical_tokens: float = 1.0
+    warn_ratio: float = 0.25
+    critical_ratio: float = 0.1
+    anchor: int = 10
+    metric: str = "length_mean"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.critical_ratio <= self.warn_ratio < 1:
+            raise ValueError(
+                f"{self.name}: need 0 < critical_ratio <= warn_ratio < 1; got {self.critical_ratio}, {self.warn_ratio}."
+            )
+        self._s_anchor: list[float] = []
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        length = _metric(stats, self.metric)
+        if length is None or not math.isfinite(length):
+            return None
+        advice = (
+            "Roll back to a healthy step and lower the LR; check the EOS handling and the reward for empty answers."
+        )
+        if length <= self.critical_tokens:
+            return Finding(
+                "critical",
+                length,
+                self.critical_tokens,
+                f"mean completion length {length:.3g} tokens <= {self.critical_tokens:g}: completions have collapsed. "
+                + advice,
+            )
+        anchor = _anchor_median(self._s_anchor)
+        if armed and anchor is not None and anchor > 0:
+            ratio = length / anchor
+            for severity, bound in (("critical", self.critical_ratio), ("warn", self.warn_ratio)):
+                if ratio < bound:
+                    return Finding(
+                        severity,  # type: ignore[arg-type]
+                        ratio,
+                        bound,
+                        f"mean completion length {length:.4g} is {ratio:.0%} of the run's early baseline {anchor:.4g} "
+                        f"(threshold {bound:.0%}). {advice}",
+                    )
+        if len(self._s_anchor) < self.anchor:
+            self._s_anchor.append(length)
+        return None
+
+
+@dataclass(kw_only=True)
+class Truncation(ThresholdDetector):
+    name = "truncation"
+    source = "DAPO overlong filtering, arXiv 2503.14476, sec. 3.4"
+    summary = "share of completions hitting the length budget >= 0.2 (warn) / 0.5 (critical), 0.1 above baseline"
+    metric: str = "truncated_frac"
+    warn: float = 0.2
+    critical: float = 0.5
+    margin: float = 0.1
+    patience: int = 2
+    advice: str = "Raise the generation budget or add an overlong penalty; check for repetition loops."
+
+
+@dataclass(kw_only=True)
+class RepetitionLoops(ThresholdDetector):
+    name = "repetition"
+    source = "n-gram loop detection on completions (Holtzman et al. 2020, degenerate repetition)"
+    summary = "share of completions ending in an n-gram loop >= 0.1 (warn) / 0.3 (critical), 0.05 above baseline"
+    metric: str = "repetition_rate"
+    warn: float = 0.1
+    critical: float = 0.3
+    margin: float = 0.05
+    patience: int = 2
+    advice: str = "Roll back; lower the LR, raise entropy_coef, or add a repetition penalty to the reward."

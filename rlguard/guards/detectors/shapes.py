@@ -1,0 +1,284 @@
+"""The three generic shapes: :class:`SpikeDetector` (a value far above its rolling median, in log space),
+:class:`CusumDetector` (a sustained upward shift, Page's CUSUM) and :class:`ThresholdDetector` (absolute bounds,
+optionally above the run's own baseline). Most built-in detectors are one of them with their own defaults."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlguard.guards.detectors.base import Detector, _absolute, _anchor_median, _finite, _metric, _rank
+from rlguard.guards.events import Finding, Severity
+from rlguard.guards.robust import RollingWindow, cusum_step
+
+
+@dataclass(kw_only=True)
+class SpikeDetector(Detector):
+    """A value far above its rolling median: ``value / median >= factor`` and robust z (log space) ``>= min_z``.
+
+    Attributes:
+        metric: the stat to watch.
+        window: healthy steps in the rolling baseline.
+        warn_factor: ratio to the median that warns.
+        critical_factor: ratio to the median that is critical.
+        min_z: robust z-score (log space) also required, so that a noisy metric needs a larger jump.
+        floor: values at or below it are no evidence either way: neither judged nor learnt (a zero gradient norm
+            when every group has zero reward variance; a zero clip fraction on the on-policy first step of a batch),
+            so the baseline is made of the values that carry information.
+        min_value: no finding below this absolute value.
+        warn_above: absolute value that warns from the first logged step, with no baseline (None: off).
+        critical_above: absolute value that is critical from the first logged step (None: off).
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    window: int = 50
+    warn_factor: float = 5.0
+    critical_factor: float = 20.0
+    min_z: float = 6.0
+    floor: float = 1e-8
+    min_value: float = 0.0
+    warn_above: float | None = None
+    critical_above: float | None = None
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1.0 < self.warn_factor <= self.critical_factor:
+            raise ValueError(
+                f"{self.name}: need 1 < warn_factor <= critical_factor; got {self.warn_factor}, {self.critical_factor}."
+            )
+        self._s_window = RollingWindow(self.window)
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
+        would make the next ordinary value look like a huge spike over a median at the floor (with alternating
+        on- and off-policy steps the median would sit between 0 and the usual value)."""
+        value = _metric(stats, self.metric)
+        return value is not None and math.isfinite(value) and value > self.floor
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not self.observes(stats):
+            return None
+        x = math.log(value)
+        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        # two baseline values suffice: a finding needs both the factor and the robust z over them
+        if finding is None and armed and len(self._s_window) >= 2 and value >= self.min_value:
+            median = self._s_window.median()
+            factor = math.exp(x - median)
+            z = self._s_window.robust_z(x, floor=0.05)
+            base = math.exp(median)
+            for severity, bound in (("critical", self.critical_factor), ("warn", self.warn_factor)):
+                if factor >= bound and z >= self.min_z:
+                    finding = Finding(
+                        severity,  # type: ignore[arg-type]
+                        value,
+                        bound * base,
+                        f"{self.metric}={value:.4g} is {factor:.1f}x its rolling median {base:.4g} "
+                        f"(threshold {bound:g}x, robust z={z:.1f}). {self.advice}".rstrip(),
+                        transient=True,
+                    )
+                    break
+        if finding is None:
+            self._s_window.push(x)
+        return finding
+
+
+@dataclass(kw_only=True)
+class CusumDetector(Detector):
+    """A sustained upward shift of a metric (log space): one-sided CUSUM of robust z-scores (Page 1954), plus a
+    drift check against the run's early healthy stretch.
+
+    The rolling baseline keeps learning while the statistic is above 0, from values winsorized at median + 2 sigma:
+    a slow healthy drift (lengths growing as the model learns to reason) is absorbed, a fast rise is not. What the
+    rolling baseline absorbs the anchored one keeps: the median of the first ``anchor`` healthy observations. A
+    slow drift (the median of the last ``recent`` observations ``>= drift_ratio`` x the anchor) warns; a CUSUM alarm
+    is critical only once that recent median is also ``>= critical_ratio`` x the anchor (a sustained trend of
+    consequence, not one spike on top of a drift), otherwise it warns.
+
+    Attributes:
+        metric: the stat to watch.
+        window: steps in the rolling baseline.
+        slack: CUSUM's ``k``: drift per step (in robust sigmas) that is ignored.
+        warn_h: statistic that warns; critical_h: statistic that is critical.
+        min_sigma: floor of the baseline's robust sigma in log space (0.05 = 5% changes are noise).
+        z_cap: each step adds at most ``z_cap - slack``, so one outlier cannot look like a sustained shift.
+        floor: values are read as ``max(value, floor)``.
+        warn_above: absolute value that warns regardless of the trend (None: off).
+        critical_above: absolute value that is critical regardless of the trend (None: off).
+        anchor: healthy observations that form the anchored baseline.
+        recent: observations whose median is compared with the anchor for drift.
+        drift_ratio: recent median / anchor that warns (None: off).
+        critical_ratio: recent median / anchor a CUSUM alarm needs to be critical (None: CUSUM alone suffices).
+        critical_drift: recent median / anchor that is critical, whatever the CUSUM, once ``lost_control``'s
+            recent median is below its early one (a drift that cost reward); None: off.
+        lost_control: the stat whose fall makes a drift critical (``reward_mean``).
+        control_window: recent observations of ``lost_control`` (at least 5) whose median is compared with its
+            early median.
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    window: int = 50
+    slack: float = 1.0
+    warn_h: float = 15.0
+    critical_h: float = 40.0
+    min_sigma: float = 0.05
+    z_cap: float = 5.0
+    floor: float = 1e-8
+    warn_above: float | None = None
+    critical_above: float | None = None
+    anchor: int = 10
+    recent: int = 5
+    drift_ratio: float | None = None
+    critical_ratio: float | None = None
+    critical_drift: float | None = None
+    lost_control: str = "reward_mean"
+    control_window: int = 20
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for f in ("drift_ratio", "critical_ratio", "critical_drift"):
+            if (v := getattr(self, f)) is not None and v <= 1.0:
+                raise ValueError(f"{self.name}.{f} must be > 1 (a ratio to the early baseline) or None; got {v}.")
+        if self.anchor < 3 or self.recent < 1:
+            raise ValueError(f"{self.name}: need anchor >= 3 and recent >= 1; got {self.anchor}, {self.recent}.")
+        self._s_window = RollingWindow(self.window)
+        self._s_recent = RollingWindow(self.recent)
+        self._s_anchor: list[float] = []
+        self._s_cusum = 0.0
+        self._s_control_anchor: list[float] = []
+        self._s_control = RollingWindow(self.control_window)
+
+    def _control_lost(self, stats: Mapping[str, float]) -> str | None:
+        """Track ``lost_control``; a description if its recent median is below its early median by more than a
+        standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
+        if self.critical_drift is None or not _finite(stats, self.lost_control):
+            return None
+        value = float(stats[self.lost_control])
+        if len(self._s_control_anchor) < self.anchor:
+            self._s_control_anchor.append(value)
+            return None
+        self._s_control.push(value)
+        early, recent = _anchor_median(self._s_control_anchor), self._s_control.median()
+        n = len(self._s_control)
+        if early is None or n < min(5, self.control_window):
+            return None
+        # a fall beyond a standard error of the recent median: a flat noisy reward does not count as lost
+        standard_error = self._s_control.sigma() * math.sqrt(math.pi / 2 / n)
+        if recent >= early - standard_error:
+            return None
+        return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        x = math.log(max(value, self.floor))
+        lost = self._control_lost(stats)
+        self._s_recent.push(x)
+        if len(self._s_window) < 3 or not armed:
+            self._s_window.push(x)
+            if finding is None and len(self._s_anchor) < self.anchor:
+                self._s_anchor.append(x)
+            return finding
+        z = self._s_window.robust_z(x, floor=self.min_sigma)
+        self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
+        sigma = self._s_window.sigma(self.min_sigma)
+        self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
+        anchor = _anchor_median(self._s_anchor)
+        ratio = math.exp(x - anchor) if anchor is not None else math.inf
+        drift = math.exp(self._s_recent.median() - anchor) if anchor is not None else 1.0
+        if _rank(finding) < 2 and self._s_cusum >= self.warn_h:
+            critical = self._s_cusum >= self.critical_h and (
+                self.critical_ratio is None or drift >= self.critical_ratio
+            )
+            bound = self.critical_h if critical else self.warn_h
+            base = math.exp(self._s_window.median())
+            early = f", {ratio:.1f}x the early baseline {math.exp(anchor):.4g}" if anchor is not None else ""
+            trend = Finding(
+                "critical" if critical else "warn",
+                value,
+                bound,
+                f"{self.metric}={value:.4g}: a sustained rise: CUSUM {self._s_cusum:.1f} >= {bound:g} (rolling "
+                f"median {base:.4g}{early}). {self.advice}".rstrip(),
+            )
+            finding = trend if _rank(trend) > _rank(finding) else finding
+        drift_critical = self.critical_drift is not None and drift >= self.critical_drift and lost is not None
+        if _rank(finding) < 2 and anchor is not None and drift_critical:
+            finding = Finding(
+                "critical",
+                drift,
+                self.critical_drift or 0.0,
+                f"{self.metric}: its recent median {math.exp(self._s_recent.median()):.4g} is {drift:.1f}x the run's "
+                f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {lost}. "
+                f"{self.advice}".rstrip(),
+            )
+        if finding is None and self.drift_ratio is not None and anchor is not None and drift >= self.drift_ratio:
+            finding = Finding(
+                "warn",
+                drift,
+                self.drift_ratio,
+                f"{self.metric}: a slow drift: its recent median {math.exp(self._s_recent.median()):.4g} is "
+                f"{drift:.1f}x the run's early baseline {math.exp(anchor):.4g} (threshold {self.drift_ratio:g}x). "
+                f"{self.advice}".rstrip(),
+            )
+        if finding is None and self._s_cusum == 0.0 and len(self._s_anchor) < self.anchor:
+            self._s_anchor.append(x)
+        return finding
+
+
+@dataclass(kw_only=True)
+class ThresholdDetector(Detector):
+    """Absolute bounds on a metric that is a fraction or a rate, above the run's own level by ``margin``.
+
+    Attributes:
+        metric: the stat to watch.
+        warn: value that warns; critical: value that is critical.
+        margin: a finding also needs ``value >= baseline median + margin`` (0: absolute bounds only).
+        window: healthy steps in the baseline.
+        advice: what to do, appended to the message.
+    """
+
+    metric: str = ""
+    warn: float = 0.5
+    critical: float = 0.9
+    margin: float = 0.0
+    window: int = 50
+    advice: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.warn > self.critical:
+            raise ValueError(f"{self.name}: warn ({self.warn}) must not exceed critical ({self.critical}).")
+        self._s_window = RollingWindow(self.window)
+
+    def level(self, value: float) -> tuple[Severity, float] | None:
+        """Severity and bound crossed by ``value``, before the baseline margin."""
+        if value >= self.critical:
+            return "critical", self.critical
+        if value >= self.warn:
+            return "warn", self.warn
+        return None
+
+    def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
+        """The finding's message; subclasses add context."""
+        return f"{self.metric}={value:.4g} >= {bound:g}. {self.advice}".rstrip()
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        value = _metric(stats, self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        hit = self.level(value) if armed else None
+        near_baseline = len(self._s_window) >= 3 and value < self._s_window.median() + self.margin
+        if hit is not None and self.margin > 0 and near_baseline:
+            hit = None
+        if hit is None:
+            self._s_window.push(value)
+            return None
+        severity, bound = hit
+        return Finding(severity, value, bound, self.describe(value, bound, stats))

@@ -1,0 +1,177 @@
+"""Detectors of the update itself: non-finite values, the gradient norm, the importance ratio, the clip fraction,
+the KL to the reference and behaviour policies, and the train-inference mismatch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlguard.guards.detectors.base import Detector, _finite
+from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector
+from rlguard.guards.events import Finding
+
+
+@dataclass(kw_only=True)
+class NonFinite(Detector):
+    """NaN/Inf in the loss, log-probs or gradients: critical at once, no warm-up."""
+
+    name = "nonfinite"
+    source = "numerical hygiene; every framework's NaN guard"
+    summary = "NaN/Inf in loss, log-probs or gradients (count > 0): critical"
+
+    warmup: int = 0
+    clear_after: int = 1
+
+    def reads(self) -> tuple[str, ...]:
+        return ("nonfinite", "loss", "grad_norm")
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """Any step that carries one of the stats it reads, finite or not (a NaN is its evidence)."""
+        return any(name in stats for name in self.reads())
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        count = stats.get("nonfinite", 0.0)
+        bad = [k for k in ("loss", "grad_norm") if k in stats and not math.isfinite(stats[k])]
+        if count > 0 or bad:
+            what = f"{count:g} non-finite values" if count > 0 else "non-finite " + ", ".join(bad)
+            return Finding(
+                "critical",
+                float(count) if count > 0 else math.inf,
+                0.0,
+                f"{what} this step. Skip the optimizer step and inspect the batch (engine log-probs, rewards); "
+                "if it repeats, roll back and lower the learning rate.",
+            )
+        return None
+
+
+@dataclass(kw_only=True)
+class GradNormSpike(SpikeDetector):
+    name = "grad_norm_spike"
+    source = "robust z-score on log gradient norm (median/MAD; Hampel 1974)"
+    summary = "grad norm >= 5x (warn) / 20x (critical) its rolling median, robust z >= 6"
+    metric: str = "grad_norm"
+    advice: str = "Skip this step; if spikes repeat, lower the LR or tighten clipping."
+
+
+@dataclass(kw_only=True)
+class GradNormExplosion(CusumDetector):
+    name = "grad_norm_explosion"
+    source = "CUSUM on log gradient norm (Page 1954)"
+    summary = (
+        "sustained rise of log grad norm: CUSUM >= 15 (warn) / 40 (critical, once >= 5x the early baseline); "
+        "recent median >= 4x the early baseline (warn)"
+    )
+    metric: str = "grad_norm"
+    drift_ratio: float | None = 4.0
+    critical_ratio: float | None = 5.0
+    advice: str = "Lower the LR; check for a growing train-inference mismatch or length explosion."
+
+
+@dataclass(kw_only=True)
+class KLRefBlowup(SpikeDetector):
+    name = "kl_ref_blowup"
+    source = "robust spike on log KL(pi||pi_ref); GRPO's KL term, arXiv 2402.03300"
+    summary = (
+        "KL to reference >= 10x (warn) / 100x (critical) its rolling median, z >= 6; absolute: >= 1 (warn) / "
+        "2 (critical) nats from the first step"
+    )
+    metric: str = "kl_ref"
+    warn_factor: float = 10.0
+    critical_factor: float = 100.0
+    floor: float = 1e-4
+    # the 10 healthy real runs of benchmarks/doctor_real_logs.py peak at 0.57 (on-policy distillation); GRPO runs
+    # with a KL term stay below 0.15
+    warn_above: float | None = 1.0
+    critical_above: float | None = 2.0
+    advice: str = "Lower the LR or raise beta; roll back if it persists."
+
+
+@dataclass(kw_only=True)
+class KLOldBlowup(SpikeDetector):
+    name = "kl_old_blowup"
+    source = "PPO's approximate KL early stop (Schulman et al. 2017; CleanRL target_kl)"
+    summary = "KL to the behaviour policy >= 10x (warn) / 100x (critical) its rolling median, z >= 6"
+    metric: str = "kl_old"
+    warn_factor: float = 10.0
+    critical_factor: float = 100.0
+    floor: float = 1e-4
+    advice: str = "Tighten the clip range or lower the LR; fewer PPO epochs per batch."
+
+
+@dataclass(kw_only=True)
+class RatioExplosion(SpikeDetector):
+    name = "ratio_explosion"
+    source = "GSPO, arXiv 2507.18071 (token-ratio variance in MoE); IcePop, arXiv 2510.18855"
+    summary = "max importance ratio >= 5x (warn) / 50x (critical) its rolling median and >= 2"
+    metric: str = "ratio_max"
+    warn_factor: float = 5.0
+    critical_factor: float = 50.0
+    floor: float = 1.0
+    min_value: float = 2.0
+    advice: str = "Skip this step; consider sequence-level ratios (gspo) or rollout masking (rollout_mask='token')."
+
+
+@dataclass(kw_only=True)
+class ClipFracBurst(SpikeDetector):
+    name = "clip_frac_burst"
+    source = "PPO clip fraction diagnostics (Engstrom et al. 2020; CleanRL clipfrac)"
+    summary = "clip fraction >= 3x (warn) / 10x (critical) its rolling median and >= 0.05"
+    metric: str = "clip_frac"
+    warn_factor: float = 3.0
+    critical_factor: float = 10.0
+    floor: float = 1e-3
+    min_value: float = 0.05
+    patience: int = 2
+    advice: str = "The policy moved far from pi_old: lower the LR or the number of PPO epochs."
+
+
+#: mismatch stats in the order MismatchGrowth prefers them, with their absolute (warn, critical) bounds. k3 KL:
+#: Yao et al. 2025's range. Mean |log-prob gap| d: for a gap of spread sigma, KL ~ E[d^2]/2 and E|d| ~ 0.8 sigma,
+#: so KL 0.005 / 0.02 is E|d| ~ 0.08 / 0.16. Mean |p_train - p_rollout| (verl's rollout_probs_diff_mean) is at
+#: most the mean |log-prob gap|, so the same bounds are lenient for it. Maxima are heavy-tailed: CUSUM only.
+MISMATCH_STATS: dict[str, tuple[float | None, float | None]] = {
+    "mismatch_kl": (5e-3, 2e-2),
+    "mismatch_logp_abs_mean": (0.08, 0.16),
+    "mismatch_prob_abs_mean": (0.08, 0.16),
+    "mismatch_logp_abs_max": (None, None),
+    "mismatch_prob_abs_max": (None, None),
+}
+
+
+@dataclass(kw_only=True)
+class MismatchGrowth(CusumDetector):
+    """Train-inference mismatch, judged from whichever mismatch stat the run has (:data:`MISMATCH_STATS`, first
+    present wins; the choice is fixed at the first observation so that the baseline stays one quantity)."""
+
+    name = "mismatch_growth"
+    source = "Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'; IcePop"
+    summary = (
+        "train-inference gap rising (CUSUM >= 15 / 40) or above absolute bounds: k3 KL >= 0.005 (warn) / 0.02 "
+        "(critical); mean |log-prob gap| or verl's mean |prob diff| >= 0.08 / 0.16"
+    )
+    metric: str = "mismatch_kl"
+    floor: float = 1e-7
+    min_sigma: float = 0.1
+    warn_above: float | None = 5e-3
+    critical_above: float | None = 2e-2
+    patience: int = 2
+    advice: str = "Enable rollout correction (rollout_is='token' or rollout_mask='geometric'); check engine dtype."
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_metric: str | None = None
+        self._k3_bounds = (self.warn_above, self.critical_above)  # the fields (configurable) are k3 KL's
+
+    def reads(self) -> tuple[str, ...]:
+        return (self._s_metric,) if self._s_metric else tuple(MISMATCH_STATS)
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        if self._s_metric is None:
+            self._s_metric = next(k for k in MISMATCH_STATS if _finite(stats, k))
+        # set on every step, not once: a guard restored from a checkpoint has the stat in its state only
+        self.metric = self._s_metric
+        self.warn_above, self.critical_above = (
+            self._k3_bounds if self.metric == "mismatch_kl" else MISMATCH_STATS[self.metric]
+        )
+        return super().check(step, stats, armed)

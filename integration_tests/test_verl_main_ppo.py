@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("verl", reason="needs verl (pip install 'rlguard[verl]')")
 pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install 'rlguard[verl]')")
 
-from verl_main_ppo_guards import NARROW, WIDE
+from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
 from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
 from rlguard.guards.actuator import ACTION_CODE, GUARD_STATE_FILE
@@ -123,6 +123,11 @@ def check_guarded_run(run: Run, out: Path) -> None:
     # as clipped depends on the sampled advantages: a mini-batch whose groups all have zero advantage clips none)
     used = [(s["actor/rlguard/guard/clip_low"], s["actor/rlguard/guard/clip_high"]) for s in steps]
     assert used == [pytest.approx(WIDE)] * 2 + [pytest.approx(NARROW)] * 2, used
+    # the LR schedule's x0.5 (decided at step 2) reached the actor's optimizer through rlguard's actor worker: the LR
+    # verl's worker reports after each step's scheduler step (constant schedule) halves at steps 3-4, and stays
+    # halved after the rollback at step 3 loaded step 2's scheduler (saved at x1): the driver sent the scale again
+    lrs = [s["actor/lr"] for s in steps]
+    assert lrs[0] == lrs[1] > 0 and lrs[2:] == pytest.approx([LR_SCALE * lrs[0]] * 2, rel=1e-9), lrs
     # the rollback at step 3 restored step 2's checkpoint bit for bit (saved again as step 3's)
     checkpoints = out / "checkpoints"
     assert steps[2]["rlguard/guard/rollback_to"] == 2.0
@@ -160,6 +165,8 @@ def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tm
     assert (steps[0]["actor/rlguard/guard/clip_low"], steps[0]["actor/rlguard/guard/clip_high"]) == pytest.approx(
         NARROW
     )
+    # ... and the LR scale: step 3's checkpoint holds step 2's scheduler (x1); the saved guard state sent x0.5
+    assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * first.steps()[0]["actor/lr"], rel=1e-9)
     assert steps[0]["rlguard/guard/action"] == ACTION_CODE["halt"]
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     assert GUARD_STATE_FILE in {p.name for p in (tmp_path / "checkpoints" / "global_step_3").iterdir()}

@@ -1,7 +1,8 @@
 """A guard with scripted decisions for the guarded verl runs (``+trainer.rlguard_guard=verl_main_ppo_guards:
-scripted_guard``): the clip range narrows from step 2 on (a schedule), a detector raises a critical alarm at steps 3
-and 4, the first alarm rolls back to the last healthy snapshot (one per healthy step) and the second halts (one
-rollback allowed). The decisions are fixed in advance so that the test can check what verl did with each."""
+scripted_guard``): the clip range narrows and the actor's LR halves from step 2 on (schedules), a detector raises a
+critical alarm at steps 3 and 4, the first alarm rolls back to the last healthy snapshot (one per healthy step) and
+the second halts (one rollback allowed). The decisions are fixed in advance so that the test can check what verl did
+with each."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ FAULT_STEPS = (3, 4)
 # clip bounds (low, high) before step 2 and from it on, applied by the workers a step later: GSPO's sequence ratio
 # never leaves [0.01, 11], and nearly always leaves 1 +- 1e-6 after the step's first mini-batch update
 WIDE, NARROW = (0.99, 10.0), (1e-6, 1e-6)
+# the actor's LR scale from step 2 on, applied by the workers (rlguard's actor worker) a step later
+LR_SCALE = 0.5
 
 
 @dataclass(kw_only=True)
@@ -65,6 +68,7 @@ def scripted_guard() -> GuardConfig:
         schedules={
             "clip_low": Piecewise(boundaries=(2,), values=(WIDE[0], NARROW[0])),
             "clip_high": Piecewise(boundaries=(2,), values=(WIDE[1], NARROW[1])),
+            "lr_scale": Piecewise(boundaries=(2,), values=(1.0, LR_SCALE)),
         },
         snapshot_interval=1,
     )

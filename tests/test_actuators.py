@@ -3,7 +3,8 @@ and objective controls after each step, against a reference written out step by 
 
 Actuators here: the plain-torch loop (:class:`TorchActuator`), transformers' ``Trainer`` under DDP
 (``StabilityCallback`` driven through the callback events, in the trainer's order), verl's driver (stand-in trainer
-of ``test_verl_guard.py``; declared gaps: no ``drop_update``, no ``lr_scale``). TRL under DeepSpeed ZeRO-2/3:
+of ``test_verl_guard.py``, whose workers are verl's stock ones; declared gaps: no ``drop_update``, and no
+``lr_scale`` without rlguard's actor worker, see ``test_verl_lr_scale.py``). TRL under DeepSpeed ZeRO-2/3:
 ``integration_tests/test_actuators_zero.py`` (two processes).
 """
 
@@ -227,8 +228,9 @@ def test_every_actuator_carries_out_the_script_like_the_reference(loop: str, tmp
 
 
 def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp_path: Path) -> None:
-    """verl's driver: no drop_update and no lr_scale (declared); snapshot is a verl checkpoint, rollback loads the
-    newest one at or before ``rollback_to``, halt ends fit; the controls reach the workers' config."""
+    """verl's driver with verl's stock workers: no drop_update and no lr_scale (declared); snapshot is a verl
+    checkpoint, rollback loads the newest one at or before ``rollback_to``, halt ends fit; the controls reach the
+    workers' config."""
     pytest.importorskip("verl")
     from test_verl_guard import FakeTrainer, trainer_config
 

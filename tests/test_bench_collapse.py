@@ -4,8 +4,10 @@ guard's decisions are applied with the adapter's semantics, the command line, an
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import deque
@@ -16,6 +18,7 @@ import torch
 
 from rlguard.bench.collapse import (
     RunConfig,
+    RunResult,
     Stressor,
     behaviour_policy,
     build_grid,
@@ -23,9 +26,13 @@ from rlguard.bench.collapse import (
     collapse_verdict,
     effective_lr,
     main,
+    numerics,
     perturbed_copy,
+    run_grid,
     run_one,
+    same_numerics,
 )
+from rlguard.bench.collapse_long.train import RunConfig as LongRunConfig
 from rlguard.core_losses import PolicyBatch
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import make_tiny_model, sample_rollouts, sequence_logprobs
@@ -261,3 +268,89 @@ def test_quick_grid_runs_end_to_end(tmp_path: Path) -> None:
         f"curves_{s}_{o}.png" for s in ("high_lr", "none") for o in ("grpo", "gspo")
     ]
     assert "collapse benchmark" in proc.stdout
+
+
+# -- reproducibility ------------------------------------------------------------------------------------------------
+def _short(stressor: str, *, seed: int = 1, objective: str = "grpo", iterations: int = 4) -> RunConfig:
+    return RunConfig(
+        objective=objective,
+        stressor=Stressor(stressor),
+        seed=seed,
+        iterations=iterations,
+        num_prompts=4,
+        group_size=4,
+        warm_start_steps=5,
+    )
+
+
+def _curves(results: list[RunResult]) -> list[tuple[list[float], list[float], float]]:
+    return [(r.rewards, r.entropies, r.clip_frac_mean) for r in results]
+
+
+def test_a_run_gives_the_same_curves_twice_and_after_other_runs() -> None:
+    # mismatch and moe draw engine noise from the run's Generator; the warm-start cache is shared per process
+    target = [_short("mismatch"), _short("moe", objective="gspo")]
+    first = [run_one(c) for c in target]
+    run_one(_short("moe", seed=2))  # other runs first: another seed's and model's warm start, the global RNG used
+    run_one(_short("stale", objective="dapo"))
+    again = [run_one(c) for c in reversed(target)][::-1]
+    assert _curves(again) == _curves(first)
+    assert run_one(_short("mismatch", seed=2)).entropies != first[0].entropies  # the comparison can fail
+
+
+@pytest.mark.slow
+def test_a_run_in_a_worker_process_gives_the_curves_of_the_main_process() -> None:
+    target = [_short("mismatch"), _short("moe", objective="gspo")]
+    in_workers = run_grid(target, workers=2)  # spawned processes, cold caches, one torch thread each
+    assert _curves(in_workers) == _curves([run_one(c) for c in target])
+
+
+def test_a_run_records_its_numerics_and_the_log_keeps_them() -> None:
+    result = run_one(_short("none", iterations=1))
+    here = numerics()
+    assert result.numerics == here and here["torch"] == torch.__version__
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    back = RunResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert back.numerics == here and back.rewards == result.rewards and back.config == result.config
+    legacy = {k: v for k, v in result.to_json().items() if k != "numerics"}  # rows logged before the fingerprint
+    assert RunResult.from_json(legacy).numerics == {}
+    assert same_numerics(here, here) and same_numerics({**here, "threads": "7"}, here)
+    assert not same_numerics({}, here)
+    assert not same_numerics({**here, "cpu_capability": "other"}, here)
+    assert not same_numerics({**here, "cpu": "other"}, here)
+
+
+def test_resume_warns_when_kept_runs_were_recorded_on_other_numerics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = RunConfig(iterations=2)
+    verdict = collapse_verdict([0.4, 0.5], [1.0, 1.0])
+    kept = RunResult(config, [0.4, 0.5], [1.0, 1.0], verdict, numerics={**numerics(), "cpu": "another machine"})
+    (tmp_path / "runs.jsonl").write_text(json.dumps(kept.to_json()) + "\n")
+    argv = ["--objectives", "grpo", "--guards", "off", "--stressors", "none", "--seeds", "1", "--iterations", "2"]
+    assert main([*argv, "--resume", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of the 1 runs kept" in out and "recorded on other numerics" in out
+    assert "0 runs on 2 workers" in out  # kept, not rerun
+    kept.numerics = numerics()
+    (tmp_path / "runs.jsonl").write_text(json.dumps(kept.to_json()) + "\n")
+    assert main([*argv, "--resume", "--out", str(tmp_path)]) == 0
+    assert "other numerics" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config_cls", [RunConfig, LongRunConfig])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"objective": "nope"}, "unknown objective 'nope'"),
+        ({"guard": "strict"}, "guard must be one of ['off', 'default', 'stable']; got 'strict'"),
+        ({"num_prompts": 8, "minibatches": 3}, r"num_prompts \(8\) must be divisible by minibatches \(3\)"),
+        ({"minibatches": 0}, r"minibatches \(0\), which must be >= 1"),
+        ({"iterations": 0}, "iterations must be >= 1; got 0"),
+    ],
+)
+def test_both_benchmarks_run_configs_refuse_bad_fields_naming_them(
+    config_cls: type, kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match if "\\" in match else re.escape(match)):
+        config_cls(**kwargs)

@@ -13,7 +13,14 @@ upstream fails with a clear message before training, not at the first rollback:
 - :mod:`rlguard.adapters.verl.main_ppo` subclasses the classes behind verl's Ray task runners (Ray's
   ``ActorClass.__ray_metadata__.modified_class``, :func:`task_runner_class`) and gives the legacy ``TaskRunner.run``
   the guarded trainer under its global name ``RayPPOTrainer`` (:func:`bind_legacy_trainer`), checked before the
-  run starts.
+  run starts;
+- the actor's LR scale (:mod:`rlguard.adapters.verl.worker`): the guarded V1 trainer overrides verl's private
+  ``_init_resource_pool_mgr`` and the guarded legacy task runner verl's ``add_actor_rollout_worker`` to put the
+  guarded worker class into ``role_worker_mapping`` where verl maps its stock ``ActorRolloutRefWorker``
+  (:func:`use_lr_worker`, read through Ray's ``__ray_metadata__.modified_class.__ray_actor_class__``,
+  :func:`ray_actor_class`); the V1 override is taken only where the trainer class still builds its mapping with
+  verl's own method (:func:`v1_maps_stock_workers`), and checked when it runs. The worker reads the FSDP engine's
+  ``optimizer`` and ``lr_scheduler`` (a torch ``LambdaLR``), checked at the first call.
 
 verl's public extension points rlguard uses, needing no gate: ``core_algos.register_policy_loss`` and the
 ``verl.plugins`` entry-point group.
@@ -30,16 +37,27 @@ from importlib import metadata
 from typing import Any
 
 __all__ = [
+    "LR_SCALE_METHOD",
     "SUPPORTED_VERL",
     "bind_legacy_trainer",
     "check_verl_compatibility",
     "check_verl_trainer",
     "guarded_tracking",
     "patch_verl_trl_value_head_check",
+    "ray_actor_class",
     "task_runner_class",
+    "use_lr_worker",
+    "v1_maps_stock_workers",
+    "worker_sets_lr",
 ]
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
+#: the actor worker's method that sets the LR scale (:class:`rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`)
+LR_SCALE_METHOD = "rlguard_set_lr_scale"
+#: verl's roles (``verl.trainer.ppo.utils.Role``) whose worker holds the trained actor
+ACTOR_ROLES = ("Actor", "ActorRollout", "ActorRolloutRef")
+#: the actor strategies whose engine (verl's FSDP engine) has the ``LambdaLR`` the worker scales
+LR_SCALE_STRATEGIES = ("fsdp", "fsdp2")
 #: what the driver calls on a verl trainer (``RayPPOTrainer`` or a V1 trainer) beyond its public ``fit``
 _TRAINER_PRIVATE = ("_save_checkpoint", "_load_checkpoint")
 
@@ -124,11 +142,66 @@ def patch_verl_trl_value_head_check() -> None:
     monkey_patch.is_trl_available = _trl_value_head_available  # type: ignore[attr-defined, assignment]
 
 
+def _modified_class(actor_class: Any) -> Any:
+    return getattr(getattr(actor_class, "__ray_metadata__", None), "modified_class", None)
+
+
+def ray_actor_class(actor_class: Any) -> type:
+    """The class a ``ray.remote(cls)`` actor class was made from (``cls``); ``RuntimeError`` if Ray keeps it
+    elsewhere."""
+    cls = getattr(_modified_class(actor_class), "__ray_actor_class__", None)
+    if not isinstance(cls, type):
+        raise RuntimeError(
+            f"cannot find the class behind Ray actor {actor_class!r} (__ray_metadata__.modified_class."
+            f"__ray_actor_class__); this Ray release differs from the ones rlguard supports with verl{SUPPORTED_VERL}."
+            " Install 'rlguard[verl]'."
+        )
+    return cls
+
+
+def _actor_role(mapping: Any) -> Any:
+    roles = [role for role in mapping if getattr(role, "name", None) in ACTOR_ROLES]
+    return roles[0] if len(roles) == 1 else None
+
+
+def worker_sets_lr(mapping: Any) -> bool:
+    """Whether the actor's worker class in verl's ``role_worker_mapping`` (role -> ``ray.remote`` class) has the
+    guard's LR call (:data:`LR_SCALE_METHOD`)."""
+    role = _actor_role(mapping)
+    return role is not None and callable(getattr(ray_actor_class(mapping[role]), LR_SCALE_METHOD, None))
+
+
+def use_lr_worker(mapping: Any, worker_class: type) -> bool:
+    """Map the actor's role in verl's ``role_worker_mapping`` to ``ray.remote(worker_class)`` where it maps verl's
+    stock ``ActorRolloutRefWorker`` (any other class is the user's: left alone); True if it did."""
+    import ray
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    role = _actor_role(mapping)
+    if role is None or ray_actor_class(mapping[role]) is not ActorRolloutRefWorker:
+        return False
+    mapping[role] = ray.remote(worker_class)
+    return True
+
+
+def v1_maps_stock_workers(base: type) -> bool:
+    """Whether V1 trainer class ``base`` builds its worker mapping with verl's own ``_init_resource_pool_mgr``
+    (stock ``ActorRolloutRefWorker`` for the actor), which the guarded class can then extend."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    own = getattr(PPOTrainer, "_init_resource_pool_mgr", None)
+    if not callable(own):
+        raise RuntimeError(
+            f"verl's V1 PPOTrainer no longer has _init_resource_pool_mgr (verl{SUPPORTED_VERL} does), where the guarded"
+            " trainer maps rlguard's actor worker. Install a supported verl."
+        )
+    return getattr(base, "_init_resource_pool_mgr", None) is own
+
+
 def task_runner_class(actor_class: Any) -> type:
     """The plain class behind one of verl's ``@ray.remote`` task runners (``TaskRunnerV1``, legacy ``TaskRunner``),
     to subclass; ``RuntimeError`` if Ray keeps it elsewhere."""
-    metadata = getattr(actor_class, "__ray_metadata__", None)
-    cls = getattr(metadata, "modified_class", None)
+    cls = _modified_class(actor_class)
     if not isinstance(cls, type) or not callable(getattr(cls, "run", None)):
         raise RuntimeError(
             f"cannot find the class behind Ray actor {actor_class!r} (ActorClass.__ray_metadata__.modified_class); "

@@ -19,6 +19,12 @@ arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides
   updated ``clip_scale``/``clip_low``/``clip_high``. That is the channel from driver to workers: verl passes a
   policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
   sends another. One call when the controls change, none otherwise; it applies from the next step;
+- ``lr_scale``: sends the actor workers the decision's absolute scale (``rlguard_set_lr_scale``, a registered
+  ``ONE_TO_ALL`` method of :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, which the guarded
+  trainers map for the actor): the actor's LR is its schedule's times the scale from the next step on, never
+  compounded. Sent once per change and again after every checkpoint load (rollback, resume: the scheduler comes
+  back as saved). With verl's own actor worker (:func:`guarded_trainer_class` on a user's worker mapping) or a
+  Megatron actor, ``lr_scale`` is not in the driver's capabilities: recorded only;
 - ``snapshot``: saves a verl checkpoint (``_save_checkpoint``, ``global_step_<N>``) unless this step has one;
 - ``rollback``: loads the newest ``global_step_<N>`` with ``N <= rollback_to`` into the actor (and critic)
   workers (``load_checkpoint``: weights, optimizer and LR scheduler), syncs the rollout replicas
@@ -32,7 +38,7 @@ arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides
 - guard state: ``rlguard_guard.json`` in each ``global_step_<N>`` folder, read back by ``_load_checkpoint``
   (``trainer.resume_mode``); events go to ``<trainer.default_local_dir>/events.jsonl`` and to verl's loggers
   as ``rlguard/event/<detector>`` (1 warn, 2 critical) with ``rlguard/guard/{action,lr_scale,clip_scale,
-  rollback_to,halted}``.
+  rollback_to,halted}``; the LR scale in force is saved there too.
 
 What does not work in verl 0.9.1, and why:
 
@@ -40,8 +46,8 @@ What does not work in verl 0.9.1, and why:
   decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
   the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
   the weights (``skip`` gives zero gradient, not an unchanged optimizer state).
-- ``lr_scale`` is recorded, not applied: verl offers the driver no call that sets the actor's learning rate, and
-  scaling the loss does not scale Adam's update.
+- ``lr_scale`` with verl's own actor worker or a Megatron actor (above): verl offers the driver no call that sets
+  the actor's LR (rlguard's worker adds one), and scaling the loss does not scale Adam's update.
 - Poison outside the policy loss (NaN reference log-probs or entropies, in verl's own KL and entropy terms) is
   not masked: verl's engine then drops the whole update (``grad_norm`` not finite), as it does for any NaN.
 - Without a guard, verl 0.9.1's FSDP engine already refuses a step whose gradient norm is not finite: a poisoned
@@ -67,7 +73,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from rlguard.adapters.verl.compat import check_verl_trainer
+from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuator import (
@@ -136,6 +142,9 @@ class VerlGuardDriver:
         if self.guard.config.events_path is None:
             self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
         self.controls: dict[str, Any] = dict(_NO_CONTROLS)
+        self.lr_scale = 1.0  # the actor's LR scale in force (sent to the workers)
+        self._next_lr_scale = 1.0
+        self._workers_lr_scale: float | None = 1.0  # what the workers hold; None: unknown (after a load)
         self.discarded: set[int] = set()  # checkpoints holding weights a rollback threw away
         self.halted: Decision | None = None
         self._step = 0
@@ -147,10 +156,12 @@ class VerlGuardDriver:
     @property
     def capabilities(self) -> frozenset[str]:
         """Snapshot (a verl checkpoint), restore (rollback), stop, the clip range; ``beta`` with ``use_kl_loss``
-        and ``entropy_coef`` where verl computes entropies. Not ``drop_update`` (verl logs a step after its
-        update) nor ``lr_scale`` (verl offers the driver no call that sets the actor's LR): recorded only."""
+        and ``entropy_coef`` where verl computes entropies; ``lr_scale`` where the actor's worker is rlguard's
+        (:func:`sets_actor_lr`). Not ``drop_update`` (verl logs a step after its update): recorded only."""
         actor = self.trainer.config.actor_rollout_ref.actor
         can = {"snapshot", "restore", "stop", "clip"}
+        if sets_actor_lr(self.trainer):
+            can.add("lr_scale")
         if actor.get("use_kl_loss", False):
             can.add("beta")
         if actor.get("calculate_entropy", False) or actor.get("entropy_coeff", 0.0) != 0.0:
@@ -165,7 +176,8 @@ class VerlGuardDriver:
         return self.rollback_folder(self._rollback_to) is not None
 
     def set_lr_scale(self, scale: float) -> None:
-        raise NotImplementedError("verl's driver cannot set the actor's LR (not in its capabilities).")
+        """The scale of the actor's next updates (sent in :meth:`on_log` once the decision is carried out)."""
+        self._next_lr_scale = scale
 
     def drop_update(self) -> None:
         raise NotImplementedError("verl's driver judges a step after its update (not in its capabilities).")
@@ -210,7 +222,11 @@ class VerlGuardDriver:
         }
         logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
         self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
+        self._next_lr_scale = 1.0  # a decision restates its scale; none (1) is the scheduler's LR
         applied = apply_decision(decision, self)
+        if "lr_scale" in self.capabilities:
+            self.lr_scale = self._next_lr_scale
+            self.push_lr_scale()
         if applied.outcome == "halt":
             self.halted = decision
             if decision.outcome == "rollback":
@@ -244,6 +260,12 @@ class VerlGuardDriver:
 
         self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss, config=self.actor_config()))
 
+    def push_lr_scale(self) -> None:
+        """Send the actor workers :attr:`lr_scale` (``rlguard_set_lr_scale``) unless they hold it already."""
+        if self._workers_lr_scale != self.lr_scale:
+            getattr(self.trainer.actor_rollout_wg, LR_SCALE_METHOD)(self.lr_scale)
+            self._workers_lr_scale = self.lr_scale
+
     def step_folder(self, step: int) -> Path:
         """verl's checkpoint folder of ``step``."""
         return self.checkpoint_root / f"global_step_{step}"
@@ -272,6 +294,7 @@ class VerlGuardDriver:
         self.discarded |= {n for n in later if restored < n < step}
         trainer.checkpoint_manager.sleep_replicas()
         trainer.actor_rollout_wg.load_checkpoint(str(folder / "actor"), del_local_after_load=False)
+        self._workers_lr_scale = None  # the load restored the scheduler as saved: on_log sends the scale again
         if trainer.use_critic:
             trainer.critic_wg.load_checkpoint(str(folder / "critic"), del_local_after_load=False)
         trainer.checkpoint_manager.update_weights(trainer.global_steps)
@@ -281,14 +304,21 @@ class VerlGuardDriver:
     def save(self, folder: Path) -> None:
         """Write the guard's state and the workers' controls to ``folder/rlguard_guard.json``."""
         folder.mkdir(parents=True, exist_ok=True)
-        state = {"guard": self.guard.state_dict(), "controls": self.controls, "discarded": sorted(self.discarded)}
+        state = {
+            "guard": self.guard.state_dict(),
+            "controls": self.controls,
+            "lr_scale": self.lr_scale,
+            "discarded": sorted(self.discarded),
+        }
         tmp = folder / (GUARD_STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state), encoding="utf-8")
         tmp.replace(folder / GUARD_STATE_FILE)
 
     def load(self, folder: Path) -> bool:
-        """Restore :meth:`save` from ``folder`` and send the controls to the workers; False if none was saved."""
+        """Restore :meth:`save` from ``folder`` and send the controls (and the LR scale) to the workers; False if none
+        was saved."""
         path = folder / GUARD_STATE_FILE
+        self._workers_lr_scale = None  # the workers' scheduler was loaded as saved: the scale is sent again
         if not path.is_file():
             return False
         state = json.loads(path.read_text(encoding="utf-8"))
@@ -296,6 +326,9 @@ class VerlGuardDriver:
         self.controls = {**_NO_CONTROLS, **state["controls"]}
         self.discarded = set(state["discarded"])
         self.push_controls()
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        if "lr_scale" in self.capabilities:
+            self.push_lr_scale()
         return True
 
 
@@ -328,6 +361,19 @@ def v1_mode(cls: type) -> str | None:
         if names and not getattr(base, "rlguard_guarded", False):
             return "sync" if "sync" in names else names[0]
     return None
+
+
+def sets_actor_lr(trainer: Any) -> bool:
+    """Whether ``trainer``'s actor workers take the guard's LR scale: an FSDP actor (``strategy`` fsdp or fsdp2)
+    whose worker class in ``trainer.role_worker_mapping`` is rlguard's
+    (:class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`); for a V1 trainer, which builds that
+    mapping in ``init()``, a guarded class that puts rlguard's worker there (``rlguard_lr_worker``)."""
+    if trainer.config.actor_rollout_ref.actor.get("strategy") not in LR_SCALE_STRATEGIES:
+        return False
+    mapping = getattr(trainer, "role_worker_mapping", None)
+    if mapping is None:
+        return bool(getattr(trainer, "rlguard_lr_worker", False))
+    return worker_sets_lr(mapping)
 
 
 def _check_trainer_config(config: Any) -> None:

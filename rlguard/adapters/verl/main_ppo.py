@@ -10,6 +10,9 @@ argument) that trains the guarded trainer:
 - legacy (``trainer.use_v1=false``): verl's ``TaskRunner.run`` builds ``GuardedRayPPOTrainer``
   (:func:`~rlguard.adapters.verl.compat.bind_legacy_trainer`).
 
+Either way the actor's worker is :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker` (verl's, with
+a call that sets the LR scale), so the guard's ``lr_scale`` acts on the actor's optimizer.
+
 Select the guarded loss in the workers as for any guarded run::
 
     python -m rlguard.adapters.verl.main_ppo ... \\
@@ -33,7 +36,7 @@ import verl.trainer.main_ppo_v0 as verl_main_ppo_v0
 from omegaconf import DictConfig, open_dict
 
 from rlguard.adapters.verl import trainers
-from rlguard.adapters.verl.compat import bind_legacy_trainer, task_runner_class
+from rlguard.adapters.verl.compat import bind_legacy_trainer, task_runner_class, use_lr_worker
 from rlguard.adapters.verl.trainers import register_v1_trainer
 
 __all__ = ["GUARDED_V1_MODE", "GuardedTaskRunner", "GuardedTaskRunnerV1", "main"]
@@ -61,6 +64,15 @@ class _GuardedTaskRunner(task_runner_class(verl_main_ppo_v0.TaskRunner)):  # typ
     def run(self, config: DictConfig) -> Any:
         bind_legacy_trainer(super().run, trainers.__getattr__("GuardedRayPPOTrainer"))
         return super().run(config)
+
+    def add_actor_rollout_worker(self, config: DictConfig) -> Any:
+        """verl's actor worker mapping with rlguard's actor worker, which takes the guard's LR scale."""
+        from rlguard.adapters.verl.worker import GuardedActorRolloutRefWorker
+
+        actor_class, group_class = super().add_actor_rollout_worker(config)
+        if use_lr_worker(self.role_worker_mapping, GuardedActorRolloutRefWorker):
+            actor_class = GuardedActorRolloutRefWorker
+        return actor_class, group_class
 
 
 GuardedTaskRunnerV1 = ray.remote(_GuardedTaskRunnerV1)

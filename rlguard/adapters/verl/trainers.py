@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rlguard.adapters.verl.compat import guarded_tracking
+from rlguard.adapters.verl.compat import guarded_tracking, use_lr_worker, v1_maps_stock_workers
 from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, guard_from_spec, v1_mode
 from rlguard.guards import Guard, GuardConfig
 
@@ -50,12 +50,19 @@ def guarded_trainer_class(base: type) -> type:
     ``"default"``), watches ``fit`` and saves/restores the guard with verl's checkpoints. ``RayPPOTrainer.fit``
     makes its logger from ``verl.utils.tracking.Tracking`` (replaced while ``fit`` runs); a V1 ``fit`` stores it as
     ``self.logger`` before calling ``on_train_begin``, where it is wrapped.
+
+    The guard's LR scale reaches the actor where its worker class is rlguard's
+    (:class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`): a V1 trainer that builds its worker
+    mapping with verl's own method gets it from the guarded class; the legacy trainer from the mapping it is given
+    (:mod:`rlguard.adapters.verl.main_ppo`'s task runner maps it). Elsewhere ``lr_scale`` is recorded only.
     """
 
     is_v1 = hasattr(base, "_build_replay_buffer")  # verl's V1 trainers; the legacy RayPPOTrainer has none
 
     class Guarded(base):  # type: ignore[valid-type, misc]  # verl's class, untyped
         rlguard_guarded = True
+        #: a V1 trainer whose actor worker this class makes rlguard's (read by the driver before ``init``)
+        rlguard_lr_worker = is_v1 and v1_maps_stock_workers(base)
 
         def __init__(self, *args: Any, guard: str | GuardConfig | Guard | None = None, **kwargs: Any) -> None:
             if is_v1:
@@ -73,6 +80,16 @@ def guarded_trainer_class(base: type) -> type:
                 except GuardHalt as halt:
                     print(f"{halt}\n{self.rlguard.guard.report()}")
                     self._shutdown_dump_executor()
+
+        if is_v1:
+
+            def _init_resource_pool_mgr(self) -> None:
+                super()._init_resource_pool_mgr()
+                if type(self).rlguard_lr_worker and not use_lr_worker(self.role_worker_mapping, _lr_worker()):
+                    raise RuntimeError(
+                        f"{type(self).__name__}: verl's V1 worker mapping has no stock ActorRolloutRefWorker for "
+                        f"the actor ({self.role_worker_mapping}); rlguard's LR scale cannot reach the workers."
+                    )
 
         def on_train_begin(self) -> None:
             parent = getattr(super(), "on_train_begin", None)
@@ -96,6 +113,13 @@ def guarded_trainer_class(base: type) -> type:
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def _lr_worker() -> type:
+    """rlguard's actor worker class (importing verl's workers is slow: on use)."""
+    from rlguard.adapters.verl.worker import GuardedActorRolloutRefWorker
+
+    return GuardedActorRolloutRefWorker
 
 
 def _keep_v1_mode(cls: type, config: Any) -> None:

@@ -49,6 +49,13 @@ the start), ``e_t`` likewise for the mean token entropy. A run has collapsed whe
 
 Steps to collapse is ``t0``, the first batch of the final collapsed stretch (the stop step for 1 and 2).
 
+Reproducibility: on one machine a run's curves are bit-identical whatever ran before it in the process and
+whether it runs in the main process or a worker (``tests/test_bench_collapse.py``). Across machines they are not:
+training is chaotic, and another CPU's last-bit differences (MKL picks its kernels by CPU model, ATen by vector
+width) grow into other curves within 50-100 batches under ``mismatch`` and ``moe``. Each run records
+:func:`~rlguard.bench.collapse.spec.numerics` in ``runs.jsonl``, and ``--resume`` warns when the runs it keeps were
+recorded on other numerics: compare curves only between equal fingerprints, and collapse rates across machines.
+
 Layers: :mod:`~rlguard.bench.collapse.spec` (what a run is), :mod:`~rlguard.bench.collapse.verdict` (the collapse
 definition), :mod:`~rlguard.bench.collapse.loop` (one run), :mod:`~rlguard.bench.collapse.grid` (the grid, its
 summary and plots), :mod:`~rlguard.bench.collapse.cli` (the command line).
@@ -71,8 +78,12 @@ from rlguard.bench.collapse.spec import (
     STRESSORS,
     GuardName,
     RunConfig,
+    RunFields,
     RunResult,
     Stressor,
+    check_run_fields,
+    numerics,
+    same_numerics,
 )
 from rlguard.bench.collapse.verdict import CollapseVerdict, collapse_verdict
 
@@ -87,19 +98,23 @@ __all__ = [
     "CollapseVerdict",
     "GuardName",
     "RunConfig",
+    "RunFields",
     "RunResult",
     "Stressor",
     "behaviour_policy",
     "build_grid",
     "build_parser",
+    "check_run_fields",
     "collapse_verdict",
     "effective_lr",
     "main",
+    "numerics",
     "perturbed_copy",
     "plot_curves",
     "run_benchmark",
     "run_grid",
     "run_one",
+    "same_numerics",
     "split_names",
     "summarise",
     "warm_start",

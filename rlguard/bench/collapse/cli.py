@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.bench.collapse.grid import _table, build_grid, run_grid, write_results
-from rlguard.bench.collapse.spec import GUARDS, OBJECTIVES, STRESSORS, RunConfig, RunResult
+from rlguard.bench.collapse.spec import GUARDS, OBJECTIVES, STRESSORS, RunConfig, RunResult, numerics, same_numerics
 
 # -- command line -------------------------------------------------------------------------------------------------
 QUICK_OBJECTIVES, QUICK_STRESSORS, QUICK_ITERATIONS = ("grpo", "gspo"), ("none", "high_lr"), 30
@@ -72,6 +72,13 @@ def run_benchmark(
     done = {_key(r.config): r for r in _read_log(log)} if resume else {}
     todo = [c for c in configs if _key(c) not in done]
     console = Console(width=160)
+    foreign = [r for r in done.values() if not same_numerics(r.numerics, numerics())]
+    if foreign:  # kept runs are not recomputed: say when they would not reproduce here
+        console.print(
+            f"warning: {len(foreign)} of the {len(done)} runs kept from {log} were recorded on other numerics "
+            f"(torch build, CPU, MKL mode) or before runs recorded them; here: {numerics()}. Their curves will "
+            "not reproduce bit for bit on this machine: rerun them into another --out to compare."
+        )
     start = time.perf_counter()
     with (
         log.open("a" if resume else "w") as fh,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlguard.bench.collapse.spec import RunConfig, RunResult, Stressor
+from rlguard.bench.collapse.spec import RunConfig, RunResult, Stressor, numerics
 from rlguard.bench.collapse.verdict import collapse_verdict
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
@@ -275,4 +275,5 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
         nonfinite=nonfinite,
         clip_frac_mean=statistics.fmean(clip_fracs) if clip_fracs else 0.0,
         wall_s=time.perf_counter() - start,
+        numerics=numerics(),
     )

@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import platform
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
 
 from rlguard.bench.collapse.verdict import CollapseVerdict, trailing_mean
 from rlguard.core_losses import get_objective
@@ -23,6 +29,78 @@ STRESSORS: tuple[str, ...] = ("none", "mismatch", "high_lr", "stale", "moe")
 
 
 GuardName = Literal["off", "default", "stable"]
+
+
+class RunFields(Protocol):
+    """The fields of a run configuration that :func:`check_run_fields` checks (both benchmarks' ``RunConfig``)."""
+
+    @property
+    def objective(self) -> str: ...
+    @property
+    def guard(self) -> str: ...
+    @property
+    def num_prompts(self) -> int: ...
+    @property
+    def minibatches(self) -> int: ...
+    @property
+    def iterations(self) -> int: ...
+
+
+def check_run_fields(config: RunFields, guards: Iterable[str]) -> None:
+    """The checks both collapse benchmarks' ``RunConfig`` make: a known objective, a guard among ``guards``,
+    ``num_prompts`` divisible by ``minibatches``, at least one rollout batch. Raises ``ValueError`` naming the
+    field, its value and what is accepted."""
+    get_objective(config.objective)  # unknown name -> ValueError listing the names
+    if config.guard not in guards:
+        raise ValueError(f"guard must be one of {list(guards)}; got {config.guard!r}.")
+    if config.minibatches < 1 or config.num_prompts % config.minibatches:
+        raise ValueError(
+            f"num_prompts ({config.num_prompts}) must be divisible by minibatches ({config.minibatches}), "
+            "which must be >= 1."
+        )
+    if config.iterations < 1:
+        raise ValueError(f"iterations must be >= 1; got {config.iterations}.")
+
+
+def _cpu() -> str:
+    """``vendor family/model/stepping (model name)`` from /proc/cpuinfo, or :func:`platform.processor`."""
+    info: dict[str, str] = {}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if not line.strip():
+                break  # the first processor is enough
+            name, _, value = line.partition(":")
+            info.setdefault(name.strip(), value.strip())
+    if "vendor_id" not in info:
+        return platform.processor() or platform.machine()
+    fms = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{info['vendor_id']} {fms} ({info.get('model name', '?')})"
+
+
+def numerics() -> dict[str, str]:
+    """What, besides the code and the config, decides a run's floating-point results: the torch build, the CPU
+    kernels ATen dispatches to, the CPU (MKL picks its kernels by CPU model), MKL's reproducibility mode and the
+    thread count. A run is chaotic: a last-bit difference at the first step (another CPU) grows into a different
+    curve within 50-100 batches, so curves are comparable bit for bit only between equal fingerprints."""
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu": _cpu(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+        "threads": str(torch.get_num_threads()),
+    }
+
+
+# the fields of :func:`numerics` that change kernels; the thread count is recorded, not compared (the grid runs one
+# thread per run, and these models are too small for ATen to split an op across threads)
+NUMERICS_COMPARED: tuple[str, ...] = ("torch", "cpu_capability", "cpu", "mkl_cbwr")
+
+
+def same_numerics(recorded: dict[str, str], here: dict[str, str]) -> bool:
+    """Whether a run recorded under ``recorded`` (:func:`numerics`; empty for old rows) should reproduce bit for
+    bit under ``here``. An empty fingerprint is never the same: nothing says where that run was made."""
+    return bool(recorded) and all(recorded.get(k) == here.get(k) for k in NUMERICS_COMPARED)
 
 
 @dataclass(frozen=True)
@@ -97,18 +175,13 @@ class RunConfig:
     solved: float = 0.95
 
     def __post_init__(self) -> None:
-        get_objective(self.objective)  # unknown name -> ValueError listing the names
-        if self.guard not in GUARDS:
-            raise ValueError(f"guard must be one of {list(GUARDS)}; got {self.guard!r}.")
-        if self.num_prompts % self.minibatches:
-            raise ValueError(f"num_prompts ({self.num_prompts}) must be divisible by minibatches ({self.minibatches}).")
-        if self.iterations < 1:
-            raise ValueError(f"iterations must be >= 1; got {self.iterations}.")
+        check_run_fields(self, GUARDS)
 
 
 @dataclass
 class RunResult:
-    """One run's outcome; :meth:`row` is its CSV row. Curves are per rollout batch."""
+    """One run's outcome; :meth:`row` is its CSV row. Curves are per rollout batch; ``numerics`` is the
+    :func:`numerics` fingerprint of the process that ran it (empty for runs recorded before it existed)."""
 
     config: RunConfig
     rewards: list[float]
@@ -122,11 +195,14 @@ class RunResult:
     nonfinite: bool = False
     clip_frac_mean: float = 0.0
     wall_s: float = 0.0
+    numerics: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The run with its curves, for ``runs.jsonl`` (:meth:`from_json` reads it back)."""
         data = {k: getattr(self, k) for k in ("rewards", "entropies", "skips", "rollbacks", "lr_backoffs")}
         data |= {k: getattr(self, k) for k in ("clip_changes", "halted", "nonfinite", "clip_frac_mean", "wall_s")}
+        if self.numerics:
+            data["numerics"] = dict(self.numerics)
         config = dataclasses.asdict(self.config)
         return {"config": config, "verdict": dataclasses.asdict(self.verdict), **data}
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from rlguard.bench.collapse import CollapseVerdict, collapse_verdict
 from rlguard.bench.collapse.loop import policy_gradient_step
+from rlguard.bench.collapse.spec import check_run_fields
 from rlguard.bench.collapse_long.engine import mismatch_stats, sample_rollouts, trainer_pass
 from rlguard.bench.collapse_long.model import ModelConfig, TinyTransformer, make_model
 from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
@@ -78,13 +79,7 @@ class RunConfig:
     solved: float = 0.95
 
     def __post_init__(self) -> None:
-        get_objective(self.objective)  # unknown name -> ValueError listing the names
-        if self.guard not in GUARDS:
-            raise ValueError(f"guard must be one of {list(GUARDS)}; got {self.guard!r}.")
-        if self.num_prompts % self.minibatches:
-            raise ValueError(f"num_prompts ({self.num_prompts}) must be divisible by minibatches ({self.minibatches}).")
-        if self.iterations < 1:
-            raise ValueError(f"iterations must be >= 1; got {self.iterations}.")
+        check_run_fields(self, GUARDS)
 
     @property
     def task(self) -> ReverseShiftTask:

@@ -164,17 +164,28 @@ def test_a_chronic_mismatch_alarm_leaves_snapshots_healthy_under_stable_only() -
     assert "rollback" in {d.action for d in decisions} or "halt" in {d.action for d in decisions}
 
 
-def test_stable_leaves_an_entropy_collapse_with_the_reward_holding_to_entropy_control() -> None:
-    stable = Guard(GuardConfig.preset("stable"))
-    recovery = stable.interventions["recovery"]
-    assert isinstance(recovery, Recovery)
-    assert "entropy_collapse" not in recovery.on and "entropy_collapse" in recovery.ignore
-    assert {"reward_collapse", "kl_ref_blowup"} <= set(recovery.on)
-    ctx = StepContext(60, {}, {}, {"entropy_collapse": "critical"}, {"entropy_collapse": 40}, 0, 20)
-    assert recovery.propose(ctx) is None
-    ctx = StepContext(60, {}, {}, {"reward_collapse": "critical"}, {"reward_collapse": 1}, 0, 20)
-    p = recovery.propose(ctx)
-    assert p is not None and p.action == "rollback"
+def test_stable_does_not_roll_back_a_policy_that_converged_on_what_it_learned() -> None:
+    # reward 0.3 -> 0.9 while the entropy falls to 3 % of its start: a task with one right answer, learned.
+    # `default` calls the entropy critical below 5 % of its baseline whatever the reward does (and rolls back);
+    # `stable` has no such floor: only warn while the reward is above its early level.
+    def worst(preset: str, reward_end: float) -> str | None:
+        guard = Guard(GuardConfig.preset(preset))
+        worst_seen = None
+        for t in range(120):
+            frac = min(t / 80, 1.0)
+            stats = {"entropy": 2.5 * (1 - 0.97 * frac), "reward_mean": 0.3 + (reward_end - 0.3) * frac}
+            guard.observe(t, stats)
+            level = guard.alarms().get("entropy_collapse")
+            if level == "critical" or (level == "warn" and worst_seen is None):
+                worst_seen = level
+        return worst_seen
+
+    assert worst("default", 0.9) == "critical"
+    assert worst("stable", 0.9) in (None, "warn")
+    assert worst("stable", 0.1) == "critical"  # the same entropy with the reward falling: a collapse
+    recovery = Guard(GuardConfig.preset("stable")).interventions["recovery"]
+    assert isinstance(recovery, Recovery) and "entropy_collapse" in recovery.on
+    assert "mismatch_growth" not in recovery.on and "mismatch_growth" in recovery.ignore
 
 
 def test_healthy_despite_names_must_be_detectors() -> None:

@@ -113,15 +113,16 @@ def _stable() -> GuardConfig:
     on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
     ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
     repeated failed recoveries)."""
-    # A rollback cures neither of two alarms, so they are left to the controllers: an entropy collapse with the
-    # reward holding is entropy_control's (clip-higher; a collapse that costs reward raises reward_collapse), and a
-    # train-inference mismatch comes back with the next rollout from the same engine (lr_backoff slows what it does).
-    not_rolled_back = ("entropy_collapse", "mismatch_growth")
+    # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
+    # (lr_backoff slows what it does), and its alarm leaves the steps healthy (snapshots go on). An entropy far
+    # below its start with the reward above its early level is a policy that converged on what it learned (a task
+    # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
     recovery = {
-        "on": tuple(n for n in Rollback.on if n not in not_rolled_back),
-        "ignore": (*Recovery.ignore, *not_rolled_back),
+        "on": tuple(n for n in Rollback.on if n != "mismatch_growth"),
+        "ignore": (*Recovery.ignore, "mismatch_growth"),
     }
     return GuardConfig(
+        detectors={"entropy_collapse": {"floor_ratio": 0.0}},
         interventions={
             "trust_region": {},
             "entropy_control": {},
@@ -129,7 +130,7 @@ def _stable() -> GuardConfig:
             "rollback": None,
             "halt": None,
         },
-        healthy_despite=("mismatch_growth", *Recovery.ignore),
+        healthy_despite=("mismatch_growth",),
     )
 
 

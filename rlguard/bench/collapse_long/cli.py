@@ -64,6 +64,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
     log = out / "runs.jsonl"
     keep = args.resume or args.report_only
     done = {config_key(r.config): r for r in read_log(log)} if keep else {}
+    wanted = {config_key(c) for c in configs}
     todo = [c for c in configs if config_key(c) not in done]
     if args.report_only:
         todo = []
@@ -75,8 +76,9 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
             fh.flush()
             v = result.verdict
             c = result.config
+            position = len(wanted & done.keys()) + 1
             print(
-                f"{len(done) + 1}/{len(configs)} {c.stressor.name} {c.objective} guard={c.guard} seed={c.seed} "
+                f"{position}/{len(configs)} {c.stressor.name} {c.objective} guard={c.guard} seed={c.seed} "
                 f"collapsed={int(v.collapsed)} {v.reason} final_reward={result.rewards[-1]:.3f} "
                 f"{result.wall_s:.0f}s",
                 flush=True,
@@ -94,7 +96,6 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> list[dict[st
             entry = {"argv": list(argv), "runs": len(done) - finished, "wall_s": round(wall, 1), "ended": stamp}
             with (out / "invocations.jsonl").open("a") as inv:
                 inv.write(json.dumps(entry) + "\n")
-    wanted = {config_key(c) for c in configs}
     recorded = [r for key, r in done.items() if key in wanted or args.resume or args.report_only]
     summary, _ = write_results(recorded, out)
     print((out / "summary.md").read_text())

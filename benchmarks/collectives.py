@@ -77,20 +77,35 @@ class Counting:
         return counted
 
 
+@functools.cache
+def _package_dirs() -> dict[str, str]:
+    """Where each attributed package is installed (a path's folder names alone mislead: a checkout in a folder
+    named ``rlguard`` holds the virtual environment's ``trl`` too)."""
+    import accelerate
+    import torch
+    import transformers
+    import trl
+
+    import rlguard
+
+    modules = {"rlguard": rlguard, "trl": trl, "transformers": transformers, "torch": torch, "accelerate": accelerate}
+    return {name: os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for name, m in modules.items()}
+
+
 def _source(frame: Any) -> tuple[str, str]:
     """The package and function of the first caller outside torch, accelerate and this file."""
     here = os.path.abspath(__file__)
+    dirs = _package_dirs()
     while frame is not None:
-        path = frame.f_code.co_filename
-        parts = Path(path).parts
-        if path != here and "torch" not in parts and "accelerate" not in parts:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path != here and not path.startswith((dirs["torch"], dirs["accelerate"])):
             caller = f"{Path(path).stem}.{frame.f_code.co_name}"
-            if "rlguard" in parts:
+            if path.startswith(dirs["rlguard"]):
                 name = Path(path).name
                 guard = name in ("callback.py", "actuator.py", "stats.py", "guard.py")
                 return ("rlguard guard" if guard else "rlguard adapter"), caller
             for package in ("trl", "transformers"):
-                if package in parts:
+                if path.startswith(dirs[package]):
                     return package, caller
             return "other", caller
         frame = frame.f_back

@@ -122,15 +122,24 @@ def test_map_option_reads_custom_columns(tmp_path: Path) -> None:
 
 
 def test_a_key_matching_several_stats_or_claimed_twice_is_only_suggested(tmp_path: Path) -> None:
-    """`reward_avg` and `reward_max` both look like reward_mean: neither is mapped; `entropy_kl` matches two stats."""
+    """`reward_policy` and `reward_format` both look like reward_mean and neither is exactly it: neither is mapped;
+    beside `reward_avg` (exactly the stat's words) `reward_max` is only suggested; `entropy_kl` matches two stats."""
     path = tmp_path / "run.jsonl"
-    with path.open("w", encoding="utf-8") as fh:
-        for i, s in enumerate(healthy_stream(60, 0, "plateau")):
-            row = {"step": i, "reward_avg": s["reward_mean"], "reward_max": 1.0, "entropy_kl": 0.1, "loss": s["loss"]}
-            fh.write(json.dumps(row) + "\n")
-    doc = json.loads(runner.invoke(app, ["doctor", str(path), "--json"]).stdout)
+
+    def write(extra: dict[str, str]) -> dict[str, object]:
+        with path.open("w", encoding="utf-8") as fh:
+            for i, s in enumerate(healthy_stream(60, 0, "plateau")):
+                row = {"step": i, "entropy_kl": 0.1, "loss": s["loss"]}
+                row.update({key: s.get(stat, 1.0) for key, stat in extra.items()})
+                fh.write(json.dumps(row) + "\n")
+        return json.loads(runner.invoke(app, ["doctor", str(path), "--json"]).stdout)
+
+    doc = write({"reward_policy": "reward_mean", "reward_format": "reward_mean"})
     assert doc["auto_mapped_keys"] == {}
-    assert doc["suggested_maps"] == {"reward_avg": "reward_mean", "reward_max": "reward_mean"}
+    assert doc["suggested_maps"] == {"reward_format": "reward_mean", "reward_policy": "reward_mean"}
+    doc = write({"reward_avg": "reward_mean", "reward_max": "max"})
+    assert doc["auto_mapped_keys"] == {"reward_avg": "reward_mean"}
+    assert doc["suggested_maps"] == {"reward_max": "reward_mean"}
     assert suggest_canonical("entropy_kl") is None
 
 

@@ -114,7 +114,8 @@ class KeyReport:
 def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None, auto_map: bool = True) -> KeyReport:
     """Sort the raw keys of a log into mapped, known and unrecognised; with ``auto_map``, map each unrecognised
     key whose words match exactly one canonical stat that no other key claims (``reward_avg`` -> ``reward_mean``),
-    and suggest the rest."""
+    or, where several claim it, the one key whose words are exactly the stat's (``reward_avg`` rather than
+    ``format_reward_avg``); suggest the rest."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
@@ -129,10 +130,14 @@ def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None,
             unrecognised.append(key)
     taken = set(mapped.values())
     suggestions = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
-    claims: dict[str, int] = {}
-    for c in suggestions.values():
-        claims[c] = claims.get(c, 0) + 1
-    auto = {k: c for k, c in suggestions.items() if auto_map and claims[c] == 1} if auto_map else {}
+    claims: dict[str, list[str]] = {}
+    for k, c in suggestions.items():
+        claims.setdefault(c, []).append(k)
+    auto: dict[str, str] = {}
+    for c, claimants in claims.items() if auto_map else ():
+        exact = [k for k in claimants if _exact(k, c)]
+        if len(claimants) == 1 or len(exact) == 1:  # one key, or one whose words are the stat's and no more
+            auto[claimants[0] if len(claimants) == 1 else exact[0]] = c
     return KeyReport(
         {**mapped, **auto},
         known,
@@ -170,11 +175,25 @@ _SUGGEST: tuple[tuple[frozenset[str], str], ...] = tuple(
 _ABBREVIATIONS = {"ent": "entropy", "rew": "reward", "rwd": "reward", "gnorm": "gradnorm", "trunc": "truncated"}
 
 
+#: words that name an aggregate of a stat without changing which stat it is
+_AGGREGATES = frozenset({"avg", "mean", "average"})
+
+
+def _words(key: str) -> set[str]:
+    return {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
+
+
+def _exact(key: str, name: str) -> bool:
+    """Whether ``key``'s words are those of a rule for ``name``, aggregates (avg, mean) aside."""
+    words = _words(key) - _AGGREGATES
+    return any(need == words for need, rule_name in _SUGGEST if rule_name == name)
+
+
 def suggest_canonical(key: str) -> str | None:
     """The one canonical name an unrecognised key looks like (``reward_avg`` -> ``reward_mean``,
     ``avg_response_len`` -> ``length_mean``), or None when none or several match. A rule whose words are all
     within another matching rule's (``reward`` within ``reward std``) gives way to it."""
-    words = {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
+    words = _words(key)
     hits = [(need, name) for need, name in _SUGGEST if need <= words]
     specific = {name for need, name in hits if not any(need < other for other, _ in hits)}
     return next(iter(specific)) if len(specific) == 1 else None

@@ -65,7 +65,7 @@ class ConsequenceRule:
         anchor: first reward observations whose median is the run's start.
         peak_observations: smoothed-reward observations clearly above the start that establish a peak.
         peak_sigmas: "clearly above": this many sigmas of the smoothed reward's noise ...
-        peak_share: ... and this share of the reward's range over the log.
+        peak_share: ... and this share of the reward's range over the log (widened to ``[0, 1]``).
         alpha: smoothing of the reward (EWMA), as ``reward_collapse``'s.
     """
 
@@ -136,7 +136,8 @@ def established_peak(rewards: Sequence[float], before: int, rule: ConsequenceRul
     """Whether the reward had a peak to collapse from before position ``before``: at least
     ``rule.peak_observations`` observations at which its EWMA was clearly above the run's start (the median of
     its first ``rule.anchor`` observations): by ``rule.peak_sigmas`` sigmas of the EWMA's noise and by
-    ``rule.peak_share`` of the reward's range over the whole log (5th to 95th percentile)."""
+    ``rule.peak_share`` of the reward's range over the whole log (5th to 95th percentile, widened to ``[0, 1]``:
+    a blip of a reward at zero is no peak)."""
     seen = [r for r in rewards[:before] if math.isfinite(r)]
     every = sorted(r for r in rewards if math.isfinite(r))
     if len(seen) < rule.anchor + rule.peak_observations:
@@ -145,7 +146,8 @@ def established_peak(rewards: Sequence[float], before: int, rule: ConsequenceRul
     diffs = [b - a for a, b in itertools.pairwise(seen)]
     std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
     noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
-    span = every[int(0.95 * (len(every) - 1))] - every[int(0.05 * (len(every) - 1))]
+    # the reward's range over the log (5th to 95th percentile), widened to [0, 1] as in normalized_reward
+    span = max(every[int(0.95 * (len(every) - 1))], 1.0) - min(every[int(0.05 * (len(every) - 1))], 0.0)
     margin = max(rule.peak_sigmas * noise * math.sqrt(rule.alpha / (2 - rule.alpha)), rule.peak_share * span)
     ewma, above = seen[0], 0
     for r in seen:
@@ -222,6 +224,9 @@ def _label(
             labels[p] = ("critical", "")
             mine.add(p)
             continue
+        if kind == "reward" and not established_peak(timeline.rewards, ep.first, rule):
+            labels[p] = ("warn", "no established reward peak to collapse from (never clearly above its start)")
+            continue
         recent = sum(1 for j in range(max(k - rule.within + 1, 0), k + 1) if j in is_critical)
         if recent < rule.sustained:
             continue  # a lone observation: judged once the others' intrinsic criticals are known
@@ -229,12 +234,7 @@ def _label(
         rising = reward_rises(timeline.rewards[ep.first : window_end + 1], rule.trend_z)
         from_start = ep.first_obs < det.warmup + rule.start
         lost = lost_control(ep.first, window_end)
-        if kind == "reward" and not established_peak(timeline.rewards, ep.first, rule):
-            labels[p] = (
-                "warn",
-                "no established reward peak to collapse from (the reward was never clearly above its start)",
-            )
-        elif rising and lost is None and (kind == "budget" or from_start):
+        if rising and lost is None and (kind == "budget" or from_start):
             where = "present from the first observations" if from_start else "a condition of the generation budget"
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
         else:

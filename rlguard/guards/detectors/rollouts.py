@@ -218,7 +218,10 @@ class LengthCollapse(Detector):
     """
 
     name = "length_collapse"
-    source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
+    source = (
+        "one token carries nothing to learn from (absolute, unrecoverable); an order of magnitude (0.1x) below the "
+        "run's early completions (critical), a quarter (warn)"
+    )
     summary = (
         "mean completion length <= 1 token (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
         "of the early baseline"

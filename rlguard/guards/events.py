@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,14 +51,14 @@ class Finding:
 
 def _severity(value: Any) -> Severity:
     """``value`` as a severity, case-insensitively; ValueError naming it otherwise."""
-    name = value.strip().lower() if isinstance(value, str) else value
+    name = value.strip().lower() if isinstance(value, str) else None
     if name not in SEVERITY_LEVEL:
         raise ValueError(f"severity {value!r} is not one of {sorted(SEVERITY_LEVEL)} (any case)")
-    return name  # type: ignore[no-any-return]
+    return "critical" if name == "critical" else "warn"
 
 
 def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
         raise TypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
     return float(value)
 
@@ -85,8 +86,10 @@ class Event:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+        if isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral) or self.step < 0:
             raise TypeError(f"Event.step must be an int >= 0; got {type(self.step).__name__} {self.step!r}")
+        if not isinstance(self.step, int):
+            object.__setattr__(self, "step", int(self.step))  # a numpy integer
         for name in ("detector", "message"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Event.{name} must be a string; got {type(getattr(self, name)).__name__}")

@@ -7,8 +7,9 @@ absolute bounds included.
 - the condition is **sustained**: critical in ``sustained`` of ``within`` consecutive observations of its detector
   (the run rules of Shewhart charts: one point beyond the limits may be chance, several in a short run are a
   shift; Western Electric, *Statistical Quality Control Handbook*, 1956), or
-- a lone critical observation is **followed by lost control**: a sustained critical finding of a detector of
-  reward, entropy, KL, length or gradients within ``horizon`` logged steps after it.
+- a lone critical observation is **followed by lost control** (a sustained critical finding of a detector of
+  reward, entropy, KL, length or gradients within ``horizon`` logged steps after it), or not followed by
+  recovery (``recovered`` clean observations in a row of its detector, starting within the horizon).
 
 Everything else is a ``warn``:
 
@@ -57,8 +58,9 @@ class ConsequenceRule:
         within: see ``sustained``.
         horizon: logged steps after a lone critical observation in which lost control makes it critical
             (the consequences of a bad update show within a few updates: the next rollouts come from it).
-        recovered: observations of its detector after a lone critical one, none critical, that show recovery
-            when the log ends before ``horizon``; with fewer the log ends too soon and it stays critical.
+        recovered: clean observations in a row of its detector, starting within ``horizon`` logged steps of a lone
+            critical one, that show the run recovered from it; without them (the condition lingers, or the log
+            ends first) it stays critical.
         start: a condition whose first finding comes within the detector's warm-up plus this many observations
             is present from the first observations.
         trend_z: Mann-Kendall z above which the reward rises (one-sided, 2.3% by chance; Mann 1945, Kendall 1975).
@@ -240,6 +242,11 @@ def _label(
         else:
             labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
             mine.add(p)
+    # the first observations of an exempted episode (before it counted as sustained) share its label
+    exempt = {episodes[p]: lab for p, lab in labels.items() if lab[0] == "warn"}
+    for k in critical:
+        if obs[k] not in labels and episodes[obs[k]] in exempt:
+            labels[obs[k]] = exempt[episodes[obs[k]]]
     return labels, mine
 
 
@@ -271,7 +278,7 @@ def _lone(
             ),
             None,
         )
-        after = obs[k + 1 :]
+        recovery = _recovery(name, timeline, obs[k + 1 :], p + rule.horizon, rule.recovered)
         if own is not None:
             labels[p] = (
                 "critical",
@@ -279,14 +286,35 @@ def _lone(
             )
         elif lost is not None:
             labels[p] = ("critical", f"followed by lost control ({lost})")
-        elif p + rule.horizon >= n and len(after) < rule.recovered:
-            labels[p] = ("critical", "the log ends before recovery could be seen")
+        elif recovery is None:
+            why = (
+                "the log ends before" if p + rule.horizon >= n else f"no sign of it within {rule.horizon} logged steps:"
+            )
+            labels[p] = ("critical", f"{why} recovery ({rule.recovered} clean observations in a row)")
         else:
             labels[p] = (
                 "warn",
                 "a single observation the run recovered from: nothing lost control after it (the live guard skips "
                 "such a step)",
             )
+
+
+def _recovery(name: str, timeline: Timeline, after: list[int], until: int, clean: int) -> int | None:
+    """The position where ``name`` recovered: the first of ``clean`` observations in a row without a finding,
+    starting at or before position ``until``; None if there is none."""
+    streak: list[int] = []
+    for q in after:
+        if name in timeline.findings[q]:
+            streak = []
+            if q > until:
+                return None
+            continue
+        if not streak and q > until:
+            return None
+        streak.append(q)
+        if len(streak) >= clean:
+            return streak[0]
+    return None
 
 
 def label_findings(

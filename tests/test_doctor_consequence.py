@@ -229,6 +229,9 @@ def test_the_rule_lone_sustained_lost_control_end_of_log_and_unrecoverable() -> 
     assert severity({"grad_norm_spike": {p: _crit(True) for p in (40, 41, 43)}}, "grad_norm_spike", 43) == "critical"
     assert severity({"grad_norm_spike": {p: _crit(True) for p in (40, 45, 50)}}, "grad_norm_spike", 50) == "warn"
     assert severity({"grad_norm_spike": {98: _crit(True)}}, "grad_norm_spike", 98) == "critical"  # log ends
+    warn = Finding("warn", 1.0, 0.5, "x")
+    lingering = {"grad_norm_spike": {40: _crit(True), **{p: warn for p in range(41, 60) if p % 3}}}
+    assert severity(lingering, "grad_norm_spike", 40) == "critical"  # never 3 clean observations in a row
     assert severity({"length_collapse": {40: _crit(unrecoverable=True)}}, "length_collapse", 40) == "critical"
 
 

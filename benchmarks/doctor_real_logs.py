@@ -1,18 +1,28 @@
-"""rlguard doctor against rldoctor 0.2.0 on 22 real training logs from public repositories.
+"""rlguard doctor against rldoctor 0.2.0 on 22 real training logs from public repositories, in sample and leave
+one repository out.
 
-    python benchmarks/doctor_real_logs.py                    # the table (rldoctor's column if it is installed)
-    python benchmarks/doctor_real_logs.py --markdown         # the same rows as a Markdown table (README)
+    python benchmarks/doctor_real_logs.py                    # the tables (rldoctor's column if it is installed)
+    python benchmarks/doctor_real_logs.py --markdown         # the same rows as Markdown tables
+    python benchmarks/doctor_real_logs.py --out benchmarks/doctor_real_logs.md   # write them there
     python benchmarks/doctor_real_logs.py --logs DIR         # default: $RLGUARD_REAL_LOGS or ../shared/doctor_foreign
 
 The logs are read where they are (``../shared/doctor_foreign``, sources in its README); they are not copied into
-the repository. Each run's verdict below was judged from its source and its numbers. Criteria (issue 13): no
-critical finding on a run that trained well; each collapse caught at critical within 15 logged steps of its onset.
+the repository. Each run's verdict below was judged from its source and its numbers. Criteria: no critical finding
+on a run that trained well; each collapse caught at critical within 15 logged steps of its onset. Every log is
+read as the doctor reads it by default (keys that match exactly one canonical stat mapped automatically).
+
+Generalisation: the one setting of the doctor chosen from these logs is the absolute bound on the KL to the
+reference (:func:`calibrate_kl`: 4x the largest 95th percentile of KL over the healthy logs, warning at half).
+The leave-one-repository-out table chooses it without the held-out repository's logs (grouped by source
+repository, :data:`REPOSITORIES`) and reports the verdicts on that repository; every other bound comes from a
+principle or a published source (docs/guides/doctor.md) and is the same in both tables.
 rldoctor (``pip install rldoctor==0.2.0``) is optional: without it its column reads "not installed".
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -56,6 +66,7 @@ class Verdict:
     key_map: tuple[tuple[str, str], ...] = ()
 
 
+#: the rasbt CSVs' own column names: each matches exactly one canonical stat, so the doctor maps them itself
 RASBT_MAP = (
     ("reward_avg", "reward_mean"),
     ("entropy_avg", "entropy"),
@@ -82,9 +93,7 @@ VERDICTS: dict[str, Verdict] = {
     "opd-qwen3-4b-ry3hgbx5.verl.jsonl": Verdict(
         "healthy", "on-policy distillation, score -0.28 -> +0.06, length steady"
     ),
-    "rasbt-7_4-clip-ratio.csv": Verdict(
-        "healthy", "book ch. 7 clipped GRPO: eval 15.6 -> 45.6, holds 41.6", key_map=RASBT_MAP
-    ),
+    "rasbt-7_4-clip-ratio.csv": Verdict("healthy", "book ch. 7 clipped GRPO: eval 15.6 -> 45.6, holds 41.6"),
     "opd-qwen3-4b-gjvwlq13.verl.jsonl": Verdict(
         "collapse", "length 578 -> 10 tokens, grad norm 0.9 -> 15, KL 0.5 -> 2, score -0.6 -> -0.9", onset=33
     ),
@@ -101,23 +110,20 @@ VERDICTS: dict[str, Verdict] = {
         "collapse", "no learning signal from the start: 100% zero-variance groups, reward 0", onset=1
     ),
     "rasbt-7_5-kl.csv": Verdict(
-        "collapse", "entropy 1 -> 11.9 nats (uniform), KL 25, reward 0; eval 40.8 -> 0", onset=57, key_map=RASBT_MAP
+        "collapse", "entropy 1 -> 11.9 nats (uniform), KL 25, reward 0; eval 40.8 -> 0", onset=57
     ),
     "rasbt-7_3-tracking.csv": Verdict(
         "collapse",
         "entropy 0.5 -> 10.7 nats, reward -> 0 from 257; eval 44.2 -> 37 -> 33",
         onset=246,
-        key_map=RASBT_MAP,
     ),
     "rasbt-ch06-grpo-nokl.csv": Verdict(
-        "collapse", "the 7_3 run without entropy: reward -> 0, lengths at the 1024 cap", onset=246, key_map=RASBT_MAP
+        "collapse", "the 7_3 run without entropy: reward -> 0, lengths at the 1024 cap", onset=246
     ),
     "rasbt-7_6-format-conditional.csv": Verdict(
-        "collapse", "entropy 0.9 -> 4.3 nats, reward 1.4 -> 0; eval 56.2 -> 25.8", onset=158, key_map=RASBT_MAP
+        "collapse", "entropy 0.9 -> 4.3 nats, reward 1.4 -> 0; eval 56.2 -> 25.8", onset=158
     ),
-    "rasbt-7_6-format-reward.csv": Verdict(
-        "collapse", "entropy 1 -> 4.4 nats; eval 45.8 -> 32.2 -> 9.4", onset=158, key_map=RASBT_MAP
-    ),
+    "rasbt-7_6-format-reward.csv": Verdict("collapse", "entropy 1 -> 4.4 nats; eval 45.8 -> 32.2 -> 9.4", onset=158),
     "chaos-economy-multiagent.trainer_state.json": Verdict(
         "unclear", "90-100% truncated throughout, reward -0.5..1.2 without trend"
     ),
@@ -125,6 +131,62 @@ VERDICTS: dict[str, Verdict] = {
         "unclear", "grad norm logged 0 at every step, reward 0.39-0.79 without trend"
     ),
 }
+
+
+#: log -> the public repository it comes from (../shared/doctor_foreign/README.md): the unit held out
+REPOSITORIES: dict[str, str] = {
+    "verl-ppo-qwen05b-gsm8k-r512.verl.jsonl": "eric-haibin-lin/verl-data",
+    "verl-ppo-qwen05b-gsm8k-r256.verl.jsonl": "eric-haibin-lin/verl-data",
+    "verl-ppo-gemma2-2b-gsm8k.verl.jsonl": "eric-haibin-lin/verl-data",
+    "verl-ppo-tutorial-qwen05b.verl.jsonl": "volcengine/verl",
+    "opd-qwen3-4b-i80f2v90.verl.jsonl": "jianghoucheng/Agent_On_Policy_Distillation",
+    "opd-qwen3-4b-gjvwlq13.verl.jsonl": "jianghoucheng/Agent_On_Policy_Distillation",
+    "opd-qwen3-4b-yeu8r64c.verl.jsonl": "jianghoucheng/Agent_On_Policy_Distillation",
+    "opd-qwen3-4b-ry3hgbx5.verl.jsonl": "jianghoucheng/Agent_On_Policy_Distillation",
+    "dstack-ppo-qwen7b-rm.verl.jsonl": "Bihan/dstack-configs",
+    "unsloth-llama31-8b-gsm8k.trainer_state.json": "IMJONEZZ/UnslothGRPO",
+    "gemma3-1b-gsm8k.trainer_state.json": "abdo-ashraf/Gemma-3-RL-Finetuning",
+    "azr-selfplay-gradnorm0.trainer_state.json": "justdtip/self-directed-training",
+    "finance-poison-sparse.trainer_state.json": "aaravarora01/agent-memory-redteam",
+    "chaos-economy-multiagent.trainer_state.json": "Rusheel86/Chaos-Economy",
+    "website-sanitizer-grpo.trainer_state.json": "koivualeksi/website-sanitizer",
+    "hotpotqa-grpo-v3.trainer_state.json": "Ning-Guo/hotpotqa-agent",
+    **{name: "rasbt/reasoning-from-scratch" for name in VERDICTS if name.startswith("rasbt-")},
+}
+#: the KL bound (critical) is this multiple of the largest 95th percentile of KL over the healthy logs
+KL_MARGIN = 4.0
+
+
+def calibrate_kl(logs: Path, names: list[str]) -> float | None:
+    """The critical absolute bound on KL to the reference chosen from the healthy logs among ``names``: KL_MARGIN x
+    the largest 95th percentile of their ``kl_ref`` (None if none logs it)."""
+    import statistics
+
+    from rlguard.doctor.keys import canonical_stats, classify_keys
+    from rlguard.doctor.readers import read_log
+
+    peaks = []
+    for name in names:
+        if VERDICTS[name].kind != "healthy":
+            continue
+        log = read_log(logs / name)
+        key_map = classify_keys(log.keys).key_map
+        kl = sorted(
+            v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
+        )
+        if len(kl) >= 2:
+            peaks.append(statistics.quantiles(kl, n=20, method="inclusive")[-1])
+    return KL_MARGIN * max(peaks) if peaks else None
+
+
+def kl_config(critical: float | None) -> Any:
+    """The doctor's ``monitor`` guard with the KL bound ``critical`` (warning at half); the default if None."""
+    from rlguard.guards import GuardConfig
+
+    if critical is None:
+        return GuardConfig.preset("monitor")
+    bounds = {"critical_above": critical, "warn_above": critical / 2}
+    return GuardConfig.preset("monitor", detectors={"kl_ref_blowup": bounds})
 
 
 @dataclass(frozen=True)
@@ -143,11 +205,11 @@ class Row:
     delay: int | None  # logged steps from onset to the first critical event at or after it
 
 
-def run_rlguard(path: Path, verdict: Verdict) -> tuple[Any, list[int]]:
-    """The doctor's diagnosis and the steps of its critical events."""
+def run_rlguard(path: Path, verdict: Verdict, config: Any = None) -> tuple[Any, list[int]]:
+    """The doctor's diagnosis (its defaults, or the guard ``config``) and the steps of its critical events."""
     from rlguard.doctor import diagnose
 
-    d = diagnose(path, key_map=dict(verdict.key_map) or None)
+    d = diagnose(path, config=config, key_map=dict(verdict.key_map) or None)
     critical = sorted({e.step for e in d.events if e.severity == "critical" and not e.detector.startswith("action:")})
     return d, critical
 
@@ -187,17 +249,31 @@ def rldoctor_ok(verdict: Verdict, critical: bool | None) -> bool | None:
     return not critical if verdict.kind == "healthy" else critical
 
 
-def collect(logs: Path) -> list[Row]:
-    """One row per log named in :data:`VERDICTS` (in that order)."""
+def collect(logs: Path, held_out: str | None = None, rldoctor: bool = True) -> list[Row]:
+    """One row per log named in :data:`VERDICTS` (in that order), judged with the doctor's defaults; with
+    ``held_out`` (a repository), only that repository's logs, judged with the KL bound calibrated without them."""
+    names = [n for n in VERDICTS if held_out is None or REPOSITORIES[n] == held_out]
+    config = None
+    if held_out is not None:
+        config = kl_config(calibrate_kl(logs, [n for n in VERDICTS if REPOSITORIES[n] != held_out]))
     rows = []
-    for name, verdict in VERDICTS.items():
-        path = logs / name
-        d, critical = run_rlguard(path, verdict)
+    for name in names:
+        verdict, path = VERDICTS[name], logs / name
+        d, critical = run_rlguard(path, verdict, config)
         ok, delay = judge(verdict, d.steps, critical)
         findings = [(f.detector, f.severity, f.severity_step) for f in d.findings]
-        text, rl_critical = run_rldoctor(path)
+        text, rl_critical = run_rldoctor(path) if rldoctor else ("-", None)
         rows.append(Row(name, verdict, len(d.steps), findings, critical, d.exit_code, text, rl_critical, ok, delay))
     return rows
+
+
+def leave_one_repository_out(logs: Path) -> list[tuple[str, float | None, list[Row]]]:
+    """Per repository: the KL bound chosen without its logs, and its logs' rows judged with it."""
+    out = []
+    for repo in dict.fromkeys(REPOSITORIES[n] for n in VERDICTS):
+        bound = calibrate_kl(logs, [n for n in VERDICTS if REPOSITORIES[n] != repo])
+        out.append((repo, bound, collect(logs, held_out=repo, rldoctor=False)))
+    return out
 
 
 def _cell_findings(row: Row) -> str:
@@ -208,16 +284,36 @@ def _cell_findings(row: Row) -> str:
     return "; ".join(parts) or "no finding"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs")
-    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    parser.add_argument("--quick", action="store_true", help="accepted for the benchmark runner (same run)")
-    args = parser.parse_args(argv)
-    if not args.logs.is_dir():
-        print(f"doctor_real_logs: no folder {args.logs} (the shared real logs); nothing to do", file=sys.stderr)
-        return 2
-    rows = collect(args.logs)
+def _short(name: str) -> str:
+    return name.replace(".trainer_state.json", "").replace(".verl.jsonl", "").replace(".csv", "")
+
+
+def _ok(row: Row) -> str:
+    delay = f" ({row.delay} steps)" if row.delay is not None else ""
+    return {True: "yes", False: "NO", None: "-"}[row.ok] + delay
+
+
+def _markdown(header: list[str], table: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(c.replace("|", "/") for c in cells) + " |" for cells in table]
+
+
+def _summary(rows: list[Row], theirs: bool) -> list[str]:
+    out = []
+    for kind in ("healthy", "collapse"):
+        mine = [r for r in rows if r.verdict.kind == kind]
+        ours = sum(bool(r.ok) for r in mine)
+        what = "no critical finding" if kind == "healthy" else f"critical within {WITHIN} logged steps of onset"
+        line = f"{kind} runs, {what}: rlguard {ours}/{len(mine)}"
+        if theirs:
+            line += f", rldoctor {sum(bool(rldoctor_ok(r.verdict, r.rldoctor_critical)) for r in mine)}/{len(mine)}"
+        out.append(line)
+    return out
+
+
+def tables(logs: Path) -> tuple[list[str], list[str], list[str]]:
+    """The in-sample table, the leave-one-repository-out table (Markdown lines) and the summary lines."""
+    rows = collect(logs)
     header = [
         "log",
         "verdict (from its source)",
@@ -227,42 +323,59 @@ def main(argv: list[str] | None = None) -> int:
         "rldoctor 0.2.0 (warning and critical)",
         "rldoctor ok",
     ]
-    table = []
-    for r in rows:
-        onset = f", onset {r.verdict.onset}" if r.verdict.onset is not None else ""
-        delay = f" ({r.delay} steps)" if r.delay is not None else ""
-        table.append(
-            [
-                r.log.replace(".trainer_state.json", "").replace(".verl.jsonl", "").replace(".csv", ""),
-                f"{r.verdict.kind}{onset}: {r.verdict.why}",
-                _cell_findings(r),
-                str(r.exit_code),
-                {True: "yes", False: "NO", None: "-"}[r.ok] + delay,
-                r.rldoctor,
-                {True: "yes", False: "NO", None: "-"}[rldoctor_ok(r.verdict, r.rldoctor_critical)],
-            ]
-        )
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for cells in table:
-            print("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    table = [
+        [
+            _short(r.log),
+            f"{r.verdict.kind}{f', onset {r.verdict.onset}' if r.verdict.onset is not None else ''}: {r.verdict.why}",
+            _cell_findings(r),
+            str(r.exit_code),
+            _ok(r),
+            r.rldoctor,
+            {True: "yes", False: "NO", None: "-"}[rldoctor_ok(r.verdict, r.rldoctor_critical)],
+        ]
+        for r in rows
+    ]
+    in_sample = _markdown(header, table)
+    bound = calibrate_kl(logs, list(VERDICTS))
+    summary = [f"in sample (KL bound chosen from all logs: {bound:.3g} nats, the doctor's default 2):"]
+    summary += ["  " + line for line in _summary(rows, theirs=True)]
+    loro_rows: list[Row] = []
+    loro_table = []
+    for repo, kl, held in leave_one_repository_out(logs):
+        loro_rows += held
+        for r in held:
+            kl_text = f"{kl:.3g}" if kl is not None else "default"
+            loro_table.append(
+                [repo, _short(r.log), r.verdict.kind, kl_text, _cell_findings(r), str(r.exit_code), _ok(r)]
+            )
+    header = ["held-out repository", "log", "verdict", "KL bound (nats)", "rlguard findings", "exit", "rlguard ok"]
+    summary.append("leave one repository out (the KL bound chosen from the other repositories' healthy logs):")
+    summary += ["  " + line for line in _summary(loro_rows, theirs=False)]
+    return in_sample, _markdown(header, loro_table), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--out", type=Path, default=None, help="also write the Markdown tables to this file")
+    parser.add_argument("--quick", action="store_true", help="accepted for the benchmark runner (same run)")
+    args = parser.parse_args(argv)
+    if not args.logs.is_dir():
+        print(f"doctor_real_logs: no folder {args.logs} (the shared real logs); nothing to do", file=sys.stderr)
+        return 2
+    in_sample, loro, summary = tables(args.logs)
+    text = "\n".join(["### In sample", "", *in_sample, "", "### Leave one repository out", "", *loro, "", *summary])
+    if args.out is not None:
+        command = "python benchmarks/doctor_real_logs.py --out " + str(args.out)
+        args.out.write_text(f"<!-- written by `{command}` -->\n\n{text}\n", encoding="utf-8")
+    if args.markdown or args.out is not None:
+        print(text)
     else:
         from rich.console import Console
-        from rich.table import Table
+        from rich.markdown import Markdown
 
-        t = Table(title=f"rlguard doctor vs rldoctor on {len(rows)} real logs ({args.logs})")
-        for col in header:
-            t.add_column(col)
-        for cells in table:
-            t.add_row(*cells)
-        Console(width=220).print(t)
-    for kind in ("healthy", "collapse"):
-        mine = [r for r in rows if r.verdict.kind == kind]
-        ours = sum(bool(r.ok) for r in mine)
-        theirs = sum(bool(rldoctor_ok(r.verdict, r.rldoctor_critical)) for r in mine)
-        what = "no critical finding" if kind == "healthy" else f"critical within {WITHIN} logged steps of onset"
-        print(f"{kind} runs, {what}: rlguard {ours}/{len(mine)}, rldoctor {theirs}/{len(mine)}")
+        Console(width=220).print(Markdown(text))
     return 0
 
 

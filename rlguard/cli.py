@@ -217,20 +217,27 @@ def doctor(
             "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
         ),
     ] = None,
+    no_auto_map: Annotated[
+        bool,
+        typer.Option(
+            "--no-auto-map", help="Do not map keys automatically (a key matching exactly one canonical stat)."
+        ),
+    ] = False,
 ) -> None:
-    """Diagnose a training log offline with the live guard's detectors.
+    """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
     Exit code 0: no critical finding in what could be checked; 1: a critical finding (or a critical event in the
-    run's events.jsonl); 2: bad input (missing file, unknown format, no usable metric, a malformed --map);
-    3: could not judge (no critical finding, and no detector but nonfinite had enough steps of its stats to get
-    past its warm-up): map the log's own names with --map, or log more steps.
+    run's events.jsonl that the log confirms); 2: bad input (missing file, unknown format, a bad record, no usable
+    metric, a malformed --map), with the file, the line or record and the fix; 3: could not judge (no critical
+    finding, and no detector but nonfinite had enough steps of its stats to get past its warm-up, or part of the
+    log could not be read): map the log's own names with --map, log more steps, or re-copy a damaged file.
     """
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
 
     try:
-        diagnosis = diagnose(path, key_map=parse_key_map(key_map or []))
-    except (LogInputError, ValueError) as err:
+        diagnosis = diagnose(path, key_map=parse_key_map(key_map or []), auto_map=not no_auto_map)
+    except (LogInputError, ValueError, OSError) as err:
         raise _bad_input("doctor", err) from None
     if html is not None:
         from rlguard.doctor.html import doctor_html
@@ -253,6 +260,13 @@ def _print_diagnosis(d: Diagnosis) -> None:
         f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {len(d.steps)} steps ({d.steps[0]} to "
         f"{d.steps[-1]}); stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
     )
+    for line in d.read.lines():
+        console.print(escape(line), style="bold yellow" if line.startswith("damaged") else None)
+    if d.keys.auto_mapped:
+        auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
+        console.print(
+            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
+        )
     if d.keys.unrecognised:
         console.print(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
     if d.keys.suggestions:
@@ -279,14 +293,23 @@ def _print_diagnosis(d: Diagnosis) -> None:
         for col in ("step", "severity", "detector or action", "message"):
             table.add_column(col)
         for e in d.live_events:
-            table.add_row(str(e.step), f"[{_SEVERITY_STYLE[e.severity]}]{e.severity}[/]", e.detector, escape(e.message))
+            table.add_row(
+                str(e.step), f"[{_SEVERITY_STYLE[e.severity]}]{e.severity}[/]", escape(e.detector), escape(e.message)
+            )
         console.print(table)
-    if not d.judged:
+    for w in d.live_warnings:
+        console.print(f"[yellow]warning[/yellow]: {escape(w)}")
+    if d.read.partial and not d.critical:
+        console.print(
+            "[bold yellow]partial read[/bold yellow]: part of the log could not be read (above); this is not a clean "
+            "bill of health (exit code 3)."
+        )
+    elif not d.judged:
         console.print(
             "[bold yellow]could not judge[/bold yellow]: no detector but nonfinite had enough steps of its stats; "
             "this is not a clean bill of health (exit code 3)."
         )
-    elif not d.findings and not d.live_events:
+    elif not d.findings and not d.live_events and not d.critical:
         checked = len(d.coverage) - len(unchecked)
         console.print(
             f"[green]no finding[/green] from the {checked} detectors that could check this log"
@@ -312,7 +335,7 @@ def report(
 
     try:
         result = write_report(run_dir, out)
-    except LogInputError as err:
+    except (LogInputError, ValueError, OSError) as err:
         raise _bad_input("report", err) from None
     console.print(
         f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 Stream = list[dict[str, float]]
 
 #: canonical -> TRL GRPOTrainer key; stats TRL does not log come as the TRL adapter's ``rlguard/<name>``
@@ -123,3 +125,30 @@ def write_log(fmt: str, stream: Stream, folder: Path) -> Path:
     writer, name = WRITERS[fmt]
     folder.mkdir(parents=True, exist_ok=True)
     return writer(stream, folder / name)
+
+
+def shaped_stream(steps: int, seed: int, **shapes: Callable[[int], float]) -> Stream:
+    """A TRL-like run of ``steps`` steps: noisy healthy stats (gradient norm, loss, entropy, lengths, KL to the
+    reference growing slowly), with each stat named in ``shapes`` given by its function of the step index
+    (``reward_mean=lambda i: ...``). Noise comes from ``seed``; the shapes are written out by each test."""
+    rng = np.random.default_rng(seed)
+    out: Stream = []
+    for i in range(steps):
+        t = i / max(steps - 1, 1)
+        row = {
+            "loss": float(rng.normal(0, 0.02)),
+            "reward_mean": float(0.2 + 0.6 * t + rng.normal(0, 0.04)),
+            "reward_std": float(abs(0.3 + rng.normal(0, 0.02))),
+            "entropy": float(0.8 * (1 - 0.3 * t) * math.exp(rng.normal(0, 0.04))),
+            "grad_norm": float(0.5 * math.exp(rng.normal(0, 0.25))),
+            "kl_ref": float((2e-3 + 0.04 * t) * math.exp(rng.normal(0, 0.2))),
+            "length_mean": float(200 * (1 + 0.2 * t) * math.exp(rng.normal(0, 0.05))),
+            "truncated_frac": float(rng.binomial(64, 0.02) / 64),
+            "frac_zero_std_groups": float(rng.binomial(16, 0.1) / 16),
+            "clip_frac": float(0.02 * math.exp(rng.normal(0, 0.3))),
+            "lr": 1e-6,
+        }
+        for name, shape in shapes.items():
+            row[name] = float(shape(i))
+        out.append(row)
+    return out

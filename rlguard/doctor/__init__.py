@@ -26,7 +26,7 @@ from rlguard.doctor.keys import (
     parse_key_map,
     suggest_canonical,
 )
-from rlguard.doctor.readers import FORMATS, LogInputError, MetricLog, find_log, read_log
+from rlguard.doctor.readers import FORMATS, LogInputError, MetricLog, ReadReport, find_log, read_log
 from rlguard.doctor.report import ReportResult, write_report
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "KeyReport",
     "LogInputError",
     "MetricLog",
+    "ReadReport",
     "ReportResult",
     "canonical_stats",
     "classify_keys",

@@ -1,8 +1,10 @@
-"""Offline diagnosis: replay a log's canonical stats through the live guard's detectors (``monitor`` preset).
+"""Offline diagnosis: replay a log's canonical stats through the live guard's detectors (``monitor`` preset), then
+judge each finding by its consequence with the hindsight of the whole log.
 
 Nothing is re-implemented here: :class:`rlguard.guards.Guard` judges every step exactly as it would in training,
-and its events become the findings, one per detector: the most severe level reached, the step of onset (its
-first event) and that level's message, which carries the evidence and the suggested fix.
+and the consequence rule (:mod:`rlguard.guards.detectors.consequence`, shared with the live guard) says which of
+its findings are critical. The events become the findings, one per detector: the most severe level reached, the
+step of onset (its first event) and that level's message, which carries the evidence and the suggested fix.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlguard.doctor.consequence import downgrade_absorbed
 from rlguard.doctor.keys import KeyReport, canonical_stats, classify_keys
-from rlguard.doctor.readers import LogInputError, MetricLog, read_events, read_log, run_folder
+from rlguard.doctor.readers import LogInputError, MetricLog, read_log, run_folder
+from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.detectors.consequence import ConsequenceRule, Timeline, judge, label_findings, relabel
+from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
 
 #: exit status of ``rlguard doctor``: no critical finding, a critical finding, bad input, could not judge
 EXIT_OK, EXIT_CRITICAL, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
@@ -31,7 +34,7 @@ class DoctorFinding:
         detector: the detector's registered name.
         severity: the highest level it reached.
         step: step of onset, its first event.
-        message: the message at ``severity``: evidence, threshold and suggested fix.
+        message: the message at ``severity``: evidence, threshold, suggested fix, and why it has that severity.
         value: the statistic judged when ``severity`` was reached.
         severity_step: the step at which ``severity`` was first reached.
         event_steps: steps of all its events (an alarm that clears and rises again has several).
@@ -64,17 +67,19 @@ class Diagnosis:
     """What the doctor found in one log.
 
     Attributes:
-        log: the raw log read.
-        keys: how its keys were mapped onto canonical names.
+        log: the raw log read (with the account of the read, ``log.report``).
+        keys: how its keys were mapped onto canonical names (``keys.auto_mapped``: those mapped automatically).
         steps: the optimizer steps judged, increasing.
         series: canonical name -> value at each of ``steps`` (NaN where the step did not log it).
-        events: the guard's events, in order (critical spikes the run absorbed turned into warnings).
+        events: the detectors' events, severity by consequence, in order.
         findings: one per detector that raised an event, most severe first, then by onset.
         detector_metrics: detector name -> the canonical stats it reads (for plots).
         coverage: detector name -> ``(checked, why)``: whether it judged at least one step past its warm-up, and
             on how many steps, or why it could not.
-        live_events: the events the live guard recorded in the run folder's ``events.jsonl`` (empty if none).
+        live_events: the events the live guard recorded in the run folder's ``events.jsonl``, their critical
+            detector events judged again with the log's hindsight (empty if none).
         live_events_path: that file, or None.
+        live_warnings: lines of ``events.jsonl`` skipped (a torn last line).
     """
 
     log: MetricLog
@@ -87,12 +92,18 @@ class Diagnosis:
     coverage: dict[str, tuple[bool, str]] = field(default_factory=dict)
     live_events: list[Event] = field(default_factory=list)
     live_events_path: Path | None = None
+    live_warnings: list[str] = field(default_factory=list)
+
+    @property
+    def read(self) -> ReadReport:
+        """What was read of the log and what was not."""
+        return self.log.report
 
     @property
     def critical(self) -> bool:
-        """Whether any finding, or any event the live guard recorded, is critical."""
+        """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical."""
         return any(f.severity == "critical" for f in self.findings) or any(
-            e.severity == "critical" for e in self.live_events
+            e.severity == "critical" and not e.detector.startswith("action:") for e in self.live_events
         )
 
     @property
@@ -107,11 +118,12 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """1 critical finding (or critical live event); 3 nothing could be judged (no critical finding, and no
-        detector but ``nonfinite`` got past its warm-up); 0 otherwise. (2, bad input, is raised before.)"""
+        """1 a critical finding (or critical live detector event); 3 could not judge: no detector but
+        ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0 otherwise. (2, bad
+        input, is raised before.)"""
         if self.critical:
             return EXIT_CRITICAL
-        return EXIT_OK if self.judged else EXIT_CANNOT_JUDGE
+        return EXIT_OK if self.judged and not self.read.partial else EXIT_CANNOT_JUDGE
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
@@ -123,10 +135,13 @@ class Diagnosis:
             "path": str(self.log.path),
             "first_step": self.steps[0],
             "last_step": self.steps[-1],
+            "read": self.read.to_dict(),
             "mapped_keys": self.keys.mapped,
+            "auto_mapped_keys": self.keys.auto_mapped,
             "suggested_maps": self.keys.suggestions,
             "coverage": {n: {"checked": c, "why": why} for n, (c, why) in self.coverage.items()},
             "live_events": [e.to_dict() for e in self.live_events],
+            "live_warnings": self.live_warnings,
             "exit_code": self.exit_code,
         }
 
@@ -137,15 +152,22 @@ def detector_metrics(guard: Guard) -> dict[str, tuple[str, ...]]:
 
 
 def diagnose(
-    path: str | Path, config: GuardConfig | None = None, key_map: Mapping[str, str] | None = None
+    path: str | Path,
+    config: GuardConfig | None = None,
+    key_map: Mapping[str, str] | None = None,
+    *,
+    auto_map: bool = True,
+    rule: ConsequenceRule | None = None,
 ) -> Diagnosis:
-    """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``).
+    """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``), then
+    each finding by its consequence (``rule``, :class:`~rlguard.guards.detectors.consequence.ConsequenceRule`).
 
-    ``key_map`` maps the log's own column names onto canonical ones (``--map reward_avg=reward_mean``). A run
-    folder's ``events.jsonl`` (what the live guard recorded) is read too.
+    ``key_map`` maps the log's own column names onto canonical ones (``--map reward_avg=reward_mean``); with
+    ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
+    run folder's ``events.jsonl`` (what the live guard recorded) is read too.
     """
     log = read_log(path)
-    keys = classify_keys(log.keys, key_map)
+    keys = classify_keys(log.keys, key_map, auto_map)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
         hint = "; ".join(f"--map {k}={c}" for k, c in keys.suggestions.items())
@@ -158,31 +180,46 @@ def diagnose(
     steps: list[int] = []
     rows: list[dict[str, float]] = []
     step_findings: list[dict[str, Finding]] = []
+    observed: list[frozenset[str]] = []
     for step, raw in log.rows:
-        stats = canonical_stats(raw, key_map)
+        stats = canonical_stats(raw, keys.key_map)
         if not stats:
             continue
+        before = guard.observations()
         guard.observe(step, stats)
+        observed.append(frozenset(n for n, count in guard.observations().items() if count != before[n]))
         steps.append(step)
         rows.append(stats)
         step_findings.append(dict(guard.last_findings))
     names = sorted({n for r in rows for n in r})
     series = {n: [r.get(n, math.nan) for r in rows] for n in names}
-    events = downgrade_absorbed(guard.events, step_findings, steps)
-    detector_events = [e for e in events if not e.detector.startswith("action:")]
+    rewards = series.get("reward_mean", [math.nan] * len(steps))
+    timeline = Timeline(steps, rewards, step_findings, observed)
+    labels = label_findings(timeline, guard.detectors, rule)
+    events = judge(timeline, guard.detectors, rule, labels)
+    coverage = _coverage(guard, keys, set(names))
     live_path = _events_file(Path(path), log.path)
-    live = read_events(live_path) if live_path is not None else []
+    live: list[Event] = []
+    live_warnings: list[str] = []
+    if live_path is not None:
+        try:
+            recorded = read_events(live_path)
+        except EventsFileError as err:
+            raise LogInputError(str(err)) from None
+        checked = frozenset(n for n, (ok, _) in coverage.items() if ok)
+        live, live_warnings = relabel(recorded.events, timeline, labels, checked, rule), recorded.warnings
     return Diagnosis(
         log,
         keys,
         steps,
         series,
         events,
-        _findings(detector_events),
+        _findings(events),
         detector_metrics(guard),
-        _coverage(guard, keys, set(names)),
+        coverage,
         live,
         live_path,
+        live_warnings,
     )
 
 

@@ -32,13 +32,18 @@ def img_base64(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
 
 
+def _cls(severity: str) -> str:
+    """The CSS class of a severity: only the two known names, never text from a file."""
+    return severity if severity in ("warn", "critical") else ""
+
+
 def events_table(events: Sequence[Event]) -> str:
-    """Events as an HTML table (step, detector, severity, message)."""
+    """Events as an HTML table (step, detector, severity, message); every field escaped."""
     if not events:
         return "<p>No events.</p>"
     rows = "".join(
-        f'<tr><td>{e.step}</td><td>{escape(e.detector)}</td><td class="{e.severity}">{e.severity}</td>'
-        f"<td>{escape(e.message)}</td></tr>"
+        f'<tr><td>{escape(str(e.step))}</td><td>{escape(e.detector)}</td><td class="{_cls(e.severity)}">'
+        f"{escape(e.severity)}</td><td>{escape(e.message)}</td></tr>"
         for e in events
     )
     return f"<table><tr><th>step</th><th>detector</th><th>severity</th><th>message</th></tr>{rows}</table>"
@@ -48,8 +53,9 @@ def doctor_html(diagnosis: Diagnosis) -> str:
     """The ``doctor --html`` page: summary, findings and one plot per finding, all in one file."""
     d = diagnosis
     body = [
-        f"<p><code>{escape(str(d.log.path))}</code>: format <b>{d.log.format}</b>, {len(d.steps)} steps "
+        f"<p><code>{escape(str(d.log.path))}</code>: format <b>{escape(d.log.format)}</b>, {len(d.steps)} steps "
         f"({d.steps[0]} to {d.steps[-1]}), {len(d.findings)} finding(s).</p>",
+        "<p>" + "<br>".join(escape(line) for line in d.read.lines()) + "</p>",
         "<p>Metrics read: "
         + ", ".join(f"<code>{escape(k)}</code> &rarr; {escape(v)}" for k, v in d.keys.mapped.items())
         + "</p>",
@@ -57,6 +63,14 @@ def doctor_html(diagnosis: Diagnosis) -> str:
         + (", ".join(f"<code>{escape(k)}</code>" for k in d.keys.unrecognised) or "none")
         + "</p>",
     ]
+    if d.keys.auto_mapped:
+        auto = ", ".join(f"<code>{escape(k)}</code> &rarr; {escape(v)}" for k, v in d.keys.auto_mapped.items())
+        body.append(f"<p>Mapped automatically (exactly one canonical stat matches): {auto}</p>")
+    if d.read.partial and not d.critical:
+        body.append(
+            "<p><b>Partial read</b> (exit code 3): part of the log could not be read. This is not a clean bill of "
+            "health.</p>"
+        )
     if not d.judged:
         body.append(
             "<p><b>Could not judge</b> (exit code 3): no detector but <code>nonfinite</code> had enough steps of its "
@@ -71,12 +85,14 @@ def doctor_html(diagnosis: Diagnosis) -> str:
     if d.unchecked:
         rows = "".join(f"<tr><td>{escape(n)}</td><td>{escape(why)}</td></tr>" for n, why in d.unchecked.items())
         body.append(f"<h2>Could not check</h2><table><tr><th>detector</th><th>why</th></tr>{rows}</table>")
-    if d.live_events:
+    if d.live_events or d.live_warnings:
         body.append(f"<h2>The live guard's events</h2><p><code>{escape(str(d.live_events_path))}</code></p>")
+        body += [f"<p>{escape(w)}</p>" for w in d.live_warnings]
         body.append(events_table(d.live_events))
     for f in d.findings:
         body.append(
-            f'<h2><span class="{f.severity}">{f.severity}</span> {escape(f.detector)} from step {f.step}</h2>'
+            f'<h2><span class="{_cls(f.severity)}">{escape(f.severity)}</span> {escape(f.detector)} from step '
+            f"{escape(str(f.step))}</h2>"
             f"<p>{escape(f.message)}</p>"
         )
         names = [n for n in d.detector_metrics.get(f.detector, ()) if n in d.series]

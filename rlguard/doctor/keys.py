@@ -85,25 +85,37 @@ class KeyReport:
     """How the keys of a log were read.
 
     Attributes:
-        mapped: raw key -> canonical name, for every key that has one.
+        mapped: raw key -> canonical name, for every key that has one (auto-mapped keys included).
         known: keys recognised as carrying no canonical stat (counters, timings, evaluation, ...).
-        unrecognised: every other key, sorted.
-        suggestions: unrecognised key -> the canonical name it looks like (for ``--map KEY=CANONICAL``).
+        unrecognised: every other key, sorted (auto-mapped keys excluded).
+        suggestions: unrecognised key -> the canonical name it looks like (for ``--map KEY=CANONICAL``), where it
+            was not mapped automatically (ambiguous, or auto-mapping off).
+        auto_mapped: raw key -> canonical name mapped because exactly one canonical stat matches it (and no other
+            key of the log claims that stat).
     """
 
     mapped: dict[str, str]
     known: list[str]
     unrecognised: list[str]
     suggestions: dict[str, str] = field(default_factory=dict)
+    auto_mapped: dict[str, str] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[str]:
         """Canonical names found that a built-in detector judges (``judged`` in :data:`rlguard.metrics.METRICS`)."""
         return sorted({c for c in self.mapped.values() if c in JUDGED})
 
+    @property
+    def key_map(self) -> dict[str, str]:
+        """The raw key -> canonical name map to read the log with (``--map`` entries and the automatic ones)."""
+        return dict(self.mapped)
 
-def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None) -> KeyReport:
-    """Sort the raw keys of a log into mapped, known and unrecognised (with suggestions)."""
+
+def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None, auto_map: bool = True) -> KeyReport:
+    """Sort the raw keys of a log into mapped, known and unrecognised; with ``auto_map``, map each unrecognised
+    key whose words match exactly one canonical stat that no other key claims (``reward_avg`` -> ``reward_mean``),
+    or, where several claim it, the one key whose words are exactly the stat's (``reward_avg`` rather than
+    ``format_reward_avg``); suggest the rest."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
@@ -118,7 +130,21 @@ def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None)
             unrecognised.append(key)
     taken = set(mapped.values())
     suggestions = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
-    return KeyReport(mapped, known, unrecognised, suggestions)
+    claims: dict[str, list[str]] = {}
+    for k, c in suggestions.items():
+        claims.setdefault(c, []).append(k)
+    auto: dict[str, str] = {}
+    for c, claimants in claims.items() if auto_map else ():
+        exact = [k for k in claimants if _exact(k, c)]
+        if len(claimants) == 1 or len(exact) == 1:  # one key, or one whose words are the stat's and no more
+            auto[claimants[0] if len(claimants) == 1 else exact[0]] = c
+    return KeyReport(
+        {**mapped, **auto},
+        known,
+        [k for k in unrecognised if k not in auto],
+        {k: c for k, c in suggestions.items() if k not in auto},
+        auto,
+    )
 
 
 #: words in a key -> the canonical name it likely holds, first match wins; each rule needs all its words
@@ -149,14 +175,28 @@ _SUGGEST: tuple[tuple[frozenset[str], str], ...] = tuple(
 _ABBREVIATIONS = {"ent": "entropy", "rew": "reward", "rwd": "reward", "gnorm": "gradnorm", "trunc": "truncated"}
 
 
+#: words that name an aggregate of a stat without changing which stat it is
+_AGGREGATES = frozenset({"avg", "mean", "average"})
+
+
+def _words(key: str) -> set[str]:
+    return {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
+
+
+def _exact(key: str, name: str) -> bool:
+    """Whether ``key``'s words are those of a rule for ``name``, aggregates (avg, mean) aside."""
+    words = _words(key) - _AGGREGATES
+    return any(need == words for need, rule_name in _SUGGEST if rule_name == name)
+
+
 def suggest_canonical(key: str) -> str | None:
-    """The canonical name an unrecognised key looks like (``reward_avg`` -> ``reward_mean``,
-    ``avg_response_len`` -> ``length_mean``), or None."""
-    words = {_ABBREVIATIONS.get(w, w) for w in re.split(r"[^a-z0-9]+", strip_namespace(key).lower()) if w}
-    for need, name in _SUGGEST:
-        if need <= words:
-            return name
-    return None
+    """The one canonical name an unrecognised key looks like (``reward_avg`` -> ``reward_mean``,
+    ``avg_response_len`` -> ``length_mean``), or None when none or several match. A rule whose words are all
+    within another matching rule's (``reward`` within ``reward std``) gives way to it."""
+    words = _words(key)
+    hits = [(need, name) for need, name in _SUGGEST if need <= words]
+    specific = {name for need, name in hits if not any(need < other for other, _ in hits)}
+    return next(iter(specific)) if len(specific) == 1 else None
 
 
 def parse_key_map(items: Iterable[str]) -> dict[str, str]:

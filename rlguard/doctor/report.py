@@ -15,8 +15,9 @@ from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
 from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
 from rlguard.doctor.plots import plot_png
-from rlguard.doctor.readers import LogInputError, read_events, read_log
+from rlguard.doctor.readers import LogInputError, read_log
 from rlguard.guards import Event, Guard, GuardConfig
+from rlguard.guards.events import EventsFileError, read_events
 from rlguard.guards.stats import STAT_REDUCTIONS
 
 #: plot order: the metric table's (docs/design.md, rlguard.metrics), then the derived and plot-only names
@@ -56,7 +57,11 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
     if not keys.judged:
         raise LogInputError(f"no usable metric in {log.path} ({log.format}): no key maps to a canonical stat")
     events_path = run_dir / "events.jsonl"
-    events = read_events(events_path) if events_path.is_file() else []
+    try:
+        read = read_events(events_path) if events_path.is_file() else None
+    except EventsFileError as err:
+        raise LogInputError(str(err)) from None
+    events = read.events if read is not None else []
     actions = [e for e in events if e.detector.startswith("action:")]
     reads = detector_metrics(Guard(GuardConfig.preset("monitor")))
     out_dir = Path(out) if out is not None else run_dir
@@ -73,15 +78,19 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
         images[name].write_bytes(png)
         marked[name] = [e.step for e in mine]
     body = [
-        f"<p>Run <code>{escape(str(run_dir))}</code>: log <code>{escape(str(log.path))}</code> ({log.format}), "
-        f"{len(steps)} steps ({steps[0]} to {steps[-1]}).</p>",
+        f"<p>Run <code>{escape(str(run_dir))}</code>: log <code>{escape(str(log.path))}</code> "
+        f"({escape(log.format)}), {len(steps)} steps ({steps[0]} to {steps[-1]}).</p>",
+        "<p>" + "<br>".join(escape(line) for line in log.report.lines()) + "</p>",
+        *(f"<p>{escape(w)}</p>" for w in (read.warnings if read is not None else [])),
         "<h2>Guard events</h2>",
         events_table(events) if events_path.is_file() else "<p>No events.jsonl in the run folder.</p>",
         "<h2>Metrics</h2>",
     ]
-    body += [f'<h3>{escape(n)}</h3><img alt="{escape(n)}" src="{p.name}">' for n, p in images.items()]
+    body += [f'<h3>{escape(n)}</h3><img alt="{escape(n)}" src="{escape(p.name)}">' for n, p in images.items()]
     if keys.unrecognised:
-        body.append("<p>Unrecognised keys: " + ", ".join(f"<code>{escape(k)}</code>" for k in keys.unrecognised))
+        body.append(
+            "<p>Unrecognised keys: " + ", ".join(f"<code>{escape(k)}</code>" for k in keys.unrecognised) + "</p>"
+        )
     html = out_dir / "report.html"
     html.write_text(page(f"rlguard report: {run_dir.name}", body), encoding="utf-8")
     return ReportResult(html, images, marked, events, log.path)

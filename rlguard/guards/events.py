@@ -1,12 +1,28 @@
-"""What detectors find and what the guard records."""
+"""What detectors find and what the guard records, and the validation of events read back from ``events.jsonl``.
+
+An :class:`Event` is validated when it is built (the guard cannot write a malformed one) and when it is read
+(:meth:`Event.from_dict`, :func:`read_events`): types are checked, severities are read case-insensitively, fields
+this version does not know are kept (``extra``) and written back, and a torn last line (a process killed while
+writing) is skipped with a warning.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 Severity = Literal["warn", "critical"]
 SEVERITY_LEVEL: dict[str, int] = {"warn": 1, "critical": 2}
+_FIELDS = ("step", "detector", "severity", "value", "message", "threshold")
+
+
+class EventsFileError(ValueError):
+    """An ``events.jsonl`` line that is not a valid event; ``str(err)`` names the file, the line and the fix."""
 
 
 @dataclass(frozen=True)
@@ -14,13 +30,15 @@ class Finding:
     """One detector's verdict on one step.
 
     Attributes:
-        severity: ``"warn"`` or ``"critical"``.
+        severity: ``"warn"`` or ``"critical"``: how urgently the live guard must act on this step.
         value: the statistic it judged (e.g. the gradient norm, or its ratio to the baseline).
         threshold: the bound ``value`` crossed.
         message: what it saw, against which threshold, and what to do.
         transient: a one-step excursion over a rolling baseline (a spike). Its consequence shows only afterwards:
-            the live guard acts on it at once (skip the step); the doctor, with hindsight, reports an isolated spike
-            after which the run kept control as a warning (:mod:`rlguard.doctor.consequence`).
+            the live guard acts on it at once (skip the step); with hindsight, an isolated spike the run recovered
+            from is a warning (:mod:`rlguard.guards.detectors.consequence`).
+        unrecoverable: a state training cannot come back from by itself (non-finite values, one-token
+            completions): critical whatever follows.
     """
 
     severity: Severity
@@ -28,11 +46,36 @@ class Finding:
     threshold: float
     message: str
     transient: bool = False
+    unrecoverable: bool = False
+
+
+def _severity(value: Any) -> Severity:
+    """``value`` as a severity, case-insensitively; ValueError naming it otherwise."""
+    name = value.strip().lower() if isinstance(value, str) else None
+    if name not in SEVERITY_LEVEL:
+        raise ValueError(f"severity {value!r} is not one of {sorted(SEVERITY_LEVEL)} (any case)")
+    return "critical" if name == "critical" else "warn"
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
+        raise TypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
 class Event:
-    """A finding that changed a detector's alarm level, as recorded in ``Guard.events`` and ``events.jsonl``."""
+    """A finding that changed a detector's alarm level, as recorded in ``Guard.events`` and ``events.jsonl``.
+
+    Attributes:
+        step: the optimizer step (an int >= 0).
+        detector: the detector's name, or ``action:<name>`` for an intervention.
+        severity: ``"warn"`` or ``"critical"``.
+        value: the statistic judged (NaN and Inf allowed: they are evidence).
+        message: evidence, threshold and suggested fix.
+        threshold: the bound crossed, or None.
+        extra: fields of a record written by another version, kept as read and written back by :meth:`to_dict`.
+    """
 
     step: int
     detector: str
@@ -40,12 +83,118 @@ class Event:
     value: float
     message: str
     threshold: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral) or self.step < 0:
+            raise TypeError(f"Event.step must be an int >= 0; got {type(self.step).__name__} {self.step!r}")
+        if not isinstance(self.step, int):
+            object.__setattr__(self, "step", int(self.step))  # a numpy integer
+        for name in ("detector", "message"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Event.{name} must be a string; got {type(getattr(self, name)).__name__}")
+        if self.severity not in SEVERITY_LEVEL:
+            raise ValueError(f"Event.severity must be one of {sorted(SEVERITY_LEVEL)}; got {self.severity!r}")
+        if not isinstance(self.value, float):
+            object.__setattr__(self, "value", _real("Event.value", self.value))
+        if self.threshold is not None and not isinstance(self.threshold, float):
+            object.__setattr__(self, "threshold", _real("Event.threshold", self.threshold))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict: the fields, then ``extra``'s."""
+        known = {name: getattr(self, name) for name in _FIELDS}
+        return {**known, **{k: v for k, v in self.extra.items() if k not in known}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Event:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**data)
+    def from_dict(cls, data: Mapping[str, Any]) -> Event:
+        """Inverse of :meth:`to_dict`, validating: ``step`` a whole number >= 0, ``detector`` and ``message``
+        strings, ``severity`` one of ``warn``/``critical`` in any case, ``value`` a number, ``threshold`` a number
+        or null. Unknown fields go to ``extra``. TypeError or ValueError naming the field otherwise."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"an event must be a JSON object; got {type(data).__name__}")
+        missing = [k for k in ("step", "detector", "severity", "value") if k not in data]
+        if missing:
+            raise ValueError(f"missing field(s) {missing}; an event has {list(_FIELDS)}")
+        step = data["step"]
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise TypeError(f"step must be a whole number >= 0; got {step!r}")
+        threshold = data.get("threshold")
+        return cls(
+            step=step,
+            detector=_string("detector", data["detector"]),
+            severity=_severity(data["severity"]),
+            value=_real("value", data["value"]),
+            message=_string("message", data.get("message", "")),
+            threshold=None if threshold is None else _real("threshold", threshold),
+            extra={k: v for k, v in data.items() if k not in _FIELDS},
+        )
+
+
+def _string(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string; got {type(value).__name__} {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EventsRead:
+    """What :func:`read_events` read.
+
+    Attributes:
+        events: the valid events, in file order.
+        warnings: what was skipped and why (a torn last line).
+    """
+
+    events: list[Event]
+    warnings: list[str]
+
+
+def parse_events(lines: list[str], source: str = "events.jsonl") -> EventsRead:
+    """Events from the lines of an ``events.jsonl``: one :meth:`Event.to_dict` per line, blank lines ignored. A
+    last line that is not JSON is a torn write and is skipped with a warning; any other bad line raises
+    :class:`EventsFileError` naming ``source`` and the line."""
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    events: list[Event] = []
+    warnings: list[str] = []
+    for n, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line, parse_constant=_json_constant)
+        except (json.JSONDecodeError, RecursionError) as err:
+            if n == len(numbered) - 1:
+                warnings.append(f"{source}, line {number}: a torn last line (the writer was stopped mid-line), skipped")
+                continue
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
+            raise EventsFileError(
+                f"{source}, line {number}: not JSON ({why}); each line must be one event object as the guard writes"
+                " it (fix or delete the line)"
+            ) from None
+        try:
+            events.append(Event.from_dict(record))
+        except (TypeError, ValueError) as err:
+            raise EventsFileError(
+                f"{source}, line {number}: not a guard event ({err}); fix or delete the line"
+            ) from None
+    return EventsRead(events, warnings)
+
+
+def _json_constant(name: str) -> float:
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
+
+
+def read_events(path: str | Path) -> EventsRead:
+    """The events of the ``events.jsonl`` at ``path`` (:func:`parse_events`); :class:`EventsFileError` for a file
+    that cannot be read as UTF-8 text."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise EventsFileError(
+            f"{path}, line {line}: byte {err.start} is not UTF-8; events.jsonl is UTF-8 JSON lines (re-write it, "
+            "or delete the line)"
+        ) from None
+    except OSError as err:
+        raise EventsFileError(f"{path}: cannot be read ({err.strerror})") from None
+    return parse_events(text.splitlines(keepends=True), str(path))

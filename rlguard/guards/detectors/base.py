@@ -20,6 +20,10 @@ from rlguard.guards.state import PrivateState
 class Detector(PrivateState):
     """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
 
+    ``consequence`` is the detector's class for the consequence rule (:mod:`~rlguard.guards.detectors.consequence`):
+    ``control`` (a loss of control: the default), ``budget`` (a property of the generation budget), ``signal``
+    (groups that carry no gradient) or ``reward`` (a drawdown, which needs a peak to fall from).
+
     Attributes:
         warmup: steps the detector watches (building its baseline) before it may fire.
         patience: consecutive findings needed to raise the alarm (1 = at once).
@@ -29,6 +33,7 @@ class Detector(PrivateState):
     name: ClassVar[str] = ""
     source: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    consequence: ClassVar[str] = "control"
 
     warmup: int = 10
     patience: int = 1

@@ -6,9 +6,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlguard.guards.detectors.base import Detector, _anchor_median, _metric
+from rlguard.guards.detectors.consequence import converged, normalized_reward
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -33,6 +34,7 @@ class RewardCollapse(Detector):
     """
 
     name = "reward_collapse"
+    consequence = "reward"
     source = "EWMA drawdown with a robust scale (Roberts 1959; Hampel 1974)"
     summary = (
         "EWMA reward drops >= 5 (warn) / 10 (critical) EWMA sigmas and >= 30% of its range below its best; "
@@ -109,26 +111,80 @@ class RewardCollapse(Detector):
 
 @dataclass(kw_only=True)
 class ZeroVarianceGroups(ThresholdDetector):
-    """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse)."""
+    """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse).
+
+    Whether they are solved or failed is decided from the reward level (:func:`~rlguard.guards.detectors.
+    consequence.normalized_reward`: with a normalised reward ``p`` at most ``1 - p`` of the groups can be all
+    failed, at most ``p`` all solved), or read from ``frac_zero_std_solved`` where the run logs it. A run whose
+    reward is at the top of its range has converged (:func:`~rlguard.guards.detectors.consequence.converged`):
+    "too easy, nothing left to learn", a warning however many groups.
+
+    Attributes:
+        converged_failing: the run has converged once at most this share of its groups can be all failed.
+        level_window: recent reward observations whose median is the reward level.
+    """
 
     name = "zero_variance_groups"
-    source = "DAPO dynamic sampling, arXiv 2503.14476, sec. 3.2"
-    summary = "share of all-equal-reward groups >= 0.5 (warn) / 0.9 (critical); says too easy or too hard"
+    consequence = "signal"
+    source = "DAPO dynamic sampling, arXiv 2503.14476, sec. 3.2; solved or failed from the reward level"
+    summary = (
+        "share of all-equal-reward groups >= 0.5 (warn) / 0.9 (critical); says too easy or too hard from the reward "
+        "level; a converged run (reward in the top 20% of its range) only warns"
+    )
 
     metric: str = "frac_zero_std_groups"
     warn: float = 0.5
     critical: float = 0.9
     patience: int = 3
+    converged_failing: float = 0.2
+    level_window: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._s_recent = RollingWindow(self.level_window)
+        self._s_low = math.inf
+        self._s_high = -math.inf
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        reward = _metric(stats, "reward_mean")
+        if reward is not None and math.isfinite(reward):
+            self._s_recent.push(reward)
+            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
+        finding = super().check(step, stats, armed)
+        if finding is None or finding.severity != "critical" or len(self._s_recent) == 0:
+            return finding
+        if converged(self._s_recent.median(), self._s_low, self._s_high, self.converged_failing):
+            return replace(finding, severity="warn")
+        return finding
 
     def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
-        solved = stats.get("frac_zero_std_solved", 0.0)
-        easy = solved >= value / 2
-        kind = (
-            "too easy: most of them are all solved; filter solved prompts or use harder ones (DAPO dynamic sampling)"
-            if easy
-            else "too hard: most of them are all failed; use easier prompts, more samples per prompt, or reward shaping"
-        )
-        return f"{value:.0%} of groups have zero reward variance (threshold {bound:.0%}); {kind}."
+        head = f"{value:.0%} of groups have zero reward variance (threshold {bound:.0%})"
+        if len(self._s_recent) == 0:
+            return head + "; no reward logged to tell solved from failed groups."
+        level = self._s_recent.median()
+        p = normalized_reward(level, self._s_low, self._s_high)
+        solved_stat = stats.get("frac_zero_std_solved")
+        if solved_stat is not None and math.isfinite(solved_stat):
+            solved, failed = solved_stat, max(value - solved_stat, 0.0)
+            basis = "frac_zero_std_solved"
+        else:
+            # all-solved share in [value + p - 1, min(p, value)]; the midpoint
+            solved = (max(value + p - 1.0, 0.0) + min(p, value)) / 2
+            failed, basis = value - solved, f"the reward level {level:.3g}"
+        if converged(level, self._s_low, self._s_high, self.converged_failing):
+            kind = (
+                f"too easy, nothing left to learn: the reward {level:.3g} is at the top of its range, so at most "
+                f"{1 - p:.0%} of groups can be all failed; filter solved prompts or use harder ones (DAPO dynamic "
+                "sampling), or stop: the run has converged"
+            )
+        elif solved >= failed:
+            kind = f"too easy: about {solved:.0%} of groups all solved (from {basis}); filter solved prompts"
+        else:
+            kind = (
+                f"too hard: about {failed:.0%} of groups all failed (from {basis}); use easier prompts, more "
+                "samples per prompt, or reward shaping"
+            )
+        return f"{head}; {kind}."
 
 
 @dataclass(kw_only=True)
@@ -162,7 +218,10 @@ class LengthCollapse(Detector):
     """
 
     name = "length_collapse"
-    source = "absolute bound; ratio to the early baseline calibrated on real runs (benchmarks/doctor_real_logs.py)"
+    source = (
+        "one token carries nothing to learn from (absolute, unrecoverable); an order of magnitude (0.1x) below the "
+        "run's early completions (critical), a quarter (warn)"
+    )
     summary = (
         "mean completion length <= 1 token (critical, from the first step) or < 0.25x (warn) / 0.1x (critical) "
         "of the early baseline"
@@ -198,6 +257,7 @@ class LengthCollapse(Detector):
                 self.critical_tokens,
                 f"mean completion length {length:.3g} tokens <= {self.critical_tokens:g}: completions have collapsed. "
                 + advice,
+                unrecoverable=True,  # one token carries no signal to learn from: the policy cannot climb back
             )
         anchor = _anchor_median(self._s_anchor)
         if armed and anchor is not None and anchor > 0:
@@ -219,6 +279,7 @@ class LengthCollapse(Detector):
 @dataclass(kw_only=True)
 class Truncation(ThresholdDetector):
     name = "truncation"
+    consequence = "budget"
     source = "DAPO overlong filtering, arXiv 2503.14476, sec. 3.4"
     summary = "share of completions hitting the length budget >= 0.2 (warn) / 0.5 (critical), 0.1 above baseline"
     metric: str = "truncated_frac"

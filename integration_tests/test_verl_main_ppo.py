@@ -21,7 +21,8 @@ pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install '
 from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
 from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
-from rlguard.guards.actuator import ACTION_CODE, GUARD_STATE_FILE
+from rlguard.guards.actuator import GUARD_STATE_FILE
+from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.verl_cpu.example import write_example
 
 pytestmark = pytest.mark.slow
@@ -113,7 +114,7 @@ def check_guarded_run(run: Run, out: Path) -> None:
     steps = run.steps()
     # the guard saw every step, once; it halted at step 4 of 6
     assert [s["training/global_step"] for s in steps] == [1, 2, 3, 4], run.log[-4000:]
-    codes = [ACTION_CODE[a] for a in ("continue", "continue", "rollback", "halt")]
+    codes = [float(LOGGED_ACTIONS.index(a)) for a in ("continue", "continue", "rollback", "halt")]
     assert [s["rlguard/guard/action"] for s in steps] == codes
     assert [s["rlguard/guard/halted"] for s in steps] == [0.0, 0.0, 0.0, 1.0]
     # no sequence clipped within the wide range [0.01, 11] of steps 1-2
@@ -167,7 +168,7 @@ def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tm
     )
     # ... and the LR scale: step 3's checkpoint holds step 2's scheduler (x1); the saved guard state sent x0.5
     assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * first.steps()[0]["actor/lr"], rel=1e-9)
-    assert steps[0]["rlguard/guard/action"] == ACTION_CODE["halt"]
+    assert steps[0]["rlguard/guard/action"] == LOGGED_ACTIONS.index("halt")
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     assert GUARD_STATE_FILE in {p.name for p in (tmp_path / "checkpoints" / "global_step_3").iterdir()}
 

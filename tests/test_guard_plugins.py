@@ -54,8 +54,9 @@ def rlguard_add_interventions():
 SCRIPT = """
 import json
 from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.decision import decision_action
 guard = Guard(GuardConfig(detectors={"loss_above": {"limit": 5.0}}))
-actions = [guard.observe(step, {"loss": loss}).action for step, loss in enumerate([1.0, 2.0, 7.0])]
+actions = [decision_action(guard.observe(step, {"loss": loss})) for step, loss in enumerate([1.0, 2.0, 7.0])]
 print(json.dumps({"detectors": sorted(guard.detectors), "interventions": sorted(guard.interventions),
                   "actions": actions}))
 """
@@ -93,6 +94,7 @@ def test_autoload_can_be_disabled(tmp_path: Path) -> None:
 STEP_PLUGIN = """
 from dataclasses import dataclass
 from rlguard.guards import Detector, Finding
+from rlguard.guards.decision import decision_action
 from rlguard.hookspecs import hookimpl
 
 SEEN = []
@@ -127,7 +129,7 @@ def rlguard_step_stats(step, stats):
 
 @hookimpl
 def rlguard_on_decision(decision, applied):
-    SEEN.append((decision.step, decision.action, applied.outcome))
+    SEEN.append((decision.step, decision_action(decision), applied.outcome))
 """
 
 STEP_SCRIPT = """

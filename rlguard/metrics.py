@@ -18,8 +18,6 @@ from typing import Any, Literal
 
 __all__ = [
     "CANONICAL",
-    "DERIVED",
-    "INTERNAL",
     "JUDGED",
     "KEY_TO_CANONICAL",
     "METRICS",
@@ -228,8 +226,6 @@ METRICS: tuple[Metric, ...] = (
 
 #: canonical names: derived ones included, internal moments and the doctor's plot-only names not
 CANONICAL: frozenset[str] = frozenset(m.name for m in METRICS if not m.name.startswith("_") and not m.doctor_only)
-INTERNAL: frozenset[str] = frozenset(m.name for m in METRICS if m.name.startswith("_"))
-DERIVED: frozenset[str] = frozenset(m.name for m in METRICS if m.derived)
 DOCTOR_ONLY: frozenset[str] = frozenset(m.name for m in METRICS if m.doctor_only)
 JUDGED: frozenset[str] = frozenset(m.name for m in METRICS if m.judged)
 #: what a step's accumulator reduces: every stat that is neither derived nor read from logs only

@@ -48,7 +48,9 @@ def test_default_preset_raises_no_critical_event_on_healthy_runs() -> None:
     for shape in SHAPES:
         for seed in range(20):
             guard = Guard(GuardConfig.preset("default"))
-            actions = {decision_action(guard.observe(step, s)) for step, s in enumerate(healthy_stream(300, seed, shape))}
+            actions = {
+                decision_action(guard.observe(step, s)) for step, s in enumerate(healthy_stream(300, seed, shape))
+            }
             critical = [e for e in guard.events if e.severity == "critical"]
             assert not critical, (shape, seed, critical[:3])
             assert actions <= {"continue", "scale_lr", "set_clip"}, (shape, seed, actions)
@@ -110,8 +112,8 @@ def test_lr_backoff_halves_then_recovers_after_a_quiet_period() -> None:
     scales = []
     for step in range(100):
         p = lr.propose(_ctx(step, {}, trouble if step in (5, 8, 16) else None))
-        assert p is not None and p.lr_scale is not None
-        scales.append(p.lr_scale)
+        assert p is not None and p.controls.get("lr_scale") is not None
+        scales.append(p.controls.get("lr_scale"))
     # backoff at 5 (x0.5), 8 is inside the cooldown, 16 backs off again (x0.25)
     assert scales[5] == 0.5 and scales[8] == 0.5 and scales[16] == 0.25
     # recovery: 20 quiet steps after the last trouble (16) -> 0.5 at 36, then 1.0 at 56, and stays
@@ -132,8 +134,8 @@ def test_clip_controller_converges_to_its_target_on_a_synthetic_ratio_process() 
         kl = 0.8 * eps**2 * math.exp(rng.gauss(0, 0.1))
         kls.append(kl)
         p = ctl.propose(_ctx(step, {"kl_old": kl}))
-        assert p is not None and p.clip_scale is not None
-        scale = p.clip_scale
+        assert p is not None and p.controls.get("clip_scale") is not None
+        scale = p.controls.get("clip_scale")
     assert kls[0] > 0.01 * 1.5  # it starts outside the band
     tail = kls[-100:]
     inside = sum(0.01 / 1.5 / 1.3 <= k <= 0.01 * 1.5 * 1.3 for k in tail) / len(tail)
@@ -206,7 +208,9 @@ def test_events_are_appended_to_jsonl(tmp_path: Path) -> None:
 
 def test_monitor_preset_never_acts() -> None:
     guard = Guard(GuardConfig.preset("monitor"))
-    actions = {decision_action(guard.observe(step, s)) for step, s in enumerate(failing_stream("nonfinite", 50, 30, seed=0))}
+    actions = {
+        decision_action(guard.observe(step, s)) for step, s in enumerate(failing_stream("nonfinite", 50, 30, seed=0))
+    }
     assert actions == {"continue"}
     assert any(e.detector == "nonfinite" for e in guard.events)
 

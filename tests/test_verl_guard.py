@@ -388,7 +388,9 @@ def test_clip_decision_reaches_the_workers_through_set_loss_fn(
     assert isinstance(loss_fn, partial) and loss_fn.func is ppo_loss
     sent = loss_fn.keywords["config"]
     assert isinstance(sent.policy_loss, GuardedPolicyLossConfig)
-    assert sent.policy_loss.controls["clip_scale"] == pytest.approx(1 / 1.5) == logged[-1][1]["rlguard/guard/clip_scale"]
+    assert (
+        sent.policy_loss.controls["clip_scale"] == pytest.approx(1 / 1.5) == logged[-1][1]["rlguard/guard/clip_scale"]
+    )
     # the config the workers receive gives verl's clip range times the scale
     sent.global_batch_info.update(GLOBAL)
     ours = run("rlguard.gspo", inputs(), sent)

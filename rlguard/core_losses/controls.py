@@ -4,24 +4,41 @@ They live here, below the guard layer, because the objective applies most of the
 (:meth:`rlguard.core_losses.Objective.with_controls`); the guard's :class:`~rlguard.guards.Decision` carries one
 ``Controls`` per step and the framework's actuator carries out the rest (``lr_scale`` on the optimizer step).
 
-A control is one field with its neutral default and the actuator capability it needs (``capability=`` in the
-field's metadata); what it does to the objective is one line of ``Objective.with_controls``. Everything else
-(which controls an actuator cannot carry out, the ones reset to neutral for it) is derived from the fields.
+A control is one field (:func:`_control`): its neutral default, its range, the actuator capability it needs, how the
+guard combines the values interventions and schedules propose (a ``product`` of multipliers, or a value that
+``replace``-s the configured one) and the action an intervention's change of it is logged as; what it does to the
+objective is one line of ``Objective.with_controls``. Everything else (combining proposals, which controls an
+actuator cannot carry out, resetting them to neutral, record-only marks) is derived from the fields.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["Controls"]
 
 
-def _control(default: float | None, capability: str, *, low: float = 0.0, strict: bool = False) -> Any:
-    """A control's field: neutral ``default``, the ``capability`` it needs, and its range (``> low`` if ``strict``)."""
-    return field(default=default, metadata={"capability": capability, "low": low, "strict": strict})
+Combine = Literal["product", "replace"]
+
+
+def _control(
+    default: float | None,
+    capability: str,
+    *,
+    combine: Combine = "replace",
+    logged_as: str = "set_clip",
+    low: float = 0.0,
+    strict: bool = False,
+) -> Any:
+    """A control's field: neutral ``default``, the actuator ``capability`` it needs, how proposals ``combine``
+    (``product``: multiplied, schedules too; ``replace``: the schedule's value, then the last intervention's that
+    sets one), the action an intervention's change of it is ``logged_as`` (``action:<name>`` events:
+    ``set_clip`` for the objective's knobs, ``scale_lr`` for the LR), and its range (``> low`` if ``strict``)."""
+    metadata = {"capability": capability, "combine": combine, "logged_as": logged_as, "low": low, "strict": strict}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -39,9 +56,9 @@ class Controls:
         entropy_coef: scheduled entropy-bonus coefficient; None keeps the configured one.
     """
 
-    lr_scale: float = _control(1.0, "lr_scale")
-    clip_scale: float = _control(1.0, "clip", strict=True)
-    clip_high_scale: float = _control(1.0, "clip", strict=True)
+    lr_scale: float = _control(1.0, "lr_scale", combine="product", logged_as="scale_lr")
+    clip_scale: float = _control(1.0, "clip", combine="product", strict=True)
+    clip_high_scale: float = _control(1.0, "clip", combine="product", strict=True)
     clip_low: float | None = _control(None, "clip")
     clip_high: float | None = _control(None, "clip")
     beta: float | None = _control(None, "beta")
@@ -62,6 +79,26 @@ class Controls:
     def capabilities(cls) -> dict[str, str]:
         """``{control: the actuator capability it needs}`` (``docs/design.md``, "Actuator contract")."""
         return {f.name: f.metadata["capability"] for f in fields(cls)}
+
+    @classmethod
+    def logged_as(cls) -> dict[str, str]:
+        """``{control: the action an intervention's change of it is logged as}``."""
+        return {f.name: f.metadata["logged_as"] for f in fields(cls)}
+
+    @classmethod
+    def combine(cls, proposed: Sequence[Mapping[str, float]], scheduled: Mapping[str, float]) -> Controls:
+        """One step's controls from the interventions' ``proposed`` values (in their order) and the schedules'
+        values: multipliers multiply (in that order, then the schedule's), other controls take the schedule's
+        value, replaced by the last intervention that proposes one; what nobody sets stays neutral."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            given = [p[f.name] for p in proposed if f.name in p]
+            if f.metadata["combine"] == "product":
+                value = math.prod(given)
+                values[f.name] = value * scheduled[f.name] if f.name in scheduled else value
+            elif given or f.name in scheduled:
+                values[f.name] = given[-1] if given else scheduled[f.name]
+        return cls(**values)
 
     def capabilities_needed(self) -> frozenset[str]:
         """The actuator capabilities of the controls that differ from neutral."""

@@ -9,7 +9,9 @@ action of a proposal ``action:<name>`` (:func:`logged_action`), trackers get a d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal, get_args
 
 from rlguard.core_losses.controls import Controls
@@ -32,8 +34,9 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 #: The names of actions in the guard's events (``action:<name>``) and, by position, their codes in trackers
 #: (``rlguard/guard/action``: 0 ... 5), in order of precedence (the guard acts on the proposal whose action comes
-#: last): a step that changes nothing, one that changes the clip range, one that changes the LR, then the outcomes
-#: that drop the update. The doctor and the demo read these names.
+#: last): a step that changes nothing, one that changes the objective's controls (its clip range, or any other
+#: control the objective applies: ``set_clip``), one that changes the LR, then the outcomes that drop the update.
+#: The doctor and the demo read these names.
 LOGGED_ACTIONS: tuple[str, ...] = ("continue", "set_clip", "scale_lr", "skip_step", "rollback", "halt")
 _OUTCOME_ACTION: dict[str, str] = {"step": "continue", "skip": "skip_step", "rollback": "rollback", "halt": "halt"}
 _ACTION_EVENT = "action:"
@@ -47,36 +50,37 @@ class Proposal:
         outcome: ``step`` (apply the update), ``skip``, ``rollback`` or ``halt``.
         reason: why. A ``step`` with a reason announces a change of the controls it sets (an event); without one
             it restates its persistent scales.
-        lr_scale, clip_scale, clip_high_scale: its multipliers of the LR and of the clip bounds (the guard
-            multiplies those of all interventions; None leaves them alone).
+        controls: the :class:`Controls` it sets, by name (``{"lr_scale": 0.5}``): the guard combines those of all
+            interventions (``Controls.combine``: multipliers multiply); the others are left alone.
         rollback_to: the healthy step to restore, for ``rollback``.
     """
 
     outcome: Outcome = "step"
     reason: str = ""
-    lr_scale: float | None = None
-    clip_scale: float | None = None
-    clip_high_scale: float | None = None
+    controls: Mapping[str, float] = field(default_factory=dict)
     rollback_to: int | None = None
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"Proposal outcome must be one of {list(OUTCOMES)}; got {self.outcome!r}.")
+        unknown = sorted(set(self.controls) - set(_LOGGED_AS))
+        if unknown:
+            raise ValueError(f"Proposal controls {unknown} are not controls; known: {list(_LOGGED_AS)}.")
+        Controls(**self.controls)  # the values' ranges
+        object.__setattr__(self, "controls", MappingProxyType(dict(self.controls)))
 
-    @property
-    def control_names(self) -> tuple[str, ...]:
-        """The names of the controls this proposal sets, in :class:`Controls` order."""
-        return tuple(k for k in ("lr_scale", "clip_scale", "clip_high_scale") if getattr(self, k) is not None)
+
+_LOGGED_AS = Controls.logged_as()
 
 
 def logged_action(proposal: Proposal) -> str:
     """The name of ``proposal``'s action in events and its precedence (:data:`LOGGED_ACTIONS`): its outcome's, or,
-    for a step with a reason, the change it announces (``scale_lr`` for an LR scale, else ``set_clip``)."""
+    for a step with a reason, the change it announces (``scale_lr`` for the LR before ``set_clip`` for the
+    objective's controls: ``Controls``' ``logged_as``)."""
     if proposal.outcome != "step" or not proposal.reason:
         return _OUTCOME_ACTION[proposal.outcome]
-    if proposal.lr_scale is not None:
-        return "scale_lr"
-    return "set_clip" if proposal.control_names else "continue"
+    announced = [_LOGGED_AS[name] for name in proposal.controls]
+    return max(announced, key=LOGGED_ACTIONS.index, default="continue")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,14 +141,11 @@ class Guard:
     ) -> Decision:
         best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=Proposal())
         action = logged_action(best)
-        lr_scale = math.prod(p.lr_scale for p in proposals if p.lr_scale is not None)
-        clip_scale = math.prod(p.clip_scale for p in proposals if p.clip_scale is not None)
-        clip_high_scale = math.prod(p.clip_high_scale for p in proposals if p.clip_high_scale is not None)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
-        lr_scale *= scheduled.pop("lr_scale", 1.0)
+        controls = Controls.combine([p.controls for p in proposals], scheduled)
         healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
-        value_of = {"scale_lr": lr_scale, "set_clip": clip_scale}
+        value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
         if action != "continue" and best.reason:
             sev: Severity = "warn" if best.outcome == "step" else "critical"
             value = value_of.get(action, float(len(findings)))
@@ -162,7 +158,6 @@ class Guard:
                 events.append(
                     Event(step, f"action:{name}", "warn", value_of[name], self._marked(p, f"{p.reason}; with {action}"))
                 )
-        controls = Controls(lr_scale=lr_scale, clip_scale=clip_scale, clip_high_scale=clip_high_scale, **scheduled)
         return Decision(
             step=step,
             outcome=best.outcome,
@@ -184,7 +179,7 @@ class Guard:
     def _marked(self, proposal: Proposal, reason: str) -> str:
         """``reason``, marked record-only when the bound actuator cannot carry out ``proposal``: its outcome, or for
         a step the controls it sets."""
-        needs = proposal.control_names if proposal.outcome == "step" else (proposal.outcome,)
+        needs = tuple(proposal.controls) if proposal.outcome == "step" else (proposal.outcome,)
         capability = next((self._unable[n] for n in needs if n in self._unable), None)
         if capability is not None:
             return f"{reason} [record-only: {self._actuator_name} cannot {capability}]"

@@ -149,15 +149,15 @@ class LRBackoff(Intervention):
             if ready and self._s_scale > self.min_scale:
                 self._s_scale = max(self._s_scale * self.factor, self.min_scale)
                 self._s_last_backoff = ctx.step
-                return Proposal("step", f"LR x{self._s_scale:.3g} ({', '.join(hits)})", lr_scale=self._s_scale)
-            return Proposal(lr_scale=self._s_scale)
+                return Proposal("step", f"LR x{self._s_scale:.3g} ({', '.join(hits)})", {"lr_scale": self._s_scale})
+            return Proposal(controls={"lr_scale": self._s_scale})
         if self._s_scale < 1.0:
             since = [s for s in (self._s_last_trouble, self._s_last_recover) if s is not None]
             if not since or ctx.step - max(since) >= self.quiet_steps:
                 self._s_scale = min(self._s_scale * self.recover_factor, 1.0)
                 self._s_last_recover = ctx.step
-                return Proposal("step", f"LR recovering to x{self._s_scale:.3g}", lr_scale=self._s_scale)
-        return Proposal(lr_scale=self._s_scale)
+                return Proposal("step", f"LR recovering to x{self._s_scale:.3g}", {"lr_scale": self._s_scale})
+        return Proposal(controls={"lr_scale": self._s_scale})
 
 
 @dataclass(kw_only=True)
@@ -197,7 +197,7 @@ class ClipController(Intervention):
     def propose(self, ctx: StepContext) -> Proposal | None:
         value = ctx.stats.get(self.metric)
         if value is None or value != value or value <= self.floor:
-            return Proposal(clip_scale=self._s_scale)
+            return Proposal(controls={"clip_scale": self._s_scale})
         old = self._s_scale
         if value > self.target * self.tolerance:
             self._s_scale = max(old / self.factor, self.min_scale)
@@ -208,9 +208,9 @@ class ClipController(Intervention):
             return Proposal(
                 "step",
                 f"{verb} clip range to x{self._s_scale:.3g} ({self.metric}={value:.3g}, target {self.target:g})",
-                clip_scale=self._s_scale,
+                {"clip_scale": self._s_scale},
             )
-        return Proposal(clip_scale=self._s_scale)
+        return Proposal(controls={"clip_scale": self._s_scale})
 
 
 @dataclass(kw_only=True)

@@ -15,7 +15,7 @@ and :class:`ZeroActuator` carries out its decision:
 decision           ZeRO-2                            ZeRO-3                            how
 =================  ================================  ================================  ==========================
 ``grad_norm``      yes                               yes                               [1]
-``skip_step``      yes                               yes                               [2]
+``skip``           yes                               yes                               [2]
 ``lr_scale``       yes                               yes                               [3]
 ``clip_scale``     yes                               yes                               as without DeepSpeed
 ``rollback``       yes (engine checkpoint on disk)   yes (engine checkpoint on disk)   [4]

@@ -20,7 +20,7 @@ gradients of the step are complete and all-reduced, just before ``optimizer.step
   trainer computes and logs the unclipped norm), because the guard needs the norm *before* clipping; with
   the gradient norm, the scheduler's LR, the trainer's metrics of this step and, for ``GuardedGRPOTrainer``,
   the objective's, it makes one :class:`~rlguard.guards.StepStats` and reduces it with one ``all_gather``;
-- ``skip_step``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
+- ``skip``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
   (Adam's moments and step count) untouched; the LR scheduler still advances, so the schedule stays a function
   of ``global_step``;
 - ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right

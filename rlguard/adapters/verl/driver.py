@@ -14,9 +14,10 @@ step, after that step's update. The metrics are mapped to canonical stats with
 :func:`rlguard.metrics.canonical_stats` (the one metric table; the workers' ``rlguard/<name>``
 arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides, and the driver:
 
-- ``set_clip`` (and schedules): sends the workers a new loss through verl's ``set_loss_fn`` (a registered
-  ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound to the actor config with
-  updated ``clip_scale``/``clip_low``/``clip_high``. That is the channel from driver to workers: verl passes a
+- the objective's controls (the clip controller's, and schedules): sends the workers a new loss through verl's
+  ``set_loss_fn`` (a registered ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound
+  to the actor config with the decision's controls (``policy_loss.controls``; ``beta`` and ``entropy_coef`` as
+  verl's ``kl_loss_coef`` and ``entropy_coeff``). That is the channel from driver to workers: verl passes a
   policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
   sends another. One call when the controls change, none otherwise; it applies from the next step;
 - ``lr_scale``: sends the actor workers the decision's absolute scale (``rlguard_set_lr_scale``, a registered
@@ -42,7 +43,7 @@ arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides
 
 What does not work in verl 0.9.1, and why:
 
-- ``skip_step`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
+- ``skip`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
   decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
   the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
   the weights (``skip`` gives zero gradient, not an unchanged optimizer state).

@@ -193,12 +193,8 @@ class StabilityCallback(TrainerCallback):
             where += " under DeepSpeed"
         else:
             model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
-            if model is None or optimizer is None:
-                raise ValueError(
-                    "StabilityCallback.on_train_begin needs the trainer's model and optimizer (transformers' Trainer "
-                    f"passes them to every callback); got model={type(model).__name__}, "
-                    f"optimizer={type(optimizer).__name__}."
-                )
+            if model is None or optimizer is None:  # transformers' Trainer passes both to every callback
+                raise ValueError(f"on_train_begin needs model= and optimizer=; got {model!r} and {optimizer!r}.")
             actuator = self._trainer_actuator(args, model, optimizer)
         bind_guard(self.guard, actuator, where=where)
         check_logged_metrics(self._trainer)
@@ -297,9 +293,8 @@ class StabilityCallback(TrainerCallback):
     def _guarded_step(
         self, step: int, grad_norm: torch.Tensor, lr: float, actuator: TrainerActuator | ZeroActuator
     ) -> None:
-        """The one guarded step, under DDP and DeepSpeed alike: this step's stats (with the gradient norm before
-        clipping, the LR and the last update's size where the actuator measures it), the guard's decision, carried
-        out by ``actuator``, and logged."""
+        """The guarded step under DDP and DeepSpeed alike: the step's stats (gradient norm before clipping, LR, the
+        last update's size where ``actuator`` measures it), the guard's decision, carried out by ``actuator``."""
         stats = collect_step_stats(grad_norm=grad_norm, lr=lr, stats=self._step_stats())
         update_ratio = actuator.take_update_ratio()  # the previous step's update, measured after it
         if update_ratio is not None:

@@ -309,7 +309,7 @@ def test_an_intervention_the_actuator_cannot_carry_out_is_recorded_as_record_onl
 
 
 def test_an_lr_backoff_that_loses_to_a_skip_still_has_its_event() -> None:
-    """Drift fix: controls apply whatever the outcome, so the LR halving that a skip outranks is an event too."""
+    """Controls apply whatever the outcome, so the LR halving that a skip outranks is an event too."""
     interventions: dict[str, dict[str, Any] | None] = {
         "skip_step": {"on": ("nonfinite",)},
         "lr_backoff": {"on": ("nonfinite",), "severity": "critical"},

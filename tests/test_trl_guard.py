@@ -259,7 +259,7 @@ def test_a_stock_trainer_with_a_guard_and_no_attach_refuses_at_train_start(tmp_p
 
 
 def test_forced_logging_is_warned_about_once(tmp_path: Path) -> None:
-    """``logging_steps`` was silently overridden to 1 whenever a StabilityCallback was present."""
+    """A StabilityCallback logs every step whatever ``logging_steps`` says, and says so once."""
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=10)
     for callback, expected in (
         (StabilityCallback(), "overriding logging_strategy='steps', logging_steps=10.*every_step=False"),

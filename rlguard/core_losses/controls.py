@@ -65,9 +65,9 @@ class Controls:
     entropy_coef: float | None = _control(None, "entropy_coef")
 
     def __post_init__(self) -> None:
-        for f in fields(self):
+        for f in _FIELDS:
             value = getattr(self, f.name)
-            if f.default is None and value is None:
+            if value is f.default:  # neutral (1.0 or None) is always valid: most controls are, every step
                 continue
             low, strict = f.metadata["low"], f.metadata["strict"]
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -78,12 +78,12 @@ class Controls:
     @classmethod
     def capabilities(cls) -> dict[str, str]:
         """``{control: the actuator capability it needs}`` (``docs/design.md``, "Actuator contract")."""
-        return {f.name: f.metadata["capability"] for f in fields(cls)}
+        return {f.name: f.metadata["capability"] for f in _FIELDS}
 
     @classmethod
     def logged_as(cls) -> dict[str, str]:
         """``{control: the action an intervention's change of it is logged as}``."""
-        return {f.name: f.metadata["logged_as"] for f in fields(cls)}
+        return {f.name: f.metadata["logged_as"] for f in _FIELDS}
 
     @classmethod
     def combine(cls, proposed: Sequence[Mapping[str, float]], scheduled: Mapping[str, float]) -> Controls:
@@ -91,7 +91,7 @@ class Controls:
         values: multipliers multiply (in that order, then the schedule's), other controls take the schedule's
         value, replaced by the last intervention that proposes one; what nobody sets stays neutral."""
         values: dict[str, Any] = {}
-        for f in fields(cls):
+        for f in _FIELDS:
             given = [p[f.name] for p in proposed if f.name in p]
             if f.metadata["combine"] == "product":
                 value = math.prod(given)
@@ -102,23 +102,26 @@ class Controls:
 
     def capabilities_needed(self) -> frozenset[str]:
         """The actuator capabilities of the controls that differ from neutral."""
-        return frozenset(f.metadata["capability"] for f in fields(self) if getattr(self, f.name) != f.default)
+        return frozenset(f.metadata["capability"] for f in _FIELDS if getattr(self, f.name) != f.default)
 
     def without(self, capabilities: Iterable[str]) -> Controls:
         """These controls with those needing ``capabilities`` back at neutral."""
         drop = set(capabilities)
-        changes: dict[str, Any] = {f.name: f.default for f in fields(self) if f.metadata["capability"] in drop}
+        changes: dict[str, Any] = {f.name: f.default for f in _FIELDS if f.metadata["capability"] in drop}
         return replace(self, **changes) if any(getattr(self, k) != v for k, v in changes.items()) else self
 
     def to_dict(self) -> dict[str, float | None]:
         """The controls as a JSON-ready dict (checkpoints, a framework's config); :meth:`from_dict` reads it."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in _FIELDS}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Controls:
         """Controls from :meth:`to_dict` (missing keys neutral); unknown keys raise ``ValueError`` naming them."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in _FIELDS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"controls: unknown {unknown}; known: {sorted(known)}.")
         return cls(**dict(values))
+
+
+_FIELDS = fields(Controls)

@@ -63,10 +63,10 @@ class Proposal:
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"Proposal outcome must be one of {list(OUTCOMES)}; got {self.outcome!r}.")
-        unknown = sorted(set(self.controls) - set(_LOGGED_AS))
+        unknown = [name for name in self.controls if name not in _LOGGED_AS]
         if unknown:
             raise ValueError(f"Proposal controls {unknown} are not controls; known: {list(_LOGGED_AS)}.")
-        Controls(**self.controls)  # the values' ranges
+        # the values' ranges are checked where the guard combines them into the step's Controls
         object.__setattr__(self, "controls", MappingProxyType(dict(self.controls)))
 
 

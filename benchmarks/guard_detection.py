@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.decision import decision_action
 from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
 
@@ -59,7 +60,7 @@ def main() -> None:
         for seed in range(healthy_seeds):
             guard = Guard(GuardConfig.preset("default"))
             for step, stats in enumerate(sparse_stream(healthy_stream(args.steps, seed, shape), args.every)):
-                actions[guard.observe(step, stats).action] += 1
+                actions[decision_action(guard.observe(step, stats))] += 1
             counts.update((e.detector, e.severity) for e in guard.events)
     runs = len(SHAPES) * healthy_seeds
     table = Table(title=f"events on {runs} healthy runs of {args.steps} steps, preset 'default'")

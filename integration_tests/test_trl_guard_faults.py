@@ -27,6 +27,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl_guard_faults import RUN, build, guard_config, summary
 
 from rlguard.adapters.trl import EVENTS_FILE, GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
+from rlguard.guards.decision import decision_action
 from rlguard.tasks.hf import save_tiny_llama
 
 pytestmark = [
@@ -168,7 +169,8 @@ def test_poison_on_a_stock_trainer_with_the_callback(model_dir: Path, tmp_path: 
     trainer = build(GRPOTrainer, model_dir, args, "poison", AT, callbacks=[callback])
     callback.attach(trainer)
     trainer.train()
-    assert [(d.step, d.action) for d in callback.decisions if d.action != "continue"] == [(AT, "skip_step")]
+    actions = [(d.step, a) for d in callback.decisions if (a := decision_action(d)) != "continue"]
+    assert actions == [(AT, "skip_step")]
     assert summary(trainer)["finite"]
     stats = {"reward_mean", "length_mean", "entropy", "grad_norm", "lr"}
     assert stats <= set(callback.history[0]), callback.history[0]

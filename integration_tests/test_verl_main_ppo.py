@@ -1,6 +1,7 @@
 """Stock ``python -m verl.trainer.main_ppo`` with Ray on CPU (rlguard.verl_cpu): GRPO with
 ``loss_mode=rlguard.gspo`` trains 3 steps on the tiny example, with the V1 trainer (verl's default) and the legacy
-trainer (``trainer.use_v1=false``), and the workers' ``rlguard/*`` metrics reach verl's file logger.
+trainer (``trainer.use_v1=false``), and the workers' ``rlguard/*`` metrics reach verl's file logger; a plugin
+objective installed through its entry point (tests/band_pg_plugin.py) trains as ``rlguard.band_pg``.
 
 Each run starts a local Ray cluster with the driver, the task runner, one FSDP actor worker, one HF rollout replica,
 an agent-loop worker and a reward worker: most of its time is process start-up and imports.
@@ -8,6 +9,7 @@ an agent-loop worker and a reward worker: most of its time is process start-up a
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install '
 from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
 from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
-from rlguard.guards.actuator import ACTION_CODE, GUARD_STATE_FILE
+from rlguard.guards.actuator import GUARD_STATE_FILE
+from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.verl_cpu.example import write_example
 
 pytestmark = pytest.mark.slow
@@ -65,6 +68,33 @@ def test_stock_main_ppo_v1_trains_with_rlguard_gspo(example: Path, tmp_path: Pat
 
 def test_stock_main_ppo_legacy_trainer(example: Path, tmp_path: Path) -> None:
     check_trained(launch(example, tmp_path, [*GSPO, "trainer.use_v1=false"]))
+
+
+def _plugin_env(folder: Path) -> dict[str, str]:
+    """The environment of a run with tests/band_pg_plugin.py installed as a distribution with an rlguard entry point
+    (tests/plugin_install.py): every process verl starts loads it through rlguard's plugin manager."""
+    tests = Path(__file__).resolve().parents[1] / "tests"
+    spec = importlib.util.spec_from_file_location("plugin_install", tests / "plugin_install.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env: dict[str, str] = module.install_plugin(folder, "rlguard_band_pg", (tests / "band_pg_plugin.py").read_text())
+    return env
+
+
+def test_stock_main_ppo_trains_a_plugin_objective(example: Path, tmp_path: Path) -> None:
+    """verl registers the plugin's objective in every process (its loss runs in the actor worker) from the plugin's
+    own declaration: the band is verl's clip_ratio_low/high, so the off-policy second mini-batch clips."""
+    band = [o.replace("rlguard.gspo", "rlguard.band_pg") for o in GSPO if "total_training_steps" not in o]
+    run = launch(example, tmp_path, ["trainer.total_training_steps=2", *band], env=_plugin_env(tmp_path / "plugin"))
+    assert run.returncode == 0, run.log[-8000:]
+    steps = run.steps()
+    assert [s["training/global_step"] for s in steps] == [1, 2], run.log[-4000:]
+    for s in steps:
+        assert {"actor/rlguard/clip_frac", "actor/rlguard/kl_old"} <= set(s)
+        assert math.isfinite(s["actor/pg_loss"]) and math.isfinite(s["actor/grad_norm"])
+    assert max(s["actor/pg_clipfrac"] for s in steps) > 0.0  # the band (1 - 3e-4, 1 + 4e-4) binds off-policy
+    print(f"wall {run.wall_s:.0f} s")
 
 
 # -- the guarded trainers through the real driver: python -m rlguard.adapters.verl.main_ppo -----------------------
@@ -113,7 +143,7 @@ def check_guarded_run(run: Run, out: Path) -> None:
     steps = run.steps()
     # the guard saw every step, once; it halted at step 4 of 6
     assert [s["training/global_step"] for s in steps] == [1, 2, 3, 4], run.log[-4000:]
-    codes = [ACTION_CODE[a] for a in ("continue", "continue", "rollback", "halt")]
+    codes = [float(LOGGED_ACTIONS.index(a)) for a in ("continue", "continue", "rollback", "halt")]
     assert [s["rlguard/guard/action"] for s in steps] == codes
     assert [s["rlguard/guard/halted"] for s in steps] == [0.0, 0.0, 0.0, 1.0]
     # no sequence clipped within the wide range [0.01, 11] of steps 1-2
@@ -167,7 +197,7 @@ def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tm
     )
     # ... and the LR scale: step 3's checkpoint holds step 2's scheduler (x1); the saved guard state sent x0.5
     assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * first.steps()[0]["actor/lr"], rel=1e-9)
-    assert steps[0]["rlguard/guard/action"] == ACTION_CODE["halt"]
+    assert steps[0]["rlguard/guard/action"] == LOGGED_ACTIONS.index("halt")
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     assert GUARD_STATE_FILE in {p.name for p in (tmp_path / "checkpoints" / "global_step_3").iterdir()}
 

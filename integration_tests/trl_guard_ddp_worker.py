@@ -17,6 +17,7 @@ from typing import Any
 from trl_guard_faults import RUN, build, guard_config, summary
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
+from rlguard.guards.decision import decision_action
 
 AT, STEPS = 4, 8
 
@@ -30,7 +31,7 @@ def run(model: str, out: Path, fault: str, guard: Any, **changes: Any) -> dict[s
     callback = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, StabilityCallback))
     result = summary(trainer)
     return {
-        "actions": [[d.step, d.action] for d in callback.decisions if d.action != "continue"],
+        "actions": [[d.step, a] for d in callback.decisions if (a := decision_action(d)) != "continue"],
         "steps": result["steps"],
         "finite": result["finite"],
         "weights_checksum": result["weights_checksum"],

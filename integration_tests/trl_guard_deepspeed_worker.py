@@ -49,7 +49,8 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl_guard_faults import RUN, build, guard_config
 
 from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
-from rlguard.guards import Decision, Guard, GuardConfig
+from rlguard.guards import Controls, Decision, Guard, GuardConfig
+from rlguard.guards.decision import decision_action
 from rlguard.guards.schedules import Constant
 
 AT, STEPS, PLAIN_STEPS = 4, 7, 3
@@ -185,8 +186,8 @@ def run(
     finite = all(bool(torch.isfinite(w).all()) for w in weights.values())
     logs = [r for r in trainer.state.log_history if "loss" in r and "train_runtime" not in r]
     result = {
-        "actions": [[d.step, d.action] for d in callback.decisions if d.action != "continue"],
-        "lr_scales": [d.lr_scale for d in callback.decisions],
+        "actions": [[d.step, a] for d in callback.decisions if (a := decision_action(d)) != "continue"],
+        "lr_scales": [d.controls.lr_scale for d in callback.decisions],
         "steps": trainer.state.global_step,
         "finite": finite,
         "weight_abs_max": max(w.abs().max().item() for w in weights.values()) if finite else math.inf,
@@ -216,11 +217,11 @@ def run(
 #: these runs load no reference model)
 SCRIPT: dict[int, Decision] = {
     1: Decision(1, snapshot=True),
-    2: Decision(2, action="scale_lr", lr_scale=0.5, clip_scale=0.5),
-    3: Decision(3, action="skip_step", lr_scale=0.5, clip_scale=0.5),
-    4: Decision(4, clip_high_scale=2.0, entropy_coef=0.02),
-    5: Decision(5, action="rollback", rollback_to=1),
-    6: Decision(6, action="halt"),
+    2: Decision(2, controls=Controls(lr_scale=0.5, clip_scale=0.5)),
+    3: Decision(3, "skip", Controls(lr_scale=0.5, clip_scale=0.5)),
+    4: Decision(4, controls=Controls(clip_high_scale=2.0, entropy_coef=0.02)),
+    5: Decision(5, "rollback", rollback_to=1),
+    6: Decision(6, "halt"),
 }
 
 

@@ -150,7 +150,9 @@ def main(out_path: str) -> None:
         halved = dataclasses.replace(
             plain, clip_ratio_low=guarded.clip_ratio_low * 0.5, clip_ratio_high=guarded.clip_ratio_high * 0.5
         )
-        clip_guarded = dataclasses.replace(guarded, policy_loss=dataclasses.replace(policy, clip_scale=0.5))
+        clip_guarded = dataclasses.replace(
+            guarded, policy_loss=dataclasses.replace(policy, controls={"clip_scale": 0.5})
+        )
 
         cases = {
             "clean_plain": (full, plain),

@@ -44,11 +44,14 @@ def launch(
     entry: str = "verl.trainer.main_ppo",
     workers: int = 1,
     name: str = "run",
+    env: dict[str, str] | None = None,
 ) -> Run:
     """Run ``entry`` in ``out`` (created) with the example's and the CPU harness's overrides, then ``overrides``;
-    verl's file logger writes ``out/<name>.jsonl``, the output goes to ``out/<name>.log``."""
+    verl's file logger writes ``out/<name>.jsonl``, the output goes to ``out/<name>.log``. ``env``: the
+    environment to start from (default this process's; e.g. one with a plugin installed on its ``PYTHONPATH``)."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **cpu_environment(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**(os.environ if env is None else env), **cpu_environment(), "OMP_NUM_THREADS": "1"}
+    env["TOKENIZERS_PARALLELISM"] = "false"
     paths = (str(REPO), str(REPO / "integration_tests"), env.get("PYTHONPATH", ""))  # the scripted guard's module
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["VERL_FILE_LOGGER_PATH"] = str(out / f"{name}.jsonl")

@@ -41,8 +41,10 @@ def rlguard_add_objectives() -> Sequence[type[Objective]]:  # type: ignore[empty
     """Return objective classes to register.
 
     Each is a subclass of :class:`rlguard.core_losses.Objective` (a frozen, keyword-only dataclass) with a
-    unique class attribute ``name``; ``get_objective(name, **hyperparameters)`` constructs it. A name that
-    another plugin already registered raises ``ValueError`` naming both plugins.
+    unique class attribute ``name``; ``get_objective(name, **hyperparameters)`` constructs it. What the adapters
+    and the fused path need is declared on the class (``clip_bounds``, ``trl``, ``verl``, ``token_local``, ...:
+    ``docs/guides/plugins.md``). A name that another plugin already registered raises ``ValueError`` naming both
+    plugins.
     """
 
 
@@ -61,7 +63,8 @@ def rlguard_add_interventions() -> Sequence[type[Intervention]]:  # type: ignore
     """Return intervention classes to register.
 
     Each is a subclass of :class:`rlguard.guards.Intervention` with a unique ``name`` whose ``propose`` turns
-    a step's findings and alarms into a ``Proposal``; the guard acts on the proposal of highest priority.
+    a step's findings and alarms into a ``Proposal`` (an outcome and the controls it sets); the guard acts on the
+    proposal of highest precedence and combines every proposal's controls.
     """
 
 
@@ -77,5 +80,6 @@ def rlguard_step_stats(step: int, stats: Mapping[str, float]) -> Mapping[str, fl
 
 @hookspec
 def rlguard_on_decision(decision: Decision, applied: Applied) -> None:
-    """See ``decision`` after :func:`rlguard.guards.actuator.apply_decision` carried it out: ``applied`` says the
-    outcome taken and what the training loop could only record. Called on every rank."""
+    """See ``decision`` after :func:`rlguard.guards.actuator.apply_decision` carried it out: its ``step``,
+    ``outcome``, ``controls``, ``events`` and ``reason``; ``applied`` says the outcome taken (a rollback without a
+    snapshot is a halt) and what the training loop could only record (``record_only``). Called on every rank."""

@@ -3,7 +3,7 @@
 Each :class:`Metric` row says what a canonical name means, how it is reduced (``mean``, ``sum``, ``max``,
 ``min``), what weights a mean (tokens, sequences, samples, or each observation equally), the keys TRL and verl log
 it under, and whether a built-in detector judges it. Everything else is derived from :data:`METRICS`: the
-guard's step-stat reduction (:mod:`rlguard.guards.stats`), the TRL adapter's logging and its live key map, the
+guard's step-stat reduction and the TRL adapter's cross-process reduction (:mod:`rlguard.guards.reduction`), the
 verl driver's stats and the doctor's key maps (:mod:`rlguard.doctor.keys`), and :func:`canonical_stats`. See
 ``docs/design.md`` ("Metric table").
 
@@ -18,8 +18,6 @@ from typing import Any, Literal
 
 __all__ = [
     "CANONICAL",
-    "DERIVED",
-    "INTERNAL",
     "JUDGED",
     "KEY_TO_CANONICAL",
     "METRICS",
@@ -32,7 +30,6 @@ __all__ = [
     "Weighting",
     "canonical_name",
     "canonical_stats",
-    "trl_log_key",
 ]
 
 Reduction = Literal["mean", "sum", "max", "min"]
@@ -49,8 +46,7 @@ class Metric:
         name: the canonical name (``docs/design.md``); ``_``-prefixed names are internal moments.
         reduction: how local values combine across micro-batches and ranks.
         weight: what weights a ``mean`` (ignored for the other reductions).
-        trl: TRL's logged keys for it (``GRPOTrainer._metrics`` and transformers' ``Trainer``); the first is the
-            one TRL's own loss writes, which rlguard's TRL adapter fills.
+        trl: TRL's logged keys for it (``GRPOTrainer._metrics`` and transformers' ``Trainer``).
         verl: verl's logged keys for it (dp actor, ray trainer, rollout-correction helper).
         judged: a built-in detector reads it.
         derived: computed after reduction from internal moments (``reward_std``, ``mismatch_prob_corr``).
@@ -228,11 +224,8 @@ METRICS: tuple[Metric, ...] = (
     _M("_p_xy", "sum", "equal"),
 )
 
-BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: canonical names: derived ones included, internal moments and the doctor's plot-only names not
 CANONICAL: frozenset[str] = frozenset(m.name for m in METRICS if not m.name.startswith("_") and not m.doctor_only)
-INTERNAL: frozenset[str] = frozenset(m.name for m in METRICS if m.name.startswith("_"))
-DERIVED: frozenset[str] = frozenset(m.name for m in METRICS if m.derived)
 DOCTOR_ONLY: frozenset[str] = frozenset(m.name for m in METRICS if m.doctor_only)
 JUDGED: frozenset[str] = frozenset(m.name for m in METRICS if m.judged)
 #: what a step's accumulator reduces: every stat that is neither derived nor read from logs only
@@ -250,12 +243,6 @@ RLGUARD_PREFIX = "rlguard/"
 _VERL_WORKER_PREFIX = "actor/" + RLGUARD_PREFIX
 #: logger namespaces stripped before lookup (wandb and TensorBoard prefix TRL's keys with ``train/``)
 NAMESPACES: tuple[str, ...] = ("train/",)
-
-
-def trl_log_key(name: str) -> str | None:
-    """The key TRL's own ``GRPOTrainer._compute_loss`` logs canonical ``name`` under (its first TRL key), or None."""
-    keys = BY_NAME[name].trl if name in BY_NAME else ()
-    return keys[0] if keys else None
 
 
 def strip_namespace(key: str) -> str:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
+from rlguard.guards.decision import decision_action
 
 
 def local_batch(step: int, rank: int) -> tuple[PolicyBatch, torch.Tensor, torch.Tensor]:
@@ -43,8 +44,8 @@ def main(out_path: str) -> None:
         log.append(
             {
                 "stats": stats,
-                "action": decision.action,
-                "lr_scale": decision.lr_scale,
+                "action": decision_action(decision),
+                "lr_scale": decision.controls.lr_scale,
                 "events": [e.to_dict() for e in decision.events],
             }
         )

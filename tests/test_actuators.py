@@ -26,19 +26,19 @@ from rlguard.guards.actuator import (
     apply_decision,
     bind_guard,
     check_capabilities,
-    objective_with_controls,
 )
+from rlguard.guards.decision import decision_action
 
 LR = 0.1
 #: the script: snapshot, half LR and clip range, a skip (the LR scale stays), clip-higher with beta and entropy
 #: coefficient, a rollback to the snapshot, a halt
 SCRIPT: tuple[Decision, ...] = (
     Decision(1, snapshot=True),
-    Decision(2, action="scale_lr", lr_scale=0.5, clip_scale=0.5),
-    Decision(3, action="skip_step", lr_scale=0.5, clip_scale=0.5),
-    Decision(4, clip_high_scale=2.0, beta=0.01, entropy_coef=0.02),
-    Decision(5, action="rollback", rollback_to=1),
-    Decision(6, action="halt"),
+    Decision(2, controls=Controls(lr_scale=0.5, clip_scale=0.5)),
+    Decision(3, "skip", Controls(lr_scale=0.5, clip_scale=0.5)),
+    Decision(4, controls=Controls(clip_high_scale=2.0, beta=0.01, entropy_coef=0.02)),
+    Decision(5, "rollback", rollback_to=1),
+    Decision(6, "halt"),
 )
 Record = dict[str, Any]
 
@@ -162,7 +162,7 @@ def trainer_stand_in(guarded_trainer: type) -> type:
         rlguard_set_controls = guarded_trainer.rlguard_set_controls
 
         def __init__(self) -> None:
-            self._rlguard_configured_objective = self.rlguard_objective = base_objective()
+            self.rlguard_configured_objective = self.rlguard_objective = base_objective()
             self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
 
     return StandIn
@@ -187,7 +187,7 @@ def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
         output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0, logging_steps=1
     )
     state, control = TrainerState(), TrainerControl()
-    callback.on_train_begin(args, state, control)
+    callback.on_train_begin(args, state, control, model=model, optimizer=optimizer)
     records, stopped = [], False
     for d in SCRIPT:
         backward(model, d.step)
@@ -251,9 +251,10 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
         applied.append(driver.halted is not None)
         sent = trainer.actor_rollout_wg.loss_fns[-1].keywords["config"] if trainer.actor_rollout_wg.loss_fns else None
         if d.step == 2:
-            assert sent is not None and sent.policy_loss.clip_scale == 0.5
+            assert sent is not None and sent.policy_loss.controls["clip_scale"] == 0.5
         if d.step == 4:
-            assert sent is not None and (sent.policy_loss.clip_scale, sent.policy_loss.clip_high_scale) == (1.0, 2.0)
+            sent_controls = sent.policy_loss.controls if sent is not None else {}
+            assert (sent_controls["clip_scale"], sent_controls["clip_high_scale"]) == (1.0, 2.0)
             assert (sent.kl_loss_coef, sent.entropy_coeff) == (0.01, 0.02)
         if d.step == 5:  # back to step 1's checkpoint
             assert trainer.actor_rollout_wg.version == 1
@@ -274,11 +275,11 @@ def test_the_executor_calls_only_what_an_actuator_declares() -> None:
 
             return method
 
-    decision = Decision(3, action="skip_step", lr_scale=0.5, clip_scale=0.5, beta=0.1, snapshot=True)
+    decision = Decision(3, "skip", Controls(lr_scale=0.5, clip_scale=0.5, beta=0.1), snapshot=True)
     applied = apply_decision(decision, Recording())  # type: ignore[arg-type]
     assert calls == ["snapshot", "apply_update", "set_controls"]
     assert applied.outcome == "skip" and set(applied.record_only) == {"lr_scale", "drop_update", "beta"}
-    rollback = apply_decision(Decision(4, action="rollback"), Recording())  # type: ignore[arg-type]
+    rollback = apply_decision(Decision(4, "rollback"), Recording())  # type: ignore[arg-type]
     assert rollback.outcome == "halt" and {"restore", "stop"} <= set(rollback.record_only)  # cannot restore: halt
 
 
@@ -302,33 +303,33 @@ def test_an_intervention_the_actuator_cannot_carry_out_is_recorded_as_record_onl
     guard = Guard(GuardConfig.preset("default"))
     bind_guard(guard, NoSkip(model, optimizer), where="a loop that cannot skip")
     decision = guard.observe(1, {"nonfinite": 3.0, "loss": 0.1})
-    assert decision.action == "skip_step"
+    assert decision_action(decision) == "skip_step"
     (event,) = [e for e in decision.events if e.detector == "action:skip_step"]
     assert event.message.endswith("[record-only: a loop that cannot skip cannot drop_update]")
 
 
 def test_an_lr_backoff_that_loses_to_a_skip_still_has_its_event() -> None:
-    """Drift fix: controls apply whatever the outcome, so the LR halving that a skip outranks is an event too."""
+    """Controls apply whatever the outcome, so the LR halving that a skip outranks is an event too."""
     interventions: dict[str, dict[str, Any] | None] = {
         "skip_step": {"on": ("nonfinite",)},
         "lr_backoff": {"on": ("nonfinite",), "severity": "critical"},
     }
     guard = Guard(GuardConfig.preset("default", interventions=interventions))
     decision = guard.observe(1, {"nonfinite": 1.0, "loss": 0.1})
-    assert decision.action == "skip_step" and decision.lr_scale == 0.5
+    assert decision_action(decision) == "skip_step" and decision.controls.lr_scale == 0.5
     backoff = [e for e in decision.events if e.detector == "action:scale_lr"]
     assert len(backoff) == 1 and backoff[0].value == 0.5 and "with skip_step" in backoff[0].message
 
 
 def test_objective_with_controls_scales_the_configured_or_scheduled_range() -> None:
     base = get_objective("dapo")  # clip (0.2, 0.28)
-    tightened = objective_with_controls(base, Controls(clip_scale=0.5, clip_high_scale=2.0))
+    tightened = base.with_controls(Controls(clip_scale=0.5, clip_high_scale=2.0))
     assert (tightened.clip_low, tightened.clip_high) == pytest.approx((0.1, 0.28))  # type: ignore[attr-defined]
-    scheduled = objective_with_controls(base, Controls(clip_high=0.3))
+    scheduled = base.with_controls(Controls(clip_high=0.3))
     assert (scheduled.clip_low, scheduled.clip_high) == (0.2, 0.3)  # type: ignore[attr-defined]
-    assert objective_with_controls(base, Controls()) is base
+    assert base.with_controls(Controls()) is base
     with pytest.raises(ValueError, match="configured with beta=0"):
-        objective_with_controls(base, Controls(beta=0.01))
+        base.with_controls(Controls(beta=0.01))
 
 
 def test_torch_actuator_measures_the_relative_update_size() -> None:
@@ -361,7 +362,7 @@ def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(t
         output_dir=str(tmp_path), use_cpu=True, report_to="none", max_grad_norm=0.0, logging_steps=1
     )
     state, control = TrainerState(), TrainerControl()
-    callback.on_train_begin(args, state, control)
+    callback.on_train_begin(args, state, control, model=model, optimizer=optimizer)
     sizes = []
     for step in (1, 2):
         backward(model, step)

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor import diagnose
 from rlguard.doctor.keys import parse_key_map, suggest_canonical
+from rlguard.guards.decision import decision_action
 from rlguard.guards.events import Event
 from rlguard.guards.synthetic import failing_stream, healthy_stream
 
@@ -201,7 +202,7 @@ def test_a_live_guard_still_skips_the_spike_the_doctor_calls_recovered_from(tmp_
 
     stream = failing_stream("grad_spike", 120, 60, 0)
     guard = Guard(GuardConfig.preset("default"))
-    actions = [guard.observe(step, s).action for step, s in enumerate(stream)]
+    actions = [decision_action(guard.observe(step, s)) for step, s in enumerate(stream)]
     assert actions[60] == "skip_step"
     assert any(e.detector == "grad_norm_spike" and e.severity == "critical" for e in guard.events)
     d = diagnose(write_log("jsonl", stream, tmp_path))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from plugin_install import install_plugin
 
 PLUGIN = """
 from dataclasses import dataclass
@@ -54,22 +54,16 @@ def rlguard_add_interventions():
 SCRIPT = """
 import json
 from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.decision import decision_action
 guard = Guard(GuardConfig(detectors={"loss_above": {"limit": 5.0}}))
-actions = [guard.observe(step, {"loss": loss}).action for step, loss in enumerate([1.0, 2.0, 7.0])]
+actions = [decision_action(guard.observe(step, {"loss": loss})) for step, loss in enumerate([1.0, 2.0, 7.0])]
 print(json.dumps({"detectors": sorted(guard.detectors), "interventions": sorted(guard.interventions),
                   "actions": actions}))
 """
 
 
 def _install(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "guard_plugin_pkg.py").write_text(textwrap.dedent(PLUGIN))
-    dist = tmp_path / "guard_plugin_pkg-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: guard-plugin-pkg\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[rlguard]\nguard_plugin = guard_plugin_pkg\n")
-    env = {k: v for k, v in os.environ.items() if k != "RLGUARD_DISABLE_PLUGIN_AUTOLOAD"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
-    return env
+    return install_plugin(tmp_path, "guard_plugin_pkg", textwrap.dedent(PLUGIN))
 
 
 def test_third_party_detector_and_intervention_join_every_guard(tmp_path: Path) -> None:
@@ -93,6 +87,7 @@ def test_autoload_can_be_disabled(tmp_path: Path) -> None:
 STEP_PLUGIN = """
 from dataclasses import dataclass
 from rlguard.guards import Detector, Finding
+from rlguard.guards.decision import decision_action
 from rlguard.hookspecs import hookimpl
 
 SEEN = []
@@ -127,7 +122,7 @@ def rlguard_step_stats(step, stats):
 
 @hookimpl
 def rlguard_on_decision(decision, applied):
-    SEEN.append((decision.step, decision.action, applied.outcome))
+    SEEN.append((decision.step, decision_action(decision), applied.outcome))
 """
 
 STEP_SCRIPT = """
@@ -151,13 +146,7 @@ print(json.dumps({"seen": step_plugin_pkg.SEEN, "events": [e.detector for e in g
 def test_a_plugin_adds_a_step_stat_and_sees_every_decision(tmp_path: Path) -> None:
     """The per-step hooks: rlguard_step_stats adds a stat its own detector judges; rlguard_on_decision sees each
     decision after the actuator carried it out (tests/test_actuators.py covers the executor itself)."""
-    (tmp_path / "step_plugin_pkg.py").write_text(textwrap.dedent(STEP_PLUGIN))
-    dist = tmp_path / "step_plugin_pkg-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: step-plugin-pkg\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[rlguard]\nstep_plugin = step_plugin_pkg\n")
-    env = {k: v for k, v in os.environ.items() if k != "RLGUARD_DISABLE_PLUGIN_AUTOLOAD"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    env = install_plugin(tmp_path, "step_plugin_pkg", textwrap.dedent(STEP_PLUGIN))
     proc = subprocess.run([sys.executable, "-c", STEP_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,6 +17,7 @@ from rlguard.guards import (
     Piecewise,
     Stages,
 )
+from rlguard.guards.decision import decision_action
 from rlguard.guards.interventions import ClipController, LRBackoff, StepContext
 from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
@@ -47,7 +48,9 @@ def test_default_preset_raises_no_critical_event_on_healthy_runs() -> None:
     for shape in SHAPES:
         for seed in range(20):
             guard = Guard(GuardConfig.preset("default"))
-            actions = {guard.observe(step, s).action for step, s in enumerate(healthy_stream(300, seed, shape))}
+            actions = {
+                decision_action(guard.observe(step, s)) for step, s in enumerate(healthy_stream(300, seed, shape))
+            }
             critical = [e for e in guard.events if e.severity == "critical"]
             assert not critical, (shape, seed, critical[:3])
             assert actions <= {"continue", "scale_lr", "set_clip"}, (shape, seed, actions)
@@ -76,11 +79,11 @@ def test_nonfinite_step_is_skipped_and_three_in_a_row_roll_back() -> None:
     guard = Guard(GuardConfig.preset("default"))
     stream = healthy_stream(60, seed=2)
     for step, stats in enumerate(stream[:50]):
-        assert guard.observe(step, stats).action in ("continue", "scale_lr")
+        assert decision_action(guard.observe(step, stats)) in ("continue", "scale_lr")
     healthy = guard.last_healthy_step
     assert healthy == 49
     bad = dict(stream[50], loss=math.nan, nonfinite=5.0)
-    actions = [guard.observe(50 + k, bad).action for k in range(4)]
+    actions = [decision_action(guard.observe(50 + k, bad)) for k in range(4)]
     assert actions == ["skip_step", "skip_step", "skip_step", "rollback"]
     assert guard.events[-1].detector == "action:rollback"
 
@@ -91,7 +94,7 @@ def test_rollbacks_are_limited_then_the_guard_halts() -> None:
     for step, stats in enumerate(stream[:30]):
         guard.observe(step, stats)
     bad = dict(stream[30], nonfinite=1.0)
-    actions = [guard.observe(30 + k, bad).action for k in range(8)]
+    actions = [decision_action(guard.observe(30 + k, bad)) for k in range(8)]
     assert actions[:4] == ["skip_step", "skip_step", "skip_step", "rollback"]
     assert "halt" in actions[4:]
     assert "rollbacks did not help" in guard.report() or any(e.detector == "action:halt" for e in guard.events)
@@ -109,8 +112,8 @@ def test_lr_backoff_halves_then_recovers_after_a_quiet_period() -> None:
     scales = []
     for step in range(100):
         p = lr.propose(_ctx(step, {}, trouble if step in (5, 8, 16) else None))
-        assert p is not None and p.lr_scale is not None
-        scales.append(p.lr_scale)
+        assert p is not None and p.controls.get("lr_scale") is not None
+        scales.append(p.controls.get("lr_scale"))
     # backoff at 5 (x0.5), 8 is inside the cooldown, 16 backs off again (x0.25)
     assert scales[5] == 0.5 and scales[8] == 0.5 and scales[16] == 0.25
     # recovery: 20 quiet steps after the last trouble (16) -> 0.5 at 36, then 1.0 at 56, and stays
@@ -131,8 +134,8 @@ def test_clip_controller_converges_to_its_target_on_a_synthetic_ratio_process() 
         kl = 0.8 * eps**2 * math.exp(rng.gauss(0, 0.1))
         kls.append(kl)
         p = ctl.propose(_ctx(step, {"kl_old": kl}))
-        assert p is not None and p.clip_scale is not None
-        scale = p.clip_scale
+        assert p is not None and p.controls.get("clip_scale") is not None
+        scale = p.controls.get("clip_scale")
     assert kls[0] > 0.01 * 1.5  # it starts outside the band
     tail = kls[-100:]
     inside = sum(0.01 / 1.5 / 1.3 <= k <= 0.01 * 1.5 * 1.3 for k in tail) / len(tail)
@@ -170,8 +173,8 @@ def test_schedules_reach_the_decision_and_multiply_the_lr_scale() -> None:
     guard = Guard(config)
     stream = healthy_stream(120, seed=4)
     decisions = [guard.observe(step, s) for step, s in enumerate(stream)]
-    assert decisions[99].clip_high == 0.28 and decisions[100].clip_high == 0.2
-    assert decisions[0].clip_low is None and all(d.lr_scale == 0.5 for d in decisions[:10])
+    assert decisions[99].controls.clip_high == 0.28 and decisions[100].controls.clip_high == 0.2
+    assert decisions[0].controls.clip_low is None and all(d.controls.lr_scale == 0.5 for d in decisions[:10])
     with pytest.raises(ValueError, match="schedules may set"):
         GuardConfig(schedules={"temperature": Constant(1.0)})
 
@@ -190,7 +193,7 @@ def test_state_round_trip_continues_with_identical_decisions(tmp_path: Path) -> 
     got = [resumed.observe(step, s) for step, s in enumerate(stream[100:], start=100)]
     assert got == expected[100:]
     assert [e.to_dict() for e in resumed.events] == [e.to_dict() for e in whole.events]
-    assert any(d.action != "continue" for d in got)  # the tail is not trivially quiet
+    assert any(decision_action(d) != "continue" for d in got)  # the tail is not trivially quiet
 
 
 def test_events_are_appended_to_jsonl(tmp_path: Path) -> None:
@@ -205,7 +208,9 @@ def test_events_are_appended_to_jsonl(tmp_path: Path) -> None:
 
 def test_monitor_preset_never_acts() -> None:
     guard = Guard(GuardConfig.preset("monitor"))
-    actions = {guard.observe(step, s).action for step, s in enumerate(failing_stream("nonfinite", 50, 30, seed=0))}
+    actions = {
+        decision_action(guard.observe(step, s)) for step, s in enumerate(failing_stream("nonfinite", 50, 30, seed=0))
+    }
     assert actions == {"continue"}
     assert any(e.detector == "nonfinite" for e in guard.events)
 
@@ -278,7 +283,7 @@ def test_on_policy_steps_do_not_make_the_off_policy_clip_fraction_a_burst() -> N
         stats["clip_frac"] = 0.4 + 0.05 * math.sin(step) if off else 0.0
         stats["kl_old"] = 0.05 if off else 0.0
         decision = guard.observe(step, stats)
-        assert decision.lr_scale == 1.0, (step, guard.events)
+        assert decision.controls.lr_scale == 1.0, (step, guard.events)
     assert not [e for e in guard.events if e.detector == "clip_frac_burst"]
     clip_actions = [e.message for e in guard.events if e.detector == "action:set_clip"]
     # kl_old 0.05 > 1.5 x target: it tightens (x1/1.5 per off-policy step down to 0.25) and never relaxes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from plugin_install import install_plugin
 
 from rlguard.core_losses import GRPO, Objective
 from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
@@ -73,19 +73,13 @@ BUILTIN_NAMES = sorted(cls.name for cls in BUILTIN_OBJECTIVES)
 
 
 @pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    """A site directory holding an installed-looking distribution with an ``rlguard`` entry point."""
-    (tmp_path / "rlguard_testplugin.py").write_text(PLUGIN_MODULE)
-    info = tmp_path / "rlguard_testplugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlguard-testplugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[rlguard]\ntestplugin = rlguard_testplugin\n")
-    return tmp_path
+def plugin_env(tmp_path: Path) -> dict[str, str]:
+    """A child's environment with an installed-looking distribution that has an ``rlguard`` entry point."""
+    return install_plugin(tmp_path, "rlguard_testplugin", PLUGIN_MODULE)
 
 
-def run_child(plugin_dir: Path, disable: str | None) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != DISABLE_AUTOLOAD_ENV}
-    env["PYTHONPATH"] = str(plugin_dir)
+def run_child(plugin_env: dict[str, str], disable: str | None) -> dict[str, Any]:
+    env = dict(plugin_env)
     if disable is not None:
         env[DISABLE_AUTOLOAD_ENV] = disable
     proc = subprocess.run(
@@ -95,8 +89,8 @@ def run_child(plugin_dir: Path, disable: str | None) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_entry_point_plugin_is_loaded_and_usable(plugin_dir: Path) -> None:
-    result = run_child(plugin_dir, disable=None)
+def test_entry_point_plugin_is_loaded_and_usable(plugin_env: dict[str, str]) -> None:
+    result = run_child(plugin_env, disable=None)
     assert "error" not in result, result["error"]
     assert result["names"] == sorted([*BUILTIN_NAMES, "test_scaled_reinforce"])
     assert result["module"] == "rlguard_testplugin"
@@ -107,8 +101,8 @@ def test_entry_point_plugin_is_loaded_and_usable(plugin_dir: Path) -> None:
     torch.testing.assert_close(torch.tensor(result["grad"], dtype=torch.float64), expected_grad, rtol=1e-12, atol=0)
 
 
-def test_autoload_can_be_disabled(plugin_dir: Path) -> None:
-    result = run_child(plugin_dir, disable="1")
+def test_autoload_can_be_disabled(plugin_env: dict[str, str]) -> None:
+    result = run_child(plugin_env, disable="1")
     assert result["names"] == BUILTIN_NAMES
     assert "unknown objective 'test_scaled_reinforce'" in result["error"]
 

@@ -50,7 +50,7 @@ class Loop:
         self.state, self.control, self.callback = TrainerState(), TrainerControl(), callback
         # the trainer the callback reads its metrics from and logs to: TRL's per-mode metric lists only
         callback.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
-        callback.on_train_begin(self.args, self.state, self.control)
+        callback.on_train_begin(self.args, self.state, self.control, model=self.model, optimizer=self.optimizer)
 
     def step(self, scale: float = 1.0) -> None:
         self.model(torch.ones(4, 3)).pow(2).sum().mul(scale).backward()
@@ -70,7 +70,7 @@ class Loop:
 
 
 def test_skip_step_leaves_weights_and_optimizer_state(tmp_path: Path) -> None:
-    guard = ScriptedGuard({2: Decision(2, action="skip_step")})
+    guard = ScriptedGuard({2: Decision(2, "skip")})
     loop = Loop(StabilityCallback(guard=guard), tmp_path)
     loop.step()
     before, steps = loop.weights(), loop.adam_steps()
@@ -97,7 +97,7 @@ def test_stats_hold_the_norm_before_clipping_and_the_grads_are_clipped(tmp_path:
 
 
 def test_lr_scale_applies_to_the_step_only(tmp_path: Path) -> None:
-    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, lr_scale=0.25)})), tmp_path)
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, controls=Controls(lr_scale=0.25))})), tmp_path)
     loop.step()
     assert loop.lr_used == [0.025]
     assert [g["lr"] for g in loop.optimizer.param_groups] == [0.1]  # the scheduler's value, restored
@@ -106,7 +106,7 @@ def test_lr_scale_applies_to_the_step_only(tmp_path: Path) -> None:
 
 
 def test_rollback_restores_the_snapshot(tmp_path: Path) -> None:
-    script = {1: Decision(1, snapshot=True), 4: Decision(4, action="rollback", rollback_to=1)}
+    script = {1: Decision(1, snapshot=True), 4: Decision(4, "rollback", rollback_to=1)}
     loop = Loop(StabilityCallback(guard=ScriptedGuard(script), snapshot_dir=str(tmp_path / "snap")), tmp_path)
     initial = loop.weights()
     for _ in range(3):
@@ -118,13 +118,13 @@ def test_rollback_restores_the_snapshot(tmp_path: Path) -> None:
 
 
 def test_rollback_without_snapshot_halts(tmp_path: Path) -> None:
-    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, action="rollback", rollback_to=0)})), tmp_path)
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({1: Decision(1, "rollback", rollback_to=0)})), tmp_path)
     loop.step()
     assert loop.control.should_training_stop and loop.adam_steps() == []
 
 
 def test_halt_stops_training(tmp_path: Path) -> None:
-    loop = Loop(StabilityCallback(guard=ScriptedGuard({2: Decision(2, action="halt")})), tmp_path)
+    loop = Loop(StabilityCallback(guard=ScriptedGuard({2: Decision(2, "halt")})), tmp_path)
     loop.step()
     assert not loop.control.should_training_stop
     loop.step()
@@ -145,7 +145,7 @@ def test_guard_state_resumes_from_the_checkpoint_folder(tmp_path: Path) -> None:
     resumed.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
     state = TrainerState()
     state.global_step = 3
-    resumed.on_train_begin(loop.args, state, TrainerControl())
+    resumed.on_train_begin(loop.args, state, TrainerControl(), model=loop.model, optimizer=loop.optimizer)
     assert resumed.guard is not None and resumed.guard.state_dict() == saved
     assert resumed.guard.config.events_path == str(tmp_path / "events.jsonl")
 
@@ -259,7 +259,7 @@ def test_a_stock_trainer_with_a_guard_and_no_attach_refuses_at_train_start(tmp_p
 
 
 def test_forced_logging_is_warned_about_once(tmp_path: Path) -> None:
-    """``logging_steps`` was silently overridden to 1 whenever a StabilityCallback was present."""
+    """A StabilityCallback logs every step whatever ``logging_steps`` says, and says so once."""
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=10)
     for callback, expected in (
         (StabilityCallback(), "overriding logging_strategy='steps', logging_steps=10.*every_step=False"),

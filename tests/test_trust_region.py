@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from rlguard.bench.collapse import RunConfig, Stressor, run_one
 from rlguard.cli import app
-from rlguard.guards import Decision, Finding, Guard, GuardConfig
+from rlguard.guards import Controls, Decision, Finding, Guard, GuardConfig
 from rlguard.guards.actuator import TorchActuator, apply_decision
+from rlguard.guards.decision import decision_action, logged_action
 from rlguard.guards.entropy_control import EntropyControl
 from rlguard.guards.interventions import StepContext
 from rlguard.guards.recovery import Recovery
@@ -36,8 +37,8 @@ def _plant(gains: list[float], seed: int = 0) -> tuple[list[float], list[float]]
     for t, gain in enumerate(gains):
         signal = gain * scale * math.exp(rng.gauss(0.0, 0.2))
         proposal = tr.propose(_ctx(t, {"update_ratio": signal}))
-        assert proposal is not None and proposal.lr_scale is not None
-        scale = proposal.lr_scale
+        assert proposal is not None and proposal.controls.get("lr_scale") is not None
+        scale = proposal.controls.get("lr_scale")
         signals.append(signal)
         scales.append(scale)
     return signals, scales
@@ -69,31 +70,40 @@ def test_trust_region_never_acts_on_a_healthy_signal() -> None:
     assert set(scales) == {1.0}
     tr = TrustRegion()
     proposals = [tr.propose(_ctx(t, {"update_ratio": 0.4 * LIMIT, "kl_old": 0.0})) for t in range(50)]
-    assert all(p is not None and p.action == "continue" for p in proposals)
+    assert all(p is not None and logged_action(p) == "continue" for p in proposals)
 
 
 def test_trust_region_cut_lands_on_the_limit_by_the_signal_order() -> None:
     tr = TrustRegion(limits=(("kl_old", 0.01, 2.0),))
     p = tr.propose(_ctx(0, {"kl_old": 0.04}))  # 4x over a quadratic signal: the step halves
-    assert p is not None and p.action == "scale_lr" and p.lr_scale == pytest.approx(0.5, rel=1e-12)
+    assert (
+        p is not None and logged_action(p) == "scale_lr" and p.controls.get("lr_scale") == pytest.approx(0.5, rel=1e-12)
+    )
     p = tr.propose(_ctx(1, {"kl_old": 0.0}))  # on-policy zero: no evidence, the scale holds
-    assert p is not None and p.action == "continue" and p.lr_scale == pytest.approx(0.5, rel=1e-12)
+    assert (
+        p is not None and logged_action(p) == "continue" and p.controls.get("lr_scale") == pytest.approx(0.5, rel=1e-12)
+    )
     p = tr.propose(_ctx(2, {"kl_old": 1e6}))  # at most max_cut per step
-    assert p is not None and p.lr_scale == pytest.approx(0.5 / 10, rel=1e-12)
+    assert p is not None and p.controls.get("lr_scale") == pytest.approx(0.5 / 10, rel=1e-12)
 
 
 def test_rollback_lowers_the_lr_for_good() -> None:
     tr = TrustRegion()
     tr.on_rollback(5)
     p = tr.propose(_ctx(6, {"update_ratio": 1e-4}))
-    assert p is not None and p.action == "scale_lr" and p.lr_scale == 0.5 and "rollback at step 5" in p.reason
+    assert (
+        p is not None
+        and logged_action(p) == "scale_lr"
+        and p.controls.get("lr_scale") == 0.5
+        and "rollback at step 5" in p.reason
+    )
     for t in range(7, 1000):  # a long healthy stretch recovers to the lowered cap, not beyond
         p = tr.propose(_ctx(t, {"update_ratio": 1e-4}))
-        assert p is not None and p.lr_scale is not None and p.lr_scale <= 0.5
+        assert p is not None and p.controls.get("lr_scale") is not None and p.controls.get("lr_scale") <= 0.5
     p = tr.propose(_ctx(1000, {"update_ratio": 0.7 * LIMIT}))  # the limit is 0.7x too: at it, the scale holds
-    assert p is not None and p.action == "continue" and p.lr_scale == 0.5
+    assert p is not None and logged_action(p) == "continue" and p.controls.get("lr_scale") == 0.5
     p = tr.propose(_ctx(1001, {"update_ratio": 1.4 * LIMIT}))  # 2x over the tightened limit: halves
-    assert p is not None and p.lr_scale == pytest.approx(0.25, rel=1e-12)
+    assert p is not None and p.controls.get("lr_scale") == pytest.approx(0.25, rel=1e-12)
 
 
 def _stable_guard() -> Guard:
@@ -101,11 +111,11 @@ def _stable_guard() -> Guard:
 
 
 def _healthy(guard: Guard, steps: range) -> list[float]:
-    return [guard.observe(t, {"loss": 0.1, "update_ratio": 1e-4, "nonfinite": 0.0}).lr_scale for t in steps]
+    return [guard.observe(t, {"loss": 0.1, "update_ratio": 1e-4, "nonfinite": 0.0}).controls.lr_scale for t in steps]
 
 
 def _poisoned(guard: Guard, steps: range) -> list[str]:
-    return [guard.observe(t, {"loss": math.nan, "nonfinite": 3.0}).action for t in steps]
+    return [decision_action(guard.observe(t, {"loss": math.nan, "nonfinite": 3.0})) for t in steps]
 
 
 def test_guard_rollback_lowers_the_lr_for_good_and_says_so() -> None:
@@ -141,7 +151,9 @@ def test_recovery_turns_a_persistent_critical_alarm_into_a_rollback_where_halt_w
     assert rec.propose(ctx) is None  # not yet persistent
     ctx = StepContext(51, {}, {}, {"grad_norm_explosion": "critical"}, {"grad_norm_explosion": 25}, 0, 20)
     p = rec.propose(ctx)
-    assert p is not None and p.action == "rollback" and p.rollback_to == 20 and "grad_norm_explosion" in p.reason
+    assert (
+        p is not None and logged_action(p) == "rollback" and p.rollback_to == 20 and "grad_norm_explosion" in p.reason
+    )
     ctx = StepContext(90, {}, {}, {"zero_variance_groups": "critical"}, {"zero_variance_groups": 99}, 0, 20)
     assert rec.propose(ctx) is None  # data-side: ignored, as by halt
 
@@ -158,10 +170,12 @@ def test_a_chronic_mismatch_alarm_leaves_snapshots_healthy_under_stable_only() -
     guard, decisions = run("stable")
     assert guard.alarms().get("mismatch_growth") == "critical"
     assert guard.last_healthy_step == 11 and sum(d.snapshot for d in decisions) == 12
-    assert {d.action for d in decisions} <= {"continue", "scale_lr", "set_clip"} and decisions[-1].lr_scale == 0.25
+    assert {decision_action(d) for d in decisions} <= {"continue", "scale_lr", "set_clip"} and decisions[
+        -1
+    ].controls.lr_scale == 0.25
     guard, decisions = run("default")
     assert guard.last_healthy_step is None and not any(d.snapshot for d in decisions)
-    assert "rollback" in {d.action for d in decisions} or "halt" in {d.action for d in decisions}
+    assert "rollback" in {decision_action(d) for d in decisions} or "halt" in {decision_action(d) for d in decisions}
 
 
 def test_stable_does_not_roll_back_a_policy_that_converged_on_what_it_learned() -> None:
@@ -200,13 +214,13 @@ def test_entropy_control_widens_clip_high_on_critical_collapse_and_narrows_back(
     scales = []
     for t in range(40):
         p = ec.propose(_ctx(t, {}, warn if t < 10 else critical if t < 30 else {}))
-        assert p is not None and p.clip_high_scale is not None
-        scales.append(p.clip_high_scale)
+        assert p is not None and p.controls.get("clip_high_scale") is not None
+        scales.append(p.controls.get("clip_high_scale"))
     assert scales[:10] == [1.0] * 10  # warn findings: healthy runs reach them
     assert scales[10] == pytest.approx(1.2) and scales[15] == pytest.approx(1.44) and max(scales) == scales[15]
     tail = [ec.propose(_ctx(t, {})) for t in range(40, 100)]
-    assert [p.clip_high_scale for p in tail if p is not None][-1] == 1.0
-    assert sum(p is not None and p.action == "set_clip" for p in tail) == 2
+    assert [p.controls.get("clip_high_scale") for p in tail if p is not None][-1] == 1.0
+    assert sum(p is not None and logged_action(p) == "set_clip" for p in tail) == 2
 
 
 def test_new_controllers_are_opt_in_and_the_stable_preset_turns_them_on() -> None:
@@ -254,7 +268,7 @@ def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) ->
     actuator = TorchActuator(model, optimizer, owns_step=owns_step, measure_update=True)
     assert "update_ratio" in actuator.capabilities
     model.weight.grad = torch.tensor([[1.0, 2.0, 2.0]])  # ||g|| = 3; the step at LR x0.5 moves 0.05 * 3 = 0.15
-    apply_decision(Decision(step=0, lr_scale=0.5), actuator)
+    apply_decision(Decision(step=0, controls=Controls(lr_scale=0.5)), actuator)
     if not owns_step:  # the trainer steps, then the callback finishes the step
         optimizer.step()
         actuator.finish_step()
@@ -262,7 +276,7 @@ def test_actuator_measures_the_relative_update_whoever_steps(owns_step: bool) ->
     assert actuator.take_update_ratio() is None  # taken once
     assert optimizer.param_groups[0]["lr"] == 0.1
     model.weight.grad = torch.ones(1, 3)
-    apply_decision(Decision(step=1, action="skip_step"), actuator)  # a dropped update is not measured
+    apply_decision(Decision(step=1, outcome="skip"), actuator)  # a dropped update is not measured
     if not owns_step:
         optimizer.step()
         actuator.finish_step()
@@ -295,6 +309,6 @@ def test_steps_that_only_change_a_control_are_healthy_and_can_be_rolled_back_to(
     guard = _stable_guard()
     for t in range(10):  # the clip controller flips the range every step (off-policy KL high, on-policy ~0)
         decision = guard.observe(t, {"loss": 0.1, "nonfinite": 0.0, "kl_old": 0.1 if t % 2 else 1e-6})
-        assert decision.action == ("set_clip" if t > 0 else "continue")
+        assert decision_action(decision) == ("set_clip" if t > 0 else "continue")
     assert guard.last_healthy_step == 9 and guard.events
     assert _poisoned(guard, range(10, 14))[-1] == "rollback"  # not "halt: no healthy snapshot"

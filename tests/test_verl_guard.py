@@ -148,7 +148,7 @@ def test_zero_loss_of_a_skip_stays_finite_with_nan_current_log_probs() -> None:
     ],
 )
 def test_clip_controls_set_verls_clip_range(controls: dict[str, float], low: float, high: float) -> None:
-    loss, grad, metrics = run("rlguard.gspo", inputs(), guarded(**controls))
+    loss, grad, metrics = run("rlguard.gspo", inputs(), guarded(controls=controls))
     ref_loss, ref_grad, ref_metrics = run("gspo", inputs(), actor(clip_ratio_low=low, clip_ratio_high=high))
     _, wide_grad, _ = run("gspo", inputs(), actor())
     torch.testing.assert_close((loss, grad), (ref_loss, ref_grad), rtol=1e-12, atol=0)
@@ -159,7 +159,7 @@ def test_clip_controls_set_verls_clip_range(controls: dict[str, float], low: flo
 
 
 def test_clip_scale_also_scales_clip_values_in_objective_kwargs() -> None:
-    scaled = guarded(objective_kwargs={"clip_low": 0.2, "clip_high": 0.3}, clip_scale=0.5)
+    scaled = guarded(objective_kwargs={"clip_low": 0.2, "clip_high": 0.3}, controls={"clip_scale": 0.5})
     direct = actor(
         RLGuardPolicyLossConfig(loss_mode="rlguard.gspo", objective_kwargs={"clip_low": 0.1, "clip_high": 0.15})
     )
@@ -176,8 +176,9 @@ def test_the_plain_config_stays_unguarded() -> None:
     ("kwargs", "message"),
     [
         ({"max_poisoned_frac": 1.5}, r"max_poisoned_frac must be in \[0, 1\].*1\.5"),
-        ({"clip_scale": 0.0}, r"clip_scale must be a finite number > 0; got 0\.0"),
-        ({"clip_low": -0.1}, r"clip_low must be null or a number >= 0; got -0\.1"),
+        ({"controls": {"clip_scale": 0.0}}, r"clip_scale must be a finite number > 0; got 0\.0"),
+        ({"controls": {"clip_low": -0.1}}, r"clip_low must be None or a finite number >= 0; got -0\.1"),
+        ({"controls": {"temperature": 1.0}}, r"controls: unknown \['temperature'\]"),
     ],
 )
 def test_guarded_config_rejects(kwargs: dict[str, Any], message: str) -> None:
@@ -387,7 +388,9 @@ def test_clip_decision_reaches_the_workers_through_set_loss_fn(
     assert isinstance(loss_fn, partial) and loss_fn.func is ppo_loss
     sent = loss_fn.keywords["config"]
     assert isinstance(sent.policy_loss, GuardedPolicyLossConfig)
-    assert sent.policy_loss.clip_scale == pytest.approx(1 / 1.5) == logged[-1][1]["rlguard/guard/clip_scale"]
+    assert (
+        sent.policy_loss.controls["clip_scale"] == pytest.approx(1 / 1.5) == logged[-1][1]["rlguard/guard/clip_scale"]
+    )
     # the config the workers receive gives verl's clip range times the scale
     sent.global_batch_info.update(GLOBAL)
     ours = run("rlguard.gspo", inputs(), sent)
@@ -409,7 +412,7 @@ def test_resume_restores_the_guard_and_the_workers_controls(
     assert resumed.rlguard.guard.state_dict() == saved["guard"] == first.rlguard.guard.state_dict()
     assert resumed.rlguard.guard.events and resumed.rlguard.controls == first.rlguard.controls
     sent = resumed.actor_rollout_wg.loss_fns[-1].keywords["config"]
-    assert sent.policy_loss.clip_scale == first.rlguard.controls["clip_scale"] < 1.0
+    assert sent.policy_loss.controls["clip_scale"] == first.rlguard.controls.clip_scale < 1.0
 
 
 def test_driver_rejects_an_unguarded_loss(tmp_path: Path) -> None:

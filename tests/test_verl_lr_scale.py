@@ -30,7 +30,7 @@ with warnings.catch_warnings():
 
 from rlguard.adapters.verl import guarded_trainer_class
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, use_lr_worker, v1_maps_stock_workers, worker_sets_lr
-from rlguard.guards import Decision, GuardConfig
+from rlguard.guards import Controls, Decision, GuardConfig
 from rlguard.guards.actuator import apply_decision
 from rlguard.guards.schedules import Piecewise
 
@@ -209,7 +209,7 @@ def test_the_decisions_absolute_scale_reaches_the_actor_workers_once_per_change(
 def test_verls_own_actor_worker_leaves_lr_scale_record_only(tmp_path: Path) -> None:
     trainer = lr_trainer(ActorRolloutRefWorker)(trainer_config(tmp_path), [])
     assert "lr_scale" not in trainer.rlguard.capabilities
-    applied = apply_decision(Decision(2, action="scale_lr", lr_scale=0.5), trainer.rlguard)
+    applied = apply_decision(Decision(2, controls=Controls(lr_scale=0.5)), trainer.rlguard)
     assert applied.record_only == ("lr_scale",) and sent(trainer) == []
     with pytest.raises(ValueError, match=r"schedules \['lr_scale'\] cannot be carried out"):
         lr_trainer(ActorRolloutRefWorker)(

@@ -13,6 +13,7 @@ from rlguard.core_losses.aggregation import (
     masked_mean,
 )
 from rlguard.core_losses.batch import LossOutput, PolicyBatch, RolloutBatch
+from rlguard.core_losses.controls import Controls
 from rlguard.core_losses.fused import FusedLossOutput, objective_from_hidden
 from rlguard.core_losses.kl import KL_ESTIMATORS, kl_estimate
 from rlguard.core_losses.logprobs import logprobs_from_hidden, logprobs_from_logits
@@ -37,6 +38,7 @@ from rlguard.core_losses.objectives import (
     KLCov,
 )
 from rlguard.core_losses.registry import get_objective, list_objectives, objective_class
+from rlguard.core_losses.translation import Translation
 
 __all__ = [
     "ADVANTAGE_SCALES",
@@ -55,6 +57,7 @@ __all__ = [
     "VESPO",
     "Aggregation",
     "ClipCov",
+    "Controls",
     "DPPOBinaryKL",
     "DPPOBinaryTV",
     "DrGRPO",
@@ -66,6 +69,7 @@ __all__ = [
     "Objective",
     "PolicyBatch",
     "RolloutBatch",
+    "Translation",
     "aggregate",
     "default_normalisers",
     "get_objective",

@@ -15,7 +15,9 @@ from torch import Tensor
 NonFinitePolicy = Literal["raise", "mask"]
 NONFINITE_POLICIES: tuple[str, ...] = ("raise", "mask")
 
-_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies")
+_TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs", "entropies", "token_weights")
+#: the (B, T) inputs known before the policy's forward: all but entropies (RolloutBatch)
+_ROLLOUT_FIELDS = ("old_logprobs", "ref_logprobs", "rollout_logprobs", "token_weights")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,10 @@ class PolicyBatch:
         rollout_logprobs: ``(B, T)`` log-probs reported by the inference engine that sampled the batch,
             for mismatch correction and the ``mismatch_*`` metrics.
         entropies: ``(B, T)`` per-token entropy of the current policy, for the entropy bonus and metric.
+        token_weights: ``(B, T)`` weights (float, or bool as 0/1) multiplying each token's policy term, detached:
+            after the surrogate, before rollout IS weights, KL, entropy and aggregation, and without changing the
+            normalisers. That is where verl applies ``rollout_is_weights`` and TRL its ``top_entropy_quantile``
+            mask. None: 1 everywhere.
 
     Shapes and dtypes are checked on construction; values (NaN/Inf) are checked by the objective,
     which knows its ``on_nonfinite`` policy.
@@ -43,6 +49,7 @@ class PolicyBatch:
     ref_logprobs: Tensor | None = None
     rollout_logprobs: Tensor | None = None
     entropies: Tensor | None = None
+    token_weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         lp = self.logprobs
@@ -73,7 +80,8 @@ class PolicyBatch:
             _check_tensor(name, value)
             if tuple(value.shape) != shape:
                 raise ValueError(f"{name} must have the shape of logprobs {shape}; got {tuple(value.shape)}.")
-            _check_float(name, value)
+            if not (name == "token_weights" and value.dtype == torch.bool):
+                _check_float(name, value)
             if value.device != lp.device:
                 raise ValueError(f"{name} is on {value.device} but logprobs is on {lp.device}; move it with .to().")
         for name in ("mask", "advantages"):
@@ -99,6 +107,7 @@ class RolloutBatch:
         old_logprobs: ``(B, T)`` behaviour policy; ``None`` means on-policy.
         ref_logprobs: ``(B, T)`` reference policy, for the KL term and the ``kl_ref`` metric.
         rollout_logprobs: ``(B, T)`` the inference engine's log-probs, for mismatch correction and metrics.
+        token_weights: ``(B, T)`` weights of each token's policy term (:class:`PolicyBatch`).
     """
 
     advantages: Tensor
@@ -106,12 +115,13 @@ class RolloutBatch:
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     rollout_logprobs: Tensor | None = None
+    token_weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mask, Tensor) or self.mask.dim() != 2:
             shape = tuple(self.mask.shape) if isinstance(self.mask, Tensor) else type(self.mask).__name__
             raise ValueError(f"mask must be a (B, T) tensor; got {shape}.")
-        for name in _TOKEN_FIELDS[:3]:  # not entropies, which the policy's forward computes
+        for name in _ROLLOUT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, Tensor) and value.shape != self.mask.shape:
                 raise ValueError(
@@ -133,6 +143,7 @@ class RolloutBatch:
             ref_logprobs=cut(self.ref_logprobs),
             rollout_logprobs=cut(self.rollout_logprobs),
             entropies=entropies,
+            token_weights=cut(self.token_weights),
         )
 
 
@@ -191,6 +202,7 @@ class PreparedBatch:
     ref_logprobs: Tensor | None  # (B, T)
     rollout_logprobs: Tensor | None  # (B, T), detached
     entropies: Tensor | None  # (B, T)
+    token_weights: Tensor | None  # (B, T), detached
     nonfinite: Tensor  # () count of non-finite values at unmasked positions
     sequence_level: bool
 
@@ -249,7 +261,7 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
     assert old_clean is not None
     adv_clean = clean(tensors["advantages"])
     assert adv_clean is not None
-    rollout = tensors["rollout_logprobs"]
+    rollout, weights = tensors["rollout_logprobs"], tensors["token_weights"]
     return PreparedBatch(
         logprobs=logprobs,
         old_logprobs=old_clean,
@@ -258,6 +270,7 @@ def prepare_batch(batch: PolicyBatch, on_nonfinite: NonFinitePolicy = "raise") -
         ref_logprobs=clean(tensors["ref_logprobs"]),
         rollout_logprobs=None if rollout is None else clean(rollout.detach()),
         entropies=clean(tensors["entropies"]),
+        token_weights=None if weights is None else clean(weights.detach()),
         nonfinite=nonfinite,
         sequence_level=seq_level,
     )

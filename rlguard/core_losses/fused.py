@@ -17,11 +17,12 @@ leaves, the objective runs on the chunk's sequences with the whole batch's norma
 The loss and metrics returned are those of one objective call on the whole batch with the computed log-probs.
 
 Chunks: the loss is a sum over sequences once its normalisers are fixed (what makes micro-batches add up), so a
-chunk of whole sequences gets its exact gradient. Objectives whose token gradient depends only on that token
-(GRPO, Dr. GRPO, DAPO, CISPO, SAPO, without off-policy sequence masking) also split a sequence: the chunk's
+chunk of whole sequences gets its exact gradient. Objectives that declare their token gradient local to the token
+(``Objective.token_local``: GRPO, Dr. GRPO, DAPO, CISPO, SAPO, a plugin that says so; never with off-policy
+sequence masking, :meth:`~rlguard.core_losses.Objective.is_token_local`) also split a sequence: the chunk's
 objective call sees the full rows with the other tokens' log-probs as placeholders, whose values cannot reach the
-chunk's gradient. The others (GSPO, GSPO-token, GMPO, off-policy sequence masking, third-party objectives) chunk
-by whole sequences, so one long sequence is one chunk.
+chunk's gradient. The others (GSPO, GSPO-token, GMPO, ...) chunk by whole sequences, so one long sequence is one
+chunk. Objectives that need statistics of the whole batch (``Objective.needs_whole_batch``) are refused.
 """
 
 from __future__ import annotations
@@ -34,13 +35,9 @@ from torch import Tensor
 from rlguard.core_losses.aggregation import Normaliser, check_normaliser, default_normalisers
 from rlguard.core_losses.batch import LossOutput, RolloutBatch, prepare_batch
 from rlguard.core_losses.objective import Objective
-from rlguard.core_losses.objectives import CISPO, DAPO, GRPO, SAPO, DrGRPO
 
 __all__ = ["FusedLossOutput", "RolloutBatch", "objective_from_hidden"]
 
-#: objectives whose per-token loss gradient depends on that token's log-prob and entropy only (exact types: a
-#: subclass may override ``surrogate``)
-_TOKEN_LOCAL: frozenset[type[Objective]] = frozenset({GRPO, DrGRPO, DAPO, CISPO, SAPO})
 #: logits per chunk by default: one float32 buffer of 256 MiB (logprobs_from_hidden's two buffers of 128 MiB)
 _CHUNK_LOGITS = 1 << 26
 
@@ -111,7 +108,7 @@ def objective_from_hidden(
 
     rows = batch.mask.reshape(-1).nonzero().squeeze(-1)  # (N,) flat indices of the unmasked tokens
     rows_cpu = rows.cpu()
-    token_local = type(objective) in _TOKEN_LOCAL and objective.off_policy_mask_delta is None
+    token_local = objective.is_token_local()
     chunk_rows = chunk_size or max(16, _CHUNK_LOGITS // max(lm_head_weight.shape[0], 1))
     bounds = _chunk_bounds(rows_cpu, t, chunk_rows, token_local)
 
@@ -177,11 +174,11 @@ def _check_inputs(
         raise ValueError(
             f"objective must be an rlguard Objective (get_objective(name)); got {type(objective).__name__}."
         )
-    if getattr(objective, "needs_whole_batch", False):
+    if objective.needs_whole_batch:
         raise ValueError(
-            f"objective {type(objective).name!r} selects tokens by statistics of the whole batch (Clip-Cov, KL-Cov: "
-            "the covariance of log-prob and advantage, and Clip-Cov's random draw), which the fused path, evaluating "
-            "the objective chunk by chunk, cannot reproduce. Use logprobs_from_hidden, then the objective."
+            f"objective {objective.name!r} selects tokens by statistics of the whole batch (needs_whole_batch; "
+            "Clip-Cov's and KL-Cov's covariance of log-prob and advantage), which the fused path, evaluating the "
+            "objective chunk by chunk, cannot reproduce. Use logprobs_from_hidden, then the objective."
         )
     if not isinstance(batch, RolloutBatch):
         raise ValueError(

@@ -2,12 +2,19 @@
 
 An objective is a frozen dataclass: hyper-parameters in the constructor, tensors in ``__call__``. A subclass
 supplies only ``surrogate``, its per-token policy term; everything else happens here, once.
+
+An objective also describes itself, in class attributes, for the adapters and the fused path (``docs/design.md``,
+"Objectives describe themselves"): the level of its ratio, whether a token's gradient is local to that token,
+which fields are its clip bounds (what the guard's clip controls act on, :meth:`Objective.with_controls`), and how
+TRL's and verl's settings map onto its fields (:class:`~rlguard.core_losses.translation.Translation`). Nothing
+outside this package asks which class an objective is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -30,6 +37,7 @@ from rlguard.core_losses.batch import (
     PreparedBatch,
     prepare_batch,
 )
+from rlguard.core_losses.controls import Controls
 from rlguard.core_losses.kl import KL_ESTIMATORS, KLEstimator, k3_from_log_ratio, kl_estimate
 from rlguard.core_losses.ratios import Surrogate, seq_log_ratio, token_log_ratio
 from rlguard.core_losses.rollout import (
@@ -43,6 +51,9 @@ from rlguard.core_losses.rollout import (
     rollout_log_ratio,
     truncated_is_weights,
 )
+from rlguard.core_losses.translation import Translation
+
+RatioLevel = Literal["token", "sequence"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +83,27 @@ class Objective:
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+
+    # -- what the objective declares about itself (module docstring) --------------------------------------
+    #: the importance ratio it clips or weights: one per token, or one per sequence (GSPO's length-normalised
+    #: ratio, GMPO's geometric mean, VESPO's product)
+    ratio_level: ClassVar[RatioLevel] = "token"
+    #: the registered objective that is this one with one ratio per sequence (GRPO's is GSPO; TRL's
+    #: ``importance_sampling_level="sequence"``); None: none
+    sequence_variant: ClassVar[str | None] = None
+    #: each token's loss gradient depends on that token's log-prob and entropy only, so the fused path may split a
+    #: sequence into chunks. Read from the class that defines ``surrogate`` (:meth:`is_token_local`): a subclass
+    #: that overrides ``surrogate`` says again whether its term is token-local.
+    token_local: ClassVar[bool] = False
+    #: each token's term depends on statistics of the whole (micro-)batch (Clip-Cov's and KL-Cov's covariance), which
+    #: the fused path, evaluating the objective chunk by chunk, cannot reproduce
+    needs_whole_batch: ClassVar[bool] = False
+    #: the fields of its lower and upper clip bound, on which the guard's clip controls act (:meth:`with_controls`)
+    clip_bounds: ClassVar[tuple[str, str] | None] = None
+    #: how TRL's ``GRPOConfig`` and verl's actor config set its fields (common settings such as ``beta`` and the
+    #: aggregation of TRL's ``loss_type`` are the adapters' own)
+    trl: ClassVar[Translation] = Translation()
+    verl: ClassVar[Translation] = Translation(fields={"aggregation": "loss_agg_mode"})
 
     aggregation: Aggregation = "token-mean"
     max_length: int | None = None
@@ -114,6 +146,57 @@ class Objective:
         """Per-token policy terms ``(B, T)`` from the clamped token log-ratio ``(B, T)``."""
         raise NotImplementedError
 
+    def ratio_bounds(self) -> tuple[float | None, float | None]:
+        """``(lo, hi)``: the importance ratio outside which the objective cuts a token's term or weight, in ratio
+        units (GRPO: ``1 - clip_low``, ``1 + clip_high``); None where it has no such bound. TRL's clip metrics
+        count the tokens outside it (``A < 0`` below, ``A > 0`` above)."""
+        return None, None
+
+    def sequence_weights(self, log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor | None:
+        """The detached per-sequence weight of the policy gradient, per token ``(B, T)`` (VESPO's ``phi(W_i)``), or
+        None for objectives without one. All ``(B, T)``."""
+        return None
+
+    # -- self-description, read by the adapters and the fused path ----------------------------------------
+    def is_token_local(self) -> bool:
+        """Whether each token's loss gradient depends on that token's inputs only, with these hyper-parameters:
+        ``token_local`` of the class that defines ``surrogate``, and no off-policy sequence masking (which reads
+        the whole sequence's current log-probs)."""
+        owner = next(c for c in type(self).__mro__ if "surrogate" in vars(c))
+        return bool(vars(owner).get("token_local", False)) and self.off_policy_mask_delta is None
+
+    def with_controls(self, controls: Controls) -> Objective:
+        """This objective, as configured, with the guard's ``controls`` (``docs/design.md``, "Actuator contract").
+
+        On the fields named by :attr:`clip_bounds`: ``clip_scale`` (and ``clip_high_scale`` on the upper bound)
+        times the scheduled ``clip_low``/``clip_high`` where given, else this objective's value; the scheduled
+        ``beta`` and ``entropy_coef`` where given. Call it on the configured objective every time, so that the
+        controls never compound; controls that change nothing return ``self``. Objectives without clip bounds keep
+        theirs.
+        """
+        changes: dict[str, Any] = {}
+        if self.clip_bounds is not None:
+            low, high = self.clip_bounds
+            for name, scheduled, scale in (
+                (low, controls.clip_low, controls.clip_scale),
+                (high, controls.clip_high, controls.clip_scale * controls.clip_high_scale),
+            ):
+                value = scheduled if scheduled is not None else getattr(self, name)
+                if value is not None:
+                    changes[name] = value * scale
+        if controls.beta is not None:
+            if controls.beta > 0 and self.beta == 0:
+                raise ValueError(
+                    f"the guard sets beta={controls.beta:g}, but the run was configured with beta=0, so no reference "
+                    "log-probs are computed: configure beta > 0 (the guard then replaces it) or drop the beta schedule."
+                )
+            changes["beta"] = controls.beta
+        if controls.entropy_coef is not None:
+            changes["entropy_coef"] = controls.entropy_coef
+        if all(getattr(self, k) == v for k, v in changes.items()):
+            return self
+        return dataclasses.replace(self, **changes)
+
     # -- the shared pipeline ------------------------------------------------------------------------------
     def __call__(
         self,
@@ -139,7 +222,8 @@ class Objective:
 
         log_ratio = token_log_ratio(p.logprobs, p.old_logprobs)  # (B, T)
         terms = self.surrogate(log_ratio, p, mask)
-        per_token = terms.loss if is_weights is None else terms.loss * is_weights  # (B, T)
+        policy = terms.loss if p.token_weights is None else terms.loss * p.token_weights  # (B, T)
+        per_token = policy if is_weights is None else policy * is_weights  # (B, T)
         kl = None
         if p.ref_logprobs is not None:
             old = p.old_logprobs if self.kl_unbiased else None

@@ -6,7 +6,6 @@ third-party one, registered here on first use.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -62,7 +61,7 @@ def get_objective(name: str, **hyperparameters: Any) -> Objective:
     Unknown names and unknown or invalid hyper-parameters raise ``ValueError`` naming what is accepted.
     """
     cls = objective_class(name)
-    accepted = {f.name for f in dataclasses.fields(cls) if f.init}
+    accepted = set(cls.hyperparameters())
     unknown = sorted(set(hyperparameters) - accepted)
     if unknown:
         raise ValueError(

@@ -5,17 +5,18 @@
 >>> decision = guard.observe(step, stats)  # doctest: +SKIP
 """
 
-from rlguard.guards.decision import Controls, Decision, Outcome
+from rlguard.guards.config import PRESETS, GuardConfig
+from rlguard.guards.decision import Controls, Decision, Outcome, Proposal
 from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
 from rlguard.guards.events import Event, Finding, Severity
-from rlguard.guards.guard import Guard, GuardConfig
-from rlguard.guards.interventions import Action, Intervention, Proposal, StepContext
+from rlguard.guards.guard import Guard
+from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
 from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
 
 __all__ = [
+    "PRESETS",
     "STAT_REDUCTIONS",
-    "Action",
     "Constant",
     "Controls",
     "Cosine",

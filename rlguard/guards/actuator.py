@@ -12,33 +12,34 @@ Per optimizer step, after the step's gradients are complete and before the optim
     -> apply the update (the optimizer step, or nothing if dropped) -> restore (rollback; none: halt)
     -> set the objective's controls (from the next loss on) -> stop (halt)
 
-An actuator declares :attr:`Actuator.capabilities`. :func:`check_capabilities` runs at start-up: a schedule the
-actuator cannot carry out is refused with a ``ValueError``; an intervention whose effect it cannot carry out is
-accepted and its actions are recorded with ``record-only`` in the event's message (:func:`bind_guard`), never
-silently dropped.
+An actuator declares :attr:`Actuator.capabilities`: what each outcome needs is :data:`OUTCOME_CAPABILITY`, what
+each control needs is declared on :class:`~rlguard.guards.Controls`. :func:`check_capabilities` runs at start-up:
+a schedule the actuator cannot carry out is refused with a ``ValueError``; an intervention whose effect it cannot
+carry out is accepted and its proposals are recorded with ``record-only`` in the event's message
+(:func:`bind_guard`), never silently dropped.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import nn
 
 from rlguard.core_losses import Objective
+from rlguard.guards.config import PRESETS, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome
-from rlguard.guards.guard import Guard, GuardConfig
+from rlguard.guards.guard import Guard
 from rlguard.plugins import plugin_manager
 
 __all__ = [
-    "ACTION_CODE",
     "CAPABILITIES",
     "EVENTS_FILE",
     "GUARD_STATE_FILE",
+    "OUTCOME_CAPABILITY",
     "SEVERITY_CODE",
     "Actuator",
     "Applied",
@@ -48,28 +49,23 @@ __all__ = [
     "bind_guard",
     "check_capabilities",
     "make_guard",
-    "objective_with_controls",
 ]
 
 #: the guard's state in each checkpoint folder, and its events next to the run's logs
 GUARD_STATE_FILE = "rlguard_guard.json"
 EVENTS_FILE = "events.jsonl"
-#: how an event's severity and a step's action are logged as numbers (``rlguard/event/*``, ``rlguard/guard/action``)
+#: how an event's severity is logged as a number (``rlguard/event/*``); a decision's: ``decision.action_code``
 SEVERITY_CODE: dict[str, float] = {"warn": 1.0, "critical": 2.0}
-ACTION_CODE: dict[str, float] = {
-    "continue": 0.0,
-    "set_clip": 1.0,
-    "scale_lr": 2.0,
-    "skip_step": 3.0,
-    "rollback": 4.0,
-    "halt": 5.0,
-}
 
 Capability = Literal[
     "snapshot", "restore", "drop_update", "lr_scale", "clip", "beta", "entropy_coef", "stop", "update_ratio"
 ]
 #: every capability: what an actuator may declare
-CAPABILITIES: frozenset[str] = frozenset(Capability.__args__)  # type: ignore[attr-defined]
+CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
+#: what each outcome needs beyond applying the update (``rollback`` also wants a ``snapshot`` taken earlier)
+OUTCOME_CAPABILITY: dict[Outcome, Capability] = {"skip": "drop_update", "rollback": "restore", "halt": "stop"}
+#: what the interventions may ask for: their outcomes, the snapshots rollbacks need, and the controls they set
+_INTERVENTIONS_NEED = frozenset({"snapshot", *OUTCOME_CAPABILITY.values(), "lr_scale", "clip"})
 
 
 class Actuator(Protocol):
@@ -122,11 +118,6 @@ class Applied:
     outcome: Outcome
     record_only: tuple[str, ...] = ()
 
-    @property
-    def action(self) -> str:
-        """The outcome in the guard's action names (``continue``, ``skip_step``, ``rollback``, ``halt``)."""
-        return {"step": "continue", "skip": "skip_step"}.get(self.outcome, self.outcome)
-
 
 def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
     """Carry out ``decision`` on ``actuator``: the one place where a decision takes effect (module docstring)."""
@@ -139,19 +130,18 @@ def apply_decision(decision: Decision, actuator: Actuator) -> Applied:
             return False
         return True
 
-    outcome = decision.outcome
+    outcome, controls = decision.outcome, decision.controls
     if decision.snapshot and able("snapshot"):
         actuator.snapshot(decision.step)
     if outcome == "rollback" and not (able("restore") and actuator.has_snapshot()):
         outcome = "halt"  # nothing to go back to: stop rather than train on
-    if decision.lr_scale != 1.0 and able("lr_scale"):
-        actuator.set_lr_scale(decision.lr_scale)
+    if controls.lr_scale != 1.0 and able("lr_scale"):
+        actuator.set_lr_scale(controls.lr_scale)
     if outcome != "step" and able("drop_update"):
         actuator.drop_update()
     actuator.apply_update()
     if outcome == "rollback" and not actuator.restore():
         outcome = "halt"
-    controls = decision.controls
     missing = sorted(controls.capabilities_needed() - can)
     skipped.extend(missing)
     actuator.set_controls(controls.without(missing))
@@ -169,8 +159,7 @@ def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, wher
     unknown = sorted(can - CAPABILITIES)
     if unknown:
         raise ValueError(f"{where} declares unknown capabilities {unknown}; known: {sorted(CAPABILITIES)}.")
-    needed = {"lr_scale": "lr_scale", "clip_low": "clip", "clip_high": "clip", "beta": "beta"}
-    needed["entropy_coef"] = "entropy_coef"
+    needed = Controls.capabilities()
     refused = sorted(k for k in config.schedules if needed[k] not in can)
     if refused:
         raise ValueError(
@@ -179,45 +168,21 @@ def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, wher
         )
     if config.observe_only:
         return frozenset()
-    wanted = {"snapshot", "restore", "drop_update", "stop", "lr_scale", "clip"}
-    return frozenset(wanted - can)
+    return _INTERVENTIONS_NEED - can
 
 
 def bind_guard(guard: Guard, actuator: Actuator, *, where: str) -> None:
     """At start-up: refuse ``guard``'s schedules that ``actuator`` (named ``where`` in messages) cannot carry out
-    and mark the actions it cannot carry out as record-only in the guard's events (:func:`check_capabilities`)."""
-    guard.set_record_only(check_capabilities(guard.config, actuator.capabilities, where=where), where=where)
-
-
-def objective_with_controls(base: Objective, controls: Controls) -> Objective:
-    """``base`` (the configured objective) with the controls: ``clip_scale`` (and ``clip_high_scale`` on the upper
-    bound) times the scheduled ``clip_low``/``clip_high`` where given, else the configured ones; the scheduled
-    ``beta``/``entropy_coef`` where given. Objectives without a clip range keep theirs."""
-    changes: dict[str, Any] = {}
-    for name, scheduled, scale in (
-        ("clip_low", controls.clip_low, controls.clip_scale),
-        ("clip_high", controls.clip_high, controls.clip_scale * controls.clip_high_scale),
-    ):
-        value = scheduled if scheduled is not None else getattr(base, name, None)
-        if value is not None:
-            changes[name] = value * scale
-    if controls.beta is not None:
-        if controls.beta > 0 and base.beta == 0:
-            raise ValueError(
-                f"the guard sets beta={controls.beta:g}, but the run was configured with beta=0, so no reference "
-                "log-probs are computed: configure beta > 0 (the guard then replaces it) or drop the beta schedule."
-            )
-        changes["beta"] = controls.beta
-    if controls.entropy_coef is not None:
-        changes["entropy_coef"] = controls.entropy_coef
-    if all(getattr(base, k) == v for k, v in changes.items()):
-        return base
-    return dataclasses.replace(base, **changes)
+    (:func:`check_capabilities`) and tell the guard which outcomes and controls it cannot carry out, so that their
+    events say ``record-only``."""
+    missing = check_capabilities(guard.config, actuator.capabilities, where=where)
+    unable: dict[str, str] = {o: c for o, c in OUTCOME_CAPABILITY.items() if c in missing}
+    unable.update({name: c for name, c in Controls.capabilities().items() if c in missing})
+    guard.set_record_only(unable, where=where)
 
 
 def make_guard(guard: str | GuardConfig | Guard) -> Guard:
-    """A guard from a preset name (``"monitor"``, ``"default"``, ``"strict"``, ``"stable"``), a ``GuardConfig`` or a
-    ``Guard``."""
+    """A guard from a preset name (:data:`~rlguard.guards.PRESETS`), a ``GuardConfig`` or a ``Guard``."""
     if isinstance(guard, Guard):
         return guard
     if isinstance(guard, GuardConfig):
@@ -225,8 +190,7 @@ def make_guard(guard: str | GuardConfig | Guard) -> Guard:
     if isinstance(guard, str):
         return Guard(GuardConfig.preset(guard))
     raise ValueError(
-        f"guard must be a preset name ('monitor', 'default', 'strict', 'stable'), a GuardConfig or a Guard; got "
-        f"{guard!r}."
+        f"guard must be a preset name ({', '.join(map(repr, PRESETS))}), a GuardConfig or a Guard; got {guard!r}."
     )
 
 
@@ -366,7 +330,7 @@ class TorchActuator:
 
     def set_controls(self, controls: Controls) -> None:
         if self.objective is not None:
-            updated = objective_with_controls(self.objective, controls)
+            updated = self.objective.with_controls(controls)
             if updated != self.current:  # keep the instance while the controls stay (callers may compare)
                 self.current = updated
 

@@ -1,73 +1,86 @@
 """What the guard decides each step: an outcome plus :class:`Controls` (``docs/design.md``, "Actuator contract").
 
 :func:`rlguard.guards.actuator.apply_decision` is the one place where a :class:`Decision` takes effect.
+
+How decisions are logged is fixed, so that every log the doctor reads means the same: the guard's events name the
+action of a proposal ``action:<name>`` (:func:`logged_action`), trackers get a decision's action as a number
+(``rlguard/guard/action``, :func:`action_code`), both from :data:`LOGGED_ACTIONS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, get_args
 
+from rlguard.core_losses.controls import Controls
 from rlguard.guards.events import Event
-from rlguard.guards.interventions import Action
 
-__all__ = ["Controls", "Decision", "Outcome"]
+__all__ = [
+    "LOGGED_ACTIONS",
+    "OUTCOMES",
+    "Controls",
+    "Decision",
+    "Outcome",
+    "Proposal",
+    "action_code",
+    "decision_action",
+    "logged_action",
+]
 
 Outcome = Literal["step", "skip", "rollback", "halt"]
-_OUTCOME: dict[str, Outcome] = {"skip_step": "skip", "rollback": "rollback", "halt": "halt"}
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+
+#: The names of actions in the guard's events (``action:<name>``) and, by position, their codes in trackers
+#: (``rlguard/guard/action``: 0 ... 5), in order of precedence (the guard acts on the proposal whose action comes
+#: last): a step that changes nothing, one that changes the objective's controls (its clip range, or any other
+#: control the objective applies: ``set_clip``), one that changes the LR, then the outcomes that drop the update.
+#: The doctor and the demo read these names.
+LOGGED_ACTIONS: tuple[str, ...] = ("continue", "set_clip", "scale_lr", "skip_step", "rollback", "halt")
+_OUTCOME_ACTION: dict[str, str] = {"step": "continue", "skip": "skip_step", "rollback": "rollback", "halt": "halt"}
+_ACTION_EVENT = "action:"
 
 
 @dataclass(frozen=True)
-class Controls:
-    """The knobs a decision sets, whatever its outcome (``docs/design.md``, "Actuator contract").
+class Proposal:
+    """An intervention's verdict for the step: an outcome, why, and the controls it sets.
 
     Attributes:
-        lr_scale: this step's LR is the scheduler's times this. It is the whole multiplier (interventions' persistent
-            scales, e.g. the LR back-off's, times the ``lr_scale`` schedule), restated every step: actuators apply
-            it to one step and never compound it.
-        clip_scale: multiplies both clip bounds (the clip controller).
-        clip_high_scale: multiplies the upper clip bound only, on top of ``clip_scale`` (clip-higher, DAPO).
-        clip_low, clip_high: scheduled bounds replacing the configured ones before scaling; None keeps them.
-        beta: scheduled KL coefficient; None keeps the configured one.
-        entropy_coef: scheduled entropy-bonus coefficient; None keeps the configured one.
+        outcome: ``step`` (apply the update), ``skip``, ``rollback`` or ``halt``.
+        reason: why. A ``step`` with a reason announces a change of the controls it sets (an event); without one
+            it restates its persistent scales.
+        controls: the :class:`Controls` it sets, by name (``{"lr_scale": 0.5}``): the guard combines those of all
+            interventions (``Controls.combine``: multipliers multiply); the others are left alone.
+        rollback_to: the healthy step to restore, for ``rollback``.
     """
 
-    lr_scale: float = 1.0
-    clip_scale: float = 1.0
-    clip_high_scale: float = 1.0
-    clip_low: float | None = None
-    clip_high: float | None = None
-    beta: float | None = None
-    entropy_coef: float | None = None
+    outcome: Outcome = "step"
+    reason: str = ""
+    controls: Mapping[str, float] = field(default_factory=dict)
+    rollback_to: int | None = None
 
-    def capabilities_needed(self) -> frozenset[str]:
-        """The actuator capabilities these controls need beyond ``lr_scale`` (``clip``, ``beta``, ``entropy_coef``)."""
-        needed = set()
-        if (
-            self.clip_scale != 1.0
-            or self.clip_high_scale != 1.0
-            or self.clip_low is not None
-            or self.clip_high is not None
-        ):
-            needed.add("clip")
-        if self.beta is not None:
-            needed.add("beta")
-        if self.entropy_coef is not None:
-            needed.add("entropy_coef")
-        return frozenset(needed)
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"Proposal outcome must be one of {list(OUTCOMES)}; got {self.outcome!r}.")
+        unknown = [name for name in self.controls if name not in _LOGGED_AS]
+        if unknown:
+            raise ValueError(f"Proposal controls {unknown} are not controls; known: {list(_LOGGED_AS)}.")
+        # the values' ranges are checked where the guard combines them into the step's Controls
+        object.__setattr__(self, "controls", MappingProxyType(dict(self.controls)))
 
-    def without(self, capabilities: Iterable[str]) -> Controls:
-        """These controls with the objective's knobs of ``capabilities`` back at their configured values."""
-        drop = set(capabilities)
-        changes: dict[str, Any] = {}
-        if "clip" in drop:
-            changes.update(clip_scale=1.0, clip_high_scale=1.0, clip_low=None, clip_high=None)
-        if "beta" in drop:
-            changes["beta"] = None
-        if "entropy_coef" in drop:
-            changes["entropy_coef"] = None
-        return replace(self, **changes) if changes else self
+
+_LOGGED_AS = Controls.logged_as()
+
+
+def logged_action(proposal: Proposal) -> str:
+    """The name of ``proposal``'s action in events and its precedence (:data:`LOGGED_ACTIONS`): its outcome's, or,
+    for a step with a reason, the change it announces (``scale_lr`` for the LR before ``set_clip`` for the
+    objective's controls: ``Controls``' ``logged_as``)."""
+    if proposal.outcome != "step" or not proposal.reason:
+        return _OUTCOME_ACTION[proposal.outcome]
+    announced = [_LOGGED_AS[name] for name in proposal.controls]
+    return max(announced, key=LOGGED_ACTIONS.index, default="continue")
 
 
 @dataclass(frozen=True)
@@ -78,44 +91,41 @@ class Decision:
 
     Attributes:
         step: the optimizer step judged.
-        action: the winning intervention's action: ``continue``, ``set_clip``, ``scale_lr`` (these three give the
-            outcome ``step``), ``skip_step``, ``rollback`` or ``halt``.
-        lr_scale, clip_scale, clip_high_scale, clip_low, clip_high, beta, entropy_coef: the controls
-            (:class:`Controls`), applied whatever the outcome.
+        outcome: ``step`` (the update is applied), ``skip`` (dropped), ``rollback`` (dropped, and the last snapshot
+            restored) or ``halt`` (dropped, and training stops).
+        controls: the knobs set from this step on, whatever the outcome.
         rollback_to: the healthy step to restore, for ``rollback``.
         snapshot: this step was healthy and a snapshot is due: save model and optimizer state.
         events: events raised this step.
-        reason: why the action was taken.
+        reason: why the outcome was taken.
     """
 
     step: int
-    action: Action = "continue"
-    lr_scale: float = 1.0
-    clip_scale: float = 1.0
-    clip_low: float | None = None
-    clip_high: float | None = None
-    beta: float | None = None
-    entropy_coef: float | None = None
+    outcome: Outcome = "step"
+    controls: Controls = field(default_factory=Controls)
     rollback_to: int | None = None
     snapshot: bool = False
     events: tuple[Event, ...] = ()
     reason: str = ""
-    clip_high_scale: float = 1.0
 
-    @property
-    def outcome(self) -> Outcome:
-        """``step`` (the update is applied), ``skip``, ``rollback`` or ``halt``."""
-        return _OUTCOME.get(self.action, "step")
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"Decision outcome must be one of {list(OUTCOMES)}; got {self.outcome!r}.")
 
-    @property
-    def controls(self) -> Controls:
-        """The knobs this decision sets."""
-        return Controls(
-            lr_scale=self.lr_scale,
-            clip_scale=self.clip_scale,
-            clip_high_scale=self.clip_high_scale,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            beta=self.beta,
-            entropy_coef=self.entropy_coef,
-        )
+
+def decision_action(decision: Decision) -> str:
+    """The name ``decision`` is logged under (:data:`LOGGED_ACTIONS`): its outcome's, or, for a step, the change
+    its events announce (``scale_lr`` before ``set_clip``), else ``continue``."""
+    if decision.outcome != "step":
+        return _OUTCOME_ACTION[decision.outcome]
+    announced = [
+        name
+        for e in decision.events
+        if e.detector.startswith(_ACTION_EVENT) and (name := e.detector[len(_ACTION_EVENT) :]) in LOGGED_ACTIONS
+    ]
+    return max(announced, key=LOGGED_ACTIONS.index, default="continue")
+
+
+def action_code(decision: Decision) -> float:
+    """``rlguard/guard/action``: the position of :func:`decision_action` in :data:`LOGGED_ACTIONS` (0 ... 5)."""
+    return float(LOGGED_ACTIONS.index(decision_action(decision)))

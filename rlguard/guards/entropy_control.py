@@ -85,7 +85,7 @@ class EntropyControl(Intervention):
                     f"clip-higher: upper clip bound back to x{self._s_scale:.3g} ({self.quiet_steps} steps without "
                     f"{self.on})"
                 )
-        return Proposal("continue", clip_high_scale=self._s_scale)
+        return Proposal(controls={"clip_high_scale": self._s_scale})
 
     def _proposal(self, reason: str) -> Proposal:
-        return Proposal("set_clip", reason, clip_high_scale=self._s_scale)
+        return Proposal("step", reason, {"clip_high_scale": self._s_scale})

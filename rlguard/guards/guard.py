@@ -8,130 +8,21 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlguard.guards.decision import Decision
+from rlguard.guards.config import PRESETS, GuardConfig, check_preset
+from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
-from rlguard.guards.interventions import ACTION_PRIORITY, Intervention, Proposal, Rollback, StepContext
-from rlguard.guards.recovery import Recovery
+from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
-from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
+
+__all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset"]
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
-#: the actuator capability each action needs (``rlguard.guards.actuator``)
-_ACTION_CAPABILITY = {
-    "skip_step": "drop_update",
-    "rollback": "restore",
-    "halt": "stop",
-    "scale_lr": "lr_scale",
-    "set_clip": "clip",
-}
-
-
-@dataclass
-class GuardConfig:
-    """What the guard watches and how it may act.
-
-    Attributes:
-        detectors: detector name -> keyword overrides of its defaults, or None to switch it off. Registered
-            detectors not named here run with their defaults.
-        interventions: intervention name -> overrides, or None to switch it off; likewise, except that the opt-in
-            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``recovery``) run only
-            when named. An empty guard (``monitor`` preset) switches all of them off and only observes.
-        schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
-            (:mod:`rlguard.guards.schedules`); the decision carries their values.
-        snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
-        events_path: if set, every event is appended to this JSONL file.
-        observe_only: never act (action is always ``continue``); schedules still apply.
-        healthy_despite: detectors whose findings and alarms do not make a step unhealthy: conditions of the data
-            or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
-            snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
-            run with no healthy snapshot, and the next real failure halts it instead of rolling back.
-    """
-
-    detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    interventions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    schedules: dict[str, Schedule] = field(default_factory=dict)
-    snapshot_interval: int = 10
-    events_path: str | None = None
-    observe_only: bool = False
-    healthy_despite: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        unknown = set(self.schedules) - set(SCHEDULED_KEYS)
-        if unknown:
-            raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")
-        if self.snapshot_interval < 1:
-            raise ValueError(f"snapshot_interval must be >= 1; got {self.snapshot_interval}.")
-
-    @classmethod
-    def preset(cls, name: str, **changes: Any) -> GuardConfig:
-        """``"monitor"`` (observe only), ``"default"``, ``"strict"`` or ``"stable"``; ``changes`` override fields."""
-        presets = {"monitor": _monitor, "default": _default, "strict": _strict, "stable": _stable}
-        if name not in presets:
-            raise ValueError(f"unknown guard preset {name!r}; presets: {', '.join(presets)}.")
-        return replace(presets[name](), **changes)
-
-
-def _monitor() -> GuardConfig:
-    return GuardConfig(observe_only=True)
-
-
-def _default() -> GuardConfig:
-    return GuardConfig()
-
-
-def _strict() -> GuardConfig:
-    spikes = {"warn_factor": 3.0, "critical_factor": 10.0, "min_z": 4.0}
-    return GuardConfig(
-        detectors={
-            "grad_norm_spike": spikes,
-            "kl_ref_blowup": {"warn_factor": 5.0, "critical_factor": 30.0, "min_z": 4.0},
-            "kl_old_blowup": {"warn_factor": 5.0, "critical_factor": 30.0, "min_z": 4.0},
-            "ratio_explosion": {"warn_factor": 3.0, "critical_factor": 20.0, "min_z": 4.0},
-            "entropy_collapse": {"warn_ratio": 0.6, "critical_ratio": 0.3, "patience": 2},
-            "reward_collapse": {"warn_drop": 4.0, "critical_drop": 8.0, "patience": 2},
-            "mismatch_growth": {"warn_above": 2e-3, "critical_above": 1e-2},
-        },
-        interventions={
-            "skip_step": {"severity": "warn", "on": ("nonfinite", "grad_norm_spike", "ratio_explosion")},
-            "lr_backoff": {"cooldown": 5, "quiet_steps": 40},
-            "clip_controller": {"target": 0.01, "min_scale": 0.1},
-            "halt": {"critical_steps": 10},
-        },
-        snapshot_interval=5,
-    )
-
-
-def _stable() -> GuardConfig:
-    """``default`` plus the controllers that keep a run going instead of stopping it (issue 15): the trust region
-    on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
-    ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
-    repeated failed recoveries)."""
-    # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # (lr_backoff slows what it does), and its alarm leaves the steps healthy (snapshots go on). An entropy far
-    # below its start with the reward above its early level is a policy that converged on what it learned (a task
-    # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
-    recovery = {
-        "on": tuple(n for n in Rollback.on if n != "mismatch_growth"),
-        "ignore": (*Recovery.ignore, "mismatch_growth"),
-    }
-    return GuardConfig(
-        detectors={"entropy_collapse": {"floor_ratio": 0.0}},
-        interventions={
-            "trust_region": {},
-            "entropy_control": {},
-            "recovery": recovery,
-            "rollback": None,
-            "halt": None,
-        },
-        healthy_despite=("mismatch_growth",),
-    )
 
 
 @dataclass
@@ -171,7 +62,7 @@ class Guard:
         self._last_healthy_step: int | None = None
         self._last_snapshot_step: int | None = None
         self._last_step: int | None = None
-        self._record_only: frozenset[str] = frozenset()
+        self._unable: dict[str, str] = {}
         self._actuator_name = ""
 
     @property
@@ -238,48 +129,44 @@ class Guard:
         self.last_findings = findings
         return findings, events
 
-    def set_record_only(self, capabilities: Iterable[str], *, where: str) -> None:
-        """Mark the events of actions needing ``capabilities`` as ``record-only``: ``where`` (the training loop's
-        actuator) cannot carry them out. Called by :func:`rlguard.guards.actuator.bind_guard` at start-up."""
-        self._record_only = frozenset(capabilities)
+    def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
+        """Mark the events of proposals ``where`` (the training loop's actuator) cannot carry out as
+        ``record-only``: ``unable`` maps an outcome or a control to the capability it lacks. Called by
+        :func:`rlguard.guards.actuator.bind_guard` at start-up, which knows what each needs."""
+        self._unable = dict(unable)
         self._actuator_name = where
 
     def _decide(
         self, step: int, proposals: list[Proposal], findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
-        best = max(proposals, key=lambda p: ACTION_PRIORITY[p.action], default=Proposal("continue"))
-        lr_scale = math.prod(p.lr_scale for p in proposals if p.lr_scale is not None)
-        clip_scale = math.prod(p.clip_scale for p in proposals if p.clip_scale is not None)
-        clip_high_scale = math.prod(p.clip_high_scale for p in proposals if p.clip_high_scale is not None)
+        best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=Proposal())
+        action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
-        lr_scale *= scheduled.pop("lr_scale", 1.0)
+        controls = Controls.combine([p.controls for p in proposals], scheduled)
         healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
-        value_of = {"scale_lr": lr_scale, "set_clip": clip_scale}
-        if best.action != "continue" and best.reason:
-            sev: Severity = "critical" if best.action in ("halt", "rollback", "skip_step") else "warn"
-            value = value_of.get(best.action, float(len(findings)))
-            events.append(Event(step, f"action:{best.action}", sev, value, self._marked(best.action, best.reason)))
+        value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
+        if action != "continue" and best.reason:
+            sev: Severity = "warn" if best.outcome == "step" else "critical"
+            value = value_of.get(action, float(len(findings)))
+            events.append(Event(step, f"action:{action}", sev, value, self._marked(best, best.reason)))
         # a control change proposed by an intervention that lost to a higher-priority action still takes effect
         # (controls apply whatever the outcome): it gets its own event
         for p in proposals:
-            if p is not best and p.action in value_of and p.reason:
-                reason = f"{p.reason}; with {best.action}"
+            name = logged_action(p)
+            if p is not best and name in value_of:
                 events.append(
-                    Event(step, f"action:{p.action}", "warn", value_of[p.action], self._marked(p.action, reason))
+                    Event(step, f"action:{name}", "warn", value_of[name], self._marked(p, f"{p.reason}; with {action}"))
                 )
         return Decision(
             step=step,
-            action=best.action,
-            lr_scale=lr_scale,
-            clip_scale=clip_scale,
-            clip_high_scale=clip_high_scale,
+            outcome=best.outcome,
+            controls=controls,
             rollback_to=best.rollback_to,
             # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found
-            snapshot=healthy and due and best.action in ("continue", "set_clip", "scale_lr"),
+            snapshot=healthy and due and best.outcome == "step",
             events=tuple(events),
             reason=best.reason,
-            **scheduled,
         )
 
     def _healthy(self, findings: Mapping[str, Finding]) -> bool:
@@ -289,20 +176,22 @@ class Guard:
             a.level for n, a in self._alarms.items() if n not in despite
         )
 
-    def _marked(self, action: str, reason: str) -> str:
-        """``reason``, marked record-only when the bound actuator cannot carry out ``action``."""
-        capability = _ACTION_CAPABILITY.get(action)
-        if capability is not None and capability in self._record_only:
+    def _marked(self, proposal: Proposal, reason: str) -> str:
+        """``reason``, marked record-only when the bound actuator cannot carry out ``proposal``: its outcome, or for
+        a step the controls it sets."""
+        needs = tuple(proposal.controls) if proposal.outcome == "step" else (proposal.outcome,)
+        capability = next((self._unable[n] for n in needs if n in self._unable), None)
+        if capability is not None:
             return f"{reason} [record-only: {self._actuator_name} cannot {capability}]"
         return reason
 
     def _after(self, decision: Decision, findings: Mapping[str, Finding]) -> None:
-        self._consecutive_skips = self._consecutive_skips + 1 if decision.action == "skip_step" else 0
+        self._consecutive_skips = self._consecutive_skips + 1 if decision.outcome == "skip" else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
         if self._healthy(findings) and decision.outcome == "step":
             self._last_healthy_step = decision.step
-        if decision.action == "rollback":
+        if decision.outcome == "rollback":
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh
             for alarm in self._alarms.values():
                 alarm.level = alarm.streak = alarm.critical_age = 0

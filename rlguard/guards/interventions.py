@@ -1,28 +1,33 @@
-"""Interventions: each proposes an action for the step from the detectors' findings and alarms.
+"""Interventions: each proposes an outcome and controls for the step (a :class:`Proposal`) from the detectors'
+findings and alarms.
 
-The guard takes the proposal of highest priority (``halt > rollback > skip_step > scale_lr > set_clip >
-continue``); the LR and clip scales of all interventions are carried in the decision whatever the action.
-Interventions are keyword-only dataclasses with private state (``_s_*``) saved in ``state_dict``.
+The guard acts on the proposal that comes first in ``halt > rollback > skip > a step that changes the LR > a step
+that changes the clip range > a step`` (:data:`~rlguard.guards.decision.LOGGED_ACTIONS`); the LR and clip scales of
+all interventions are carried in the decision's controls whatever the outcome. Interventions are keyword-only
+dataclasses with private state (``_s_*``) saved in ``state_dict``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
+from rlguard.guards.decision import Proposal
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 from rlguard.guards.state import PrivateState
 
-Action = Literal["continue", "skip_step", "scale_lr", "set_clip", "rollback", "halt"]
-ACTION_PRIORITY: dict[str, int] = {
-    "continue": 0,
-    "set_clip": 1,
-    "scale_lr": 2,
-    "skip_step": 3,
-    "rollback": 4,
-    "halt": 5,
-}
+__all__ = [
+    "BUILTIN_INTERVENTIONS",
+    "ClipController",
+    "Halt",
+    "Intervention",
+    "LRBackoff",
+    "Proposal",
+    "Rollback",
+    "SkipStep",
+    "StepContext",
+]
 
 
 @dataclass(frozen=True)
@@ -46,19 +51,6 @@ class StepContext:
     alarm_age: Mapping[str, int]
     consecutive_skips: int
     last_healthy_step: int | None
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """An intervention's verdict: an action and why; ``lr_scale``/``clip_scale``/``clip_high_scale`` set its
-    multipliers (the guard multiplies those of all interventions; None leaves them alone)."""
-
-    action: Action
-    reason: str = ""
-    lr_scale: float | None = None
-    clip_scale: float | None = None
-    rollback_to: int | None = None
-    clip_high_scale: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -104,7 +96,7 @@ class SkipStep(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         hits = _hits(ctx.findings, self.on, self.severity)
-        return Proposal("skip_step", f"poisoned step ({', '.join(hits)})") if hits else None
+        return Proposal("skip", f"poisoned step ({', '.join(hits)})") if hits else None
 
 
 @dataclass(kw_only=True)
@@ -157,15 +149,15 @@ class LRBackoff(Intervention):
             if ready and self._s_scale > self.min_scale:
                 self._s_scale = max(self._s_scale * self.factor, self.min_scale)
                 self._s_last_backoff = ctx.step
-                return Proposal("scale_lr", f"LR x{self._s_scale:.3g} ({', '.join(hits)})", lr_scale=self._s_scale)
-            return Proposal("continue", lr_scale=self._s_scale)
+                return Proposal("step", f"LR x{self._s_scale:.3g} ({', '.join(hits)})", {"lr_scale": self._s_scale})
+            return Proposal(controls={"lr_scale": self._s_scale})
         if self._s_scale < 1.0:
             since = [s for s in (self._s_last_trouble, self._s_last_recover) if s is not None]
             if not since or ctx.step - max(since) >= self.quiet_steps:
                 self._s_scale = min(self._s_scale * self.recover_factor, 1.0)
                 self._s_last_recover = ctx.step
-                return Proposal("scale_lr", f"LR recovering to x{self._s_scale:.3g}", lr_scale=self._s_scale)
-        return Proposal("continue", lr_scale=self._s_scale)
+                return Proposal("step", f"LR recovering to x{self._s_scale:.3g}", {"lr_scale": self._s_scale})
+        return Proposal(controls={"lr_scale": self._s_scale})
 
 
 @dataclass(kw_only=True)
@@ -205,7 +197,7 @@ class ClipController(Intervention):
     def propose(self, ctx: StepContext) -> Proposal | None:
         value = ctx.stats.get(self.metric)
         if value is None or value != value or value <= self.floor:
-            return Proposal("continue", clip_scale=self._s_scale)
+            return Proposal(controls={"clip_scale": self._s_scale})
         old = self._s_scale
         if value > self.target * self.tolerance:
             self._s_scale = max(old / self.factor, self.min_scale)
@@ -214,11 +206,11 @@ class ClipController(Intervention):
         if self._s_scale != old:
             verb = "tighten" if self._s_scale < old else "relax"
             return Proposal(
-                "set_clip",
+                "step",
                 f"{verb} clip range to x{self._s_scale:.3g} ({self.metric}={value:.3g}, target {self.target:g})",
-                clip_scale=self._s_scale,
+                {"clip_scale": self._s_scale},
             )
-        return Proposal("continue", clip_scale=self._s_scale)
+        return Proposal(controls={"clip_scale": self._s_scale})
 
 
 @dataclass(kw_only=True)

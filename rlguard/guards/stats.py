@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -326,12 +326,3 @@ def _add_reward_stats(st: StepStats, rewards: Tensor, group_ids: Tensor | None) 
         n_groups = int(torch.unique(group_ids).numel())
         st.add("frac_zero_std_groups", ga.frac_zero_std_groups, weight=n_groups)
         st.add("frac_zero_std_solved", ga.frac_zero_std_solved, weight=n_groups)
-
-
-def stats_from_mapping(values: Mapping[str, float]) -> StepStats:
-    """A :class:`StepStats` holding already-reduced values (e.g. from a log), each with weight 1."""
-    st = StepStats()
-    for name, value in values.items():
-        if name in STAT_REDUCTIONS:
-            st.add(name, value)
-    return st

@@ -139,8 +139,8 @@ class TrustRegion(Intervention):
                 self._s_quiet = 0
         if self._s_scale != self._s_proposed:
             self._s_proposed = self._s_scale
-            return Proposal("scale_lr", f"trust region: {why}", lr_scale=self._s_scale)
-        return Proposal("continue", lr_scale=self._s_scale)
+            return Proposal("step", f"trust region: {why}", {"lr_scale": self._s_scale})
+        return Proposal(controls={"lr_scale": self._s_scale})
 
     def on_rollback(self, step: int) -> None:
         """The rolled-back stretch crashed at this step size: lower the cap and tighten the limits for good."""

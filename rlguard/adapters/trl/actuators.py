@@ -2,8 +2,10 @@
 ``Trainer`` under DDP (:class:`TrainerActuator`) and under DeepSpeed ZeRO-1/2/3 (:class:`ZeroActuator`).
 
 Both only supply the mechanism; :func:`rlguard.guards.actuator.apply_decision` decides what runs. The objective's
-controls need ``GuardedGRPOTrainer.rlguard_set_controls``; on a stock ``GRPOTrainer`` the actuators do not declare
-``clip``, ``beta`` and ``entropy_coef``, so such schedules are refused and such actions recorded only.
+controls go to a trainer that takes them (:class:`ControlledTrainer`: ``GuardedGRPOTrainer``, which applies them to
+its configured objective with :meth:`~rlguard.core_losses.Objective.with_controls`); on a stock ``GRPOTrainer`` the
+actuators do not declare ``clip``, ``beta`` and ``entropy_coef``, so such schedules are refused and such proposals
+recorded only.
 
 Under DeepSpeed, :class:`~rlguard.adapters.trl.compat.GuardedEngineWrapper` calls the guard between
 ``engine.backward`` and ``engine.step`` (:class:`~rlguard.adapters.trl.callback.StabilityCallback` installs it)
@@ -13,7 +15,7 @@ and :class:`ZeroActuator` carries out its decision:
 decision           ZeRO-2                            ZeRO-3                            how
 =================  ================================  ================================  ==========================
 ``grad_norm``      yes                               yes                               [1]
-``skip_step``      yes                               yes                               [2]
+``skip``           yes                               yes                               [2]
 ``lr_scale``       yes                               yes                               [3]
 ``clip_scale``     yes                               yes                               as without DeepSpeed
 ``rollback``       yes (engine checkpoint on disk)   yes (engine checkpoint on disk)   [4]
@@ -56,15 +58,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from rlguard.adapters.trl.compat import EngineStepApplying
+from rlguard.core_losses import Controls
 from rlguard.guards.actuator import TorchActuator
-from rlguard.guards.decision import Controls
 
-__all__ = ["TrainerActuator", "ZeroActuator", "trainer_capabilities"]
+__all__ = ["ControlledTrainer", "TrainerActuator", "ZeroActuator", "trainer_capabilities"]
 
 #: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
 _ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
@@ -73,9 +75,23 @@ _BASE = frozenset({"snapshot", "restore", "drop_update", "lr_scale", "stop"})
 _OBJECTIVE = frozenset({"clip", "beta", "entropy_coef"})
 
 
-def trainer_capabilities(trainer: Any) -> frozenset[str]:
-    """What the guard can do to ``trainer``: everything, the objective's controls only on ``GuardedGRPOTrainer``."""
-    return _BASE | (_OBJECTIVE if callable(getattr(trainer, "rlguard_set_controls", None)) else frozenset())
+@runtime_checkable
+class ControlledTrainer(Protocol):
+    """A trainer whose objective takes the guard's controls: what the TRL actuators call (``GuardedGRPOTrainer``)."""
+
+    def rlguard_set_controls(self, controls: Controls) -> None:
+        """The objective as configured, with ``controls``, from the next loss on."""
+
+
+def trainer_capabilities(trainer: object) -> frozenset[str]:
+    """What the guard can do to ``trainer``: everything, the objective's controls only on a
+    :class:`ControlledTrainer`."""
+    return _BASE | (_OBJECTIVE if isinstance(trainer, ControlledTrainer) else frozenset())
+
+
+def _set_controls(trainer: object, controls: Controls) -> None:
+    if isinstance(trainer, ControlledTrainer):  # capabilities declare the objective's controls only then
+        trainer.rlguard_set_controls(controls)
 
 
 @dataclass
@@ -86,7 +102,7 @@ class TrainerActuator(TorchActuator):
     ``on_optimizer_step`` (:meth:`~rlguard.guards.actuator.TorchActuator.finish_step`), which also measures the
     update's size with ``measure_update``."""
 
-    trainer: Any = None
+    trainer: object = None
     stop_requested: bool = field(init=False, default=False)
 
     @property
@@ -94,8 +110,7 @@ class TrainerActuator(TorchActuator):
         return trainer_capabilities(self.trainer) | ({"update_ratio"} if self.measure_update else set())
 
     def set_controls(self, controls: Controls) -> None:
-        if "clip" in self.capabilities:
-            self.trainer.rlguard_set_controls(controls)
+        _set_controls(self.trainer, controls)
 
     def stop(self) -> None:
         self.stop_requested = True
@@ -111,7 +126,7 @@ class ZeroActuator:
     (:class:`~rlguard.adapters.trl.compat.EngineStepApplying`).
     """
 
-    def __init__(self, engine: Any, folder: Path, trainer: Any) -> None:
+    def __init__(self, engine: Any, folder: Path, trainer: object) -> None:
         self.engine = engine
         self.folder = folder
         self.trainer = trainer
@@ -156,8 +171,11 @@ class ZeroActuator:
         return path is not None
 
     def set_controls(self, controls: Controls) -> None:
-        if "clip" in self.capabilities:
-            self.trainer.rlguard_set_controls(controls)
+        _set_controls(self.trainer, controls)
+
+    def take_update_ratio(self) -> float | None:
+        """None: the update's size is not measured under DeepSpeed (the weights are partitioned)."""
+        return None
 
     def stop(self) -> None:
         self.stop_requested = True

@@ -20,13 +20,14 @@ gradients of the step are complete and all-reduced, just before ``optimizer.step
   trainer computes and logs the unclipped norm), because the guard needs the norm *before* clipping; with
   the gradient norm, the scheduler's LR, the trainer's metrics of this step and, for ``GuardedGRPOTrainer``,
   the objective's, it makes one :class:`~rlguard.guards.StepStats` and reduces it with one ``all_gather``;
-- ``skip_step``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
+- ``skip``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
   (Adam's moments and step count) untouched; the LR scheduler still advances, so the schedule stays a function
   of ``global_step``;
 - ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right
   after, so the scheduler never sees (and never compounds) the scale; it is re-applied every step;
 - ``clip_scale`` and scheduled ``clip_low``/``clip_high``/``beta``/``entropy_coef``:
-  ``GuardedGRPOTrainer.rlguard_set_controls`` rebuilds the objective; the new values apply from the next step;
+  ``GuardedGRPOTrainer.rlguard_set_controls`` applies them to its configured objective
+  (:meth:`~rlguard.core_losses.Objective.with_controls`); the new values apply from the next step;
 - ``snapshot``: model and optimizer state before this step's update (the weights the healthy stats came from)
   are copied to CPU memory, or saved to ``snapshot_dir``;
 - ``rollback``: the last snapshot is loaded back and this step's gradients dropped; without a snapshot (e.g.
@@ -38,7 +39,8 @@ and then, at the accumulation boundary, ``engine.step`` (clip, optimizer step, z
 ``on_pre_optimizer_step`` the weights have changed. So ``on_train_begin`` puts a stand-in for accelerate's
 ``trainer.accelerator.deepspeed_engine_wrapped`` whose ``backward`` runs ``engine.backward``, then, at the
 boundary, the guard, then ``engine.step()`` with the decision applied (everything else is delegated to
-accelerate's wrapper, which ``on_train_end`` puts back).
+accelerate's wrapper, which ``on_train_end`` puts back). Both paths take the same guarded step
+(``StabilityCallback._guarded_step``); only the gradient norm, the LR and the actuator differ.
 
 What each part of a decision does under ZeRO-1/2/3 (the table, what is refused and what is untested) is
 written beside :class:`~rlguard.adapters.trl.actuators.ZeroActuator`, in :mod:`rlguard.adapters.trl.actuators`.
@@ -71,10 +73,12 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs transformers: pip install 'rlguard[trl]' ({err}).") from err
 
-from rlguard.adapters.trl.actuators import TrainerActuator, ZeroActuator, trainer_capabilities
+from rlguard.adapters.trl.actuators import TrainerActuator, ZeroActuator
 from rlguard.adapters.trl.compat import (
     GuardedEngineWrapper,
+    check_logged_metrics,
     install_engine_wrapper,
+    logged_metrics,
     remove_engine_wrapper,
     zero_grad_norm,
 )
@@ -83,8 +87,9 @@ from rlguard.guards.actuator import (
     EVENTS_FILE,
     GUARD_STATE_FILE,
     SEVERITY_CODE,
+    Applied,
     apply_decision,
-    check_capabilities,
+    bind_guard,
     make_guard,
 )
 from rlguard.guards.trust_region import measures_update
@@ -181,14 +186,18 @@ class StabilityCallback(TrainerCallback):
                 "GuardedGRPOConfig(guard=...), which attaches its callbacks itself."
             )
         deepspeed = bool(getattr(args, "deepspeed", None) or getattr(self._trainer, "is_deepspeed_enabled", False))
-        where = f"{type(self._trainer).__name__ if self._trainer is not None else 'a Trainer'}"
+        where = type(self._trainer).__name__
+        actuator: TrainerActuator | ZeroActuator
         if deepspeed:
-            self._install_engine_wrapper(args)  # raises before anything changes when it cannot act
+            actuator = self._install_engine_wrapper(args)  # raises before anything changes when it cannot act
             where += " under DeepSpeed"
-        guard = self.guard
-        guard.set_record_only(
-            check_capabilities(guard.config, trainer_capabilities(self._trainer), where=where), where=where
-        )
+        else:
+            model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
+            if model is None or optimizer is None:  # transformers' Trainer passes both to every callback
+                raise ValueError(f"on_train_begin needs model= and optimizer=; got {model!r} and {optimizer!r}.")
+            actuator = self._trainer_actuator(args, model, optimizer)
+        bind_guard(self.guard, actuator, where=where)
+        check_logged_metrics(self._trainer)
         if self.guard.config.events_path is None or args.process_index != 0:
             self.guard.config.events_path = (
                 str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None
@@ -241,13 +250,8 @@ class StabilityCallback(TrainerCallback):
         params = [p for p in model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self._max_grad_norm or math.inf)  # norm before clipping
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else optimizer.param_groups[0]["lr"]
-        stats = collect_step_stats(grad_norm=grad_norm, lr=float(lr), stats=self._step_stats())
         actuator = self._trainer_actuator(args, model, optimizer)
-        update_ratio = actuator.take_update_ratio()  # the previous step's update, measured after it
-        if update_ratio is not None:
-            stats.add("update_ratio", update_ratio)
-        decision = self._observe(state.global_step + 1, stats)
-        self._log(decision, apply_decision(decision, actuator).action)
+        self._guarded_step(state.global_step + 1, grad_norm, float(lr), actuator)
         self._stop_if_requested(control)
 
     def on_optimizer_step(
@@ -285,7 +289,19 @@ class StabilityCallback(TrainerCallback):
         if self.guard is not None and args.should_save and folder.is_dir():
             (folder / GUARD_STATE_FILE).write_text(json.dumps(self.guard.state_dict()))
 
-    # -- the step's stats -------------------------------------------------------------------------------
+    # -- the guarded step ------------------------------------------------------------------------------
+    def _guarded_step(
+        self, step: int, grad_norm: torch.Tensor, lr: float, actuator: TrainerActuator | ZeroActuator
+    ) -> None:
+        """The guarded step under DDP and DeepSpeed alike: the step's stats (gradient norm before clipping, LR, the
+        last update's size where ``actuator`` measures it), the guard's decision, carried out by ``actuator``."""
+        stats = collect_step_stats(grad_norm=grad_norm, lr=lr, stats=self._step_stats())
+        update_ratio = actuator.take_update_ratio()  # the previous step's update, measured after it
+        if update_ratio is not None:
+            stats.add("update_ratio", update_ratio)
+        decision = self._observe(step, stats)
+        self._log(decision, apply_decision(decision, actuator))
+
     def _observe(self, step: int, stats: StepStats) -> Decision:
         """The guard's decision on this step's stats, reduced over the processes with one ``all_gather``."""
         assert self.guard is not None
@@ -305,7 +321,7 @@ class StabilityCallback(TrainerCallback):
         # TRL's lists hold this step only (the callback logs every step) and are already reduced over processes,
         # so every rank adds the same values and the mean over ranks keeps them
         keys = _GENERATION_KEYS if take is not None else (*_GENERATION_KEYS, *_TRL_LOSS_KEYS)
-        metrics = trainer._metrics["train"]
+        metrics = logged_metrics(trainer)
         for key in keys:
             name = TRL_TO_CANONICAL[key]
             values = [v for v in metrics.get(key, ()) if v is not None and not math.isnan(v)]
@@ -344,35 +360,32 @@ class StabilityCallback(TrainerCallback):
             control.should_training_stop = True
             self._actuator.stop_requested = False
 
-    def _install_engine_wrapper(self, args: TrainingArguments) -> None:
+    def _install_engine_wrapper(self, args: TrainingArguments) -> ZeroActuator:
         """Put the guarded wrapper in place of accelerate's ``deepspeed_engine_wrapped`` (see the module)."""
         self._engine_wrapper = install_engine_wrapper(self._trainer, self._decide_in_engine)
         folder = Path(self.snapshot_dir or Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
-        self._actuator = ZeroActuator(self._engine_wrapper.engine, folder, self._trainer)
+        actuator = ZeroActuator(self._engine_wrapper.engine, folder, self._trainer)
+        self._actuator = actuator
+        return actuator
 
     def _decide_in_engine(self, engine: Any) -> None:
-        """At the accumulation boundary, after ``engine.backward``: judge the step, then ``engine.step()`` it."""
+        """At the accumulation boundary, after ``engine.backward``: the guarded step, whose actuator then runs
+        ``engine.step()``."""
         assert isinstance(self._actuator, ZeroActuator)
-        state = self._trainer.state
         grad_norm = zero_grad_norm(engine.optimizer)  # before the engine clips
-        lr = float(engine.optimizer.param_groups[0]["lr"])
-        decision = self._observe(
-            state.global_step + 1, collect_step_stats(grad_norm=grad_norm, lr=lr, stats=self._step_stats())
-        )
         self._actuator.grad_norm = grad_norm
-        self._log(decision, apply_decision(decision, self._actuator).action)
+        lr = float(engine.optimizer.param_groups[0]["lr"])
+        self._guarded_step(self._trainer.state.global_step + 1, grad_norm, lr, self._actuator)
 
-    def _log(self, decision: Decision, action: str) -> None:
-        if self._trainer is None:
-            return
-        metrics = self._trainer._metrics["train"]
-        metrics["rlguard/guard/lr_scale"].append(decision.lr_scale)
-        metrics["rlguard/guard/clip_scale"].append(decision.clip_scale)
-        if action == "skip_step":
+    def _log(self, decision: Decision, applied: Applied) -> None:
+        metrics = logged_metrics(self._trainer)
+        metrics["rlguard/guard/lr_scale"].append(decision.controls.lr_scale)
+        metrics["rlguard/guard/clip_scale"].append(decision.controls.clip_scale)
+        if applied.outcome == "skip":
             metrics["rlguard/guard/skipped"].append(1.0)
-        if action == "rollback":
+        if applied.outcome == "rollback":
             metrics["rlguard/guard/rollback_to"].append(float(self.snapshot_step or 0))
-        if action == "halt":
+        if applied.outcome == "halt":
             metrics["rlguard/guard/halted"].append(1.0)
         for event in decision.events:
             metrics[f"rlguard/event/{event.detector}"].append(SEVERITY_CODE[event.severity])

@@ -5,6 +5,9 @@ change upstream fails when training starts, not at the first skipped step):
 
 - ``GRPOTrainer._compute_loss`` (overridden) and ``GRPOTrainer._get_per_token_logps_and_entropies`` (called):
   the objective replaces TRL's loss [1];
+- ``GRPOTrainer._metrics`` (read and appended to, through :func:`logged_metrics` only): TRL's per-step metric lists,
+  which TRL averages into each log record; the trainer logs its objective's metrics there, the callback reads the
+  step's generation metrics and logs the guard's [3];
 - ``trainer.accelerator.deepspeed_engine_wrapped``, replaced while training (:func:`install_engine_wrapper`): the
   guard decides between ``engine.backward`` and ``engine.step`` [2];
 - the ZeRO optimizer's ``averaged_gradients`` and ``step`` (shadowed for one call, :class:`EngineStepApplying`),
@@ -18,13 +21,14 @@ change upstream fails when training starts, not at the first skipped step):
    the private methods' signatures as expected.
 2. :func:`check_deepspeed_compatibility` (when the guard starts under DeepSpeed): deepspeed in
    :data:`SUPPORTED_DEEPSPEED`, ZeRO stage 1-3 without optimizer offload, and every private attribute above present.
+3. :func:`check_logged_metrics` (``GuardedGRPOTrainer.__init__``, and ``StabilityCallback`` when training starts).
 """
 
 from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from importlib import metadata
 from typing import Any
 
@@ -44,10 +48,12 @@ __all__ = [
     "EngineStepApplying",
     "GuardedEngineWrapper",
     "check_deepspeed_compatibility",
+    "check_logged_metrics",
     "check_trl_compatibility",
     "drop_zero_gradients",
     "install_engine_wrapper",
     "install_forward",
+    "logged_metrics",
     "remove_engine_wrapper",
     "zero_grad_norm",
 ]
@@ -106,6 +112,23 @@ def check_trl_compatibility() -> None:
                 f"has GRPOTrainer.{method}{params if fn is not None else ' missing'}, expected "
                 f"{'exactly ' if exact else 'at least '}{expected}. Install a supported trl or use trl.GRPOTrainer."
             )
+
+
+def check_logged_metrics(trainer: Any) -> None:
+    """Raise ``RuntimeError`` naming the supported TRL range if ``trainer`` has no per-mode metric lists
+    (``GRPOTrainer._metrics``, which :func:`logged_metrics` reads)."""
+    store = getattr(trainer, "_metrics", None)
+    if not (isinstance(store, Mapping) and "train" in store and isinstance(store["train"], MutableMapping)):
+        raise RuntimeError(
+            f"rlguard logs into TRL's per-step metric lists (GRPOTrainer._metrics['train']), which "
+            f"{type(trainer).__name__} does not have ({type(store).__name__}); rlguard supports trl{SUPPORTED_TRL}."
+        )
+
+
+def logged_metrics(trainer: Any, mode: str = "train") -> MutableMapping[str, list[Any]]:
+    """TRL's metric lists of ``mode`` (``"train"``, ``"eval"``), keyed by what they are logged under: TRL averages
+    each list into the next log record and clears it (``GRPOTrainer._metrics[mode]``, a ``defaultdict(list)``)."""
+    return trainer._metrics[mode]  # type: ignore[no-any-return]
 
 
 #: private attributes of DeepSpeed 0.19's ZeRO optimizers that the guard reads or calls, by stage family

@@ -4,8 +4,10 @@
 >>> args = GuardedGRPOConfig(objective="gspo", guard="default")  # doctest: +SKIP
 
 Every TRL field keeps its meaning; :func:`~rlguard.adapters.trl.mapping.map_trl_config` translates the whole
-config into an objective (see :mod:`rlguard.adapters.trl.mapping`). With an ``objective`` and TRL's clip range or
-``loss_type`` left unset, the objective's paper values fill them, said in one log line.
+config into an objective (see :mod:`rlguard.adapters.trl.mapping`), once, when the config is built
+(``rlguard_mapping``, which ``GuardedGRPOTrainer`` uses; build a changed config with ``dataclasses.replace``). With
+an ``objective`` and TRL's clip range or ``loss_type`` left unset, the objective's paper values fill them, said in
+one log line.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config, paper_trl_settings
-from rlguard.guards import GuardConfig
-from rlguard.guards.actuator import make_guard
+from rlguard.guards import PRESETS, GuardConfig
+from rlguard.guards.config import check_preset
 
 __all__ = ["GuardedGRPOConfig", "guard_from_spec"]
 
@@ -41,7 +43,8 @@ class GuardedGRPOConfig(GRPOConfig):
             ``{"aggregation": "seq-mean-token-mean"}`` or ``{"rollout_mask": "geometric"}``; a JSON object string
             (the command line) is parsed. Not ``beta``.
         guard: stability guard acting in the loop (:mod:`rlguard.adapters.trl.callback`): a preset name
-            (``"monitor"``, ``"default"``, ``"strict"``), a ``GuardConfig``, or a JSON object (a string, e.g. on
+            (:data:`~rlguard.guards.PRESETS`: ``"monitor"``, ``"default"``, ``"strict"``, ``"stable"``), a
+            ``GuardConfig``, or a JSON object (a string, e.g. on
             the command line, or a mapping, e.g. in a YAML config) of ``GuardConfig`` fields with an optional
             ``"preset"`` they change: ``'{"preset": "strict", "snapshot_interval": 5}'``; ``None`` for none. With
             a guard the objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip
@@ -76,8 +79,8 @@ class GuardedGRPOConfig(GRPOConfig):
     guard: GuardConfig | str | dict[str, Any] | None = field(
         default=None,
         metadata={
-            "help": "Stability guard acting in the loop: 'monitor', 'default', 'strict', or a JSON object of "
-            'GuardConfig fields with an optional preset they change, e.g. \'{"preset": "strict", '
+            "help": f"Stability guard acting in the loop: a preset ({', '.join(map(repr, PRESETS))}), or a JSON "
+            'object of GuardConfig fields with an optional preset they change, e.g. \'{"preset": "strict", '
             '"snapshot_interval": 5}\'.'
         },
     )
@@ -139,7 +142,8 @@ class GuardedGRPOConfig(GRPOConfig):
         if "aggregation" in used and "aggregation" not in self.objective_kwargs:
             self.objective_kwargs = {**self.objective_kwargs, "aggregation": used["aggregation"]}
         self.guard = guard_from_spec(self.guard)
-        map_trl_config(self)
+        #: how this config translates into an rlguard objective (warnings emitted once, here)
+        self.rlguard_mapping: TRLLossMapping = map_trl_config(self)
         if self.objective is not None:
             _log_settings_used(self, used)
 
@@ -168,8 +172,8 @@ class GuardedGRPOConfig(GRPOConfig):
         return out
 
     def objective_mapping(self) -> TRLLossMapping:
-        """How this config translates into an rlguard objective (:func:`map_trl_config`, without warnings)."""
-        return map_trl_config(self, warn=False)
+        """How this config translates into an rlguard objective (:func:`map_trl_config`, made when it was built)."""
+        return self.rlguard_mapping
 
 
 #: TRL's own defaults of the settings GuardedGRPOConfig leaves unset (None) by default
@@ -188,8 +192,7 @@ def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guard
         return spec
     if isinstance(spec, str):
         if not spec.lstrip().startswith("{"):
-            make_guard(spec)  # a preset name: validated now
-            return spec
+            return check_preset(spec)
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError as err:
@@ -198,7 +201,7 @@ def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guard
             ) from err
     if not isinstance(spec, Mapping):
         raise ValueError(
-            f"guard must be a preset name ('monitor', 'default', 'strict'), a GuardConfig or a JSON object of its "
+            f"guard must be a preset name ({', '.join(map(repr, PRESETS))}), a GuardConfig or a JSON object of its "
             f"fields; got {spec!r}."
         )
     fields = dict(spec)
@@ -211,14 +214,14 @@ def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guard
             f"{sorted(allowed)} (schedules only from Python, as a GuardConfig)."
         )
     if not isinstance(preset, str):
-        raise ValueError(f"guard: 'preset' must be a preset name ('monitor', 'default', 'strict'); got {preset!r}.")
+        raise ValueError(f"guard: 'preset' must be a preset name ({', '.join(map(repr, PRESETS))}); got {preset!r}.")
     return GuardConfig.preset(preset, **fields)
 
 
 def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> None:
     """One log line: the clip range and aggregation the objective got, and whether they are its paper's (then at
     WARNING level: TRL users expect TRL's defaults) or the user's TRL settings."""
-    kwargs = config.objective_mapping().kwargs
+    kwargs = config.rlguard_mapping.kwargs
     parts = []
     if "clip_high" in kwargs:
         source = "the paper's" if used.keys() & {"epsilon", "epsilon_high"} else "from epsilon/epsilon_high"

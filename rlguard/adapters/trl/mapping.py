@@ -1,18 +1,23 @@
-"""How a TRL ``GRPOConfig`` translates into an rlguard objective: pure, imports no framework.
+"""How a TRL ``GRPOConfig`` translates into an rlguard objective: pure, imports no framework and no other rlguard
+layer than the objectives.
 
-:func:`map_trl_config` is the whole translation:
+:func:`map_trl_config` is the whole translation. What depends on the objective is declared by the objective
+(``Objective.trl``, ``ratio_level``, ``sequence_variant``: ``docs/design.md``, "Objectives describe
+themselves"), so a plugin objective is translated like a built-in:
 
 - ``objective=None``: the objective of ``loss_type``: grpo and bnpo -> ``grpo``, dr_grpo, dapo, sapo, luspo,
-  vespo, and cispo (with ``bounds="absolute"``, TRL's convention);
-- ``importance_sampling_level="sequence"`` turns grpo, dapo and dr_grpo into ``gspo``; luspo at ``"token"`` (TRL
-  warns) is ``grpo`` with luspo's aggregation; vespo's weight is per sequence at either level;
-- ``vespo_k_pos``, ``vespo_lambda_pos``, ``vespo_k_neg``, ``vespo_lambda_neg`` -> VESPO's ``k_pos`` ... ``lambda_neg``
-  (vLLM importance-sampling correction with vespo is refused: TRL folds it into VESPO's weight);
-- ``epsilon``, ``epsilon_high`` -> ``clip_low``, ``clip_high`` of the GRPO family and Clip-Cov; CISPO's
-  ``clip_high`` is the absolute cap ``epsilon_high``; GMPO (log-space clip) keeps its own;
-- ``delta`` (TRL's two-sided clip) -> ``clip_c``, the dual clip, which it equals when ``delta >= 1 + epsilon_high``;
+  vespo, and cispo;
+- ``importance_sampling_level="sequence"``: an objective with a sequence-level ratio (gspo, gspo_token, luspo,
+  gmpo, vespo) stays itself, one that declares a ``sequence_variant`` becomes it (grpo, dapo and dr_grpo become
+  ``gspo``), the others are refused; TRL's luspo at ``"token"`` (TRL warns) is ``grpo`` with luspo's aggregation;
+- the objective's own TRL settings (``Objective.trl.fields``): ``epsilon``, ``epsilon_high`` -> ``clip_low``,
+  ``clip_high`` of the GRPO family and Clip-Cov; CISPO's ``clip_high`` is the absolute cap ``epsilon_high``
+  (``fixed``: ``bounds="absolute"``); ``delta`` (TRL's two-sided clip) -> ``clip_c``, the dual clip, which it
+  equals when ``delta >= 1 + epsilon_high``; ``sapo_temperature_pos``/``_neg`` -> ``tau_pos``/``tau_neg``;
+  ``vespo_k_pos`` ... ``vespo_lambda_neg`` -> VESPO's ``k_pos`` ... ``lambda_neg``; GMPO (log-space clip) keeps
+  its own. A setting the objective declares ``unsupported`` is refused (vLLM importance-sampling correction with
+  VESPO: TRL folds it into VESPO's weight);
 - ``beta``, ``use_bias_correction_kl`` -> ``beta`` with ``kl_estimator="k3"``, ``kl_unbiased``;
-- ``sapo_temperature_pos``/``_neg`` -> ``tau_pos``/``tau_neg``;
 - ``off_policy_mask_threshold`` -> ``off_policy_mask_delta``;
 - ``top_entropy_quantile < 1``: TRL's own ``get_high_entropy_mask`` weights the objective's policy term (not the
   KL term, not the normalisers) and the entropy bonus, as in TRL (in the trainer, per micro-batch);
@@ -34,14 +39,14 @@ and ``N`` TRL's ``num_items_in_batch`` (the loss tokens of the whole generation 
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.core_losses import CISPO, GMPO, GRPO, GSPO, LUSPO, SAPO, VESPO, ClipCov, Objective, get_objective
+from rlguard.core_losses import Objective, get_objective
 from rlguard.core_losses.registry import objective_class
-from rlguard.guards.actuator import make_guard
 
 if TYPE_CHECKING:
     from trl.trainer.grpo_config import GRPOConfig
@@ -76,13 +81,13 @@ LOSS_TYPE_AGGREGATION = {
     "luspo": "seq-mean-token-sum",
     "vespo": "token-mean",
 }
-#: Objectives whose ratio is one per sequence, and aggregations that weight a sequence by its token count.
-_SEQUENCE_RATIO = (GSPO, GMPO)
+#: TRL loss types whose token-level variant is another objective (TRL's luspo at token level: the token ratio, the
+#: PPO clip, LUSPO's per-sequence token sum)
+_TOKEN_LEVEL_OBJECTIVE = {"luspo": "grpo"}
+#: Aggregations that weight a sequence by its token count.
 _TOKEN_SUMMED = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-#: Token-ratio objectives that TRL's importance_sampling_level="sequence" turns into GSPO.
-_TO_GSPO = ("grpo", "dapo", "dr_grpo")
-#: Objectives whose own ratio ignores importance_sampling_level (VESPO's weight is always per sequence).
-_OWN_RATIO_LEVEL = ("vespo",)
+#: TRL's settings an objective may declare it reads (``Objective.trl.fields``) whose value TRL resolves first
+_EPSILONS = ("epsilon", "epsilon_high")
 Normaliser = Literal["sequences", "local_tokens", "global_tokens"]
 
 
@@ -101,7 +106,11 @@ class TRLLossMapping:
     normaliser: Normaliser
 
     def build(self) -> Objective:
-        """The objective instance."""
+        """The objective instance, constructed once (:func:`map_trl_config` builds it to validate the values)."""
+        return self._instance
+
+    @functools.cached_property
+    def _instance(self) -> Objective:
         return get_objective(self.objective, **self.kwargs)
 
 
@@ -134,15 +143,15 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
         "kl_estimator": "k3",
         "kl_unbiased": bool(args.use_bias_correction_kl),
         "off_policy_mask_delta": args.off_policy_mask_threshold,
-        **_clip_kwargs(args, cls, warn),
-        **_rollout_kwargs(args),
+        **_objective_kwargs(args, cls, warn),
+        **_rollout_kwargs(args, cls),
     }
     kwargs.update(user)
     _check_rollout_logprobs(args, kwargs)
     mapping = TRLLossMapping(name, kwargs, _normaliser(args, kwargs["aggregation"], "aggregation" in user))
-    mapping.build()  # validates every value now, at configuration time
+    objective = mapping.build()  # validates every value now, at configuration time
     if warn:
-        _warn_on_known_differences(args, cls, mapping)
+        _warn_on_known_differences(args, cls, mapping, objective)
     return mapping
 
 
@@ -157,18 +166,16 @@ def paper_trl_settings(objective: str) -> dict[str, Any]:
     {'epsilon': 0.0003, 'epsilon_high': 0.0004, 'loss_type': 'grpo'}
     """
     cls = objective_class(objective)
-    defaults = cls()
-    out: dict[str, Any] = {}
-    if isinstance(defaults, (GRPO, ClipCov)):  # the objectives whose clip_low/clip_high TRL's epsilons set
-        out = {"epsilon": defaults.clip_low, "epsilon_high": defaults.clip_high}
-    elif isinstance(defaults, CISPO):
-        out = {"epsilon_high": defaults.weight_bounds()[1]}  # TRL's CISPO caps the weight at epsilon_high
+    defaults = cls.hyperparameters()
+    # the clip range of the epsilons the objective reads: its fields' defaults, or what it declares for TRL
+    out: dict[str, Any] = {setting: defaults[f] for f, setting in cls.trl.fields.items() if setting in _EPSILONS}
+    out.update({k: v for k, v in cls.trl.paper.items() if k in _EPSILONS})
     # the loss type of this objective first (dapo -> dapo), then one of the same aggregation (gspo -> grpo); bnpo
     # last: its normaliser is the micro-batch's own tokens
     order = sorted(LOSS_TYPE_AGGREGATION, key=lambda t: (LOSS_TYPE_OBJECTIVE[t] != objective, t == "bnpo"))
-    loss_type = next((t for t in order if LOSS_TYPE_AGGREGATION[t] == defaults.aggregation), None)
+    loss_type = next((t for t in order if LOSS_TYPE_AGGREGATION[t] == defaults["aggregation"]), None)
     if loss_type is None:
-        out["aggregation"] = defaults.aggregation
+        out["aggregation"] = defaults["aggregation"]
     else:
         out["loss_type"] = loss_type
     return out
@@ -205,9 +212,6 @@ def _reject_unsupported(args: GRPOConfig) -> None:
         raise ValueError(
             f"importance_sampling_level must be 'token' or 'sequence'; got {args.importance_sampling_level!r}."
         )
-    guard = getattr(args, "guard", None)
-    if guard is not None:
-        make_guard(guard)  # validates the preset name or config now
 
 
 def _objective_name(args: GRPOConfig) -> str:
@@ -220,66 +224,51 @@ def _objective_name(args: GRPOConfig) -> str:
                 "trl.GRPOTrainer."
             )
         name = LOSS_TYPE_OBJECTIVE[args.loss_type]
-        if name == "luspo" and args.importance_sampling_level == "token":
-            return "grpo"  # TRL's luspo at token level: the token ratio, PPO clip, LUSPO's per-sequence token sum
-    if name in _OWN_RATIO_LEVEL:
-        return name
-    if args.importance_sampling_level == "sequence":
-        if name in _TO_GSPO:
-            return "gspo"
-        if not issubclass(objective_class(name), GSPO):
+        if args.importance_sampling_level == "token":
+            return _TOKEN_LEVEL_OBJECTIVE.get(args.loss_type, name)
+    cls = objective_class(name)
+    if args.importance_sampling_level == "sequence" and cls.ratio_level != "sequence":
+        if cls.sequence_variant is None:
             raise NotImplementedError(
                 f"importance_sampling_level='sequence' with objective {name!r}: rlguard's {name} has a token-level "
-                f"ratio only. Sequence-level ratios: {list(_TO_GSPO)} (which become 'gspo'), 'gspo' or 'gspo_token'."
+                "ratio only. Use an objective with a sequence-level ratio (gspo, gspo_token, luspo, gmpo, vespo) or "
+                "one that has a sequence-level variant (grpo, dapo, dr_grpo: gspo)."
             )
+        return cls.sequence_variant
     return name
 
 
-def _clip_kwargs(args: GRPOConfig, cls: type[Objective], warn: bool) -> dict[str, Any]:
-    """TRL's clip settings in the objective's own terms."""
-    epsilon_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    if issubclass(cls, GRPO):
-        clip_c = args.delta
-        # TRL: coef_1 <- min(r, delta) before -min(coef_1 A, clip(r) A). For A > 0 and delta >= 1 + eps_high the
-        # clipped branch is already the smaller one wherever r > delta, so nothing changes; for A < 0 the loss is
-        # -A max(min(r, delta), clip(r)) = -A min(max(r, clip(r)), delta), the dual clip with c = delta.
-        if clip_c is not None and clip_c < 1.0 + epsilon_high:
-            raise ValueError(
-                f"delta={clip_c} is below 1 + epsilon_high = {1.0 + epsilon_high}: TRL's two-sided clip then also cuts "
-                "positive-advantage ratios below the clip range, which rlguard's dual clip (clip_c) does not do. "
-                f"Use delta >= {1.0 + epsilon_high} (INTELLECT-2 recommends delta > 1 + epsilon)."
-            )
-        return {"clip_low": args.epsilon, "clip_high": epsilon_high, "clip_c": clip_c}
-    if args.delta is not None and warn:
+def _trl_setting(args: GRPOConfig, setting: str) -> Any:
+    """TRL's value of ``setting``, resolved as TRL resolves it (``epsilon_high`` unset: ``epsilon``)."""
+    if setting == "epsilon_high":
+        return args.epsilon if args.epsilon_high is None else args.epsilon_high
+    return getattr(args, setting)
+
+
+def _objective_kwargs(args: GRPOConfig, cls: type[Objective], warn: bool) -> dict[str, Any]:
+    """The objective's own TRL settings (``cls.trl``) in its own terms."""
+    fields = cls.trl.fields
+    kwargs = {field: _trl_setting(args, setting) for field, setting in fields.items()}
+    delta, epsilon_high = args.delta, _trl_setting(args, "epsilon_high")
+    # TRL: coef_1 <- min(r, delta) before -min(coef_1 A, clip(r) A). For A > 0 and delta >= 1 + eps_high the
+    # clipped branch is already the smaller one wherever r > delta, so nothing changes; for A < 0 the loss is
+    # -A max(min(r, delta), clip(r)) = -A min(max(r, clip(r)), delta), the dual clip with c = delta.
+    if "delta" in fields.values() and delta is not None and delta < 1.0 + epsilon_high:
+        raise ValueError(
+            f"delta={delta} is below 1 + epsilon_high = {1.0 + epsilon_high}: TRL's two-sided clip then also cuts "
+            "positive-advantage ratios below the clip range, which rlguard's dual clip (clip_c) does not do. "
+            f"Use delta >= {1.0 + epsilon_high} (INTELLECT-2 recommends delta > 1 + epsilon)."
+        )
+    if "delta" not in fields.values() and delta is not None and warn:
         warnings.warn(
-            f"delta={args.delta} is ignored by objective {cls.name!r} (TRL ignores it for cispo and sapo too).",
+            f"delta={delta} is ignored by objective {cls.name!r} (TRL ignores it for cispo and sapo too).",
             UserWarning,
             stacklevel=4,
         )
-    if issubclass(cls, CISPO):
-        if warn and epsilon_high <= 1.0:
-            warnings.warn(
-                f"CISPO caps the importance weight at epsilon_high={epsilon_high} (TRL's absolute convention), so "
-                "every ratio above it gets that weight; TRL and ScaleRL recommend epsilon_high=5.0.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return {"bounds": "absolute", "clip_low": None, "clip_high": epsilon_high}
-    if issubclass(cls, SAPO):
-        return {"tau_pos": args.sapo_temperature_pos, "tau_neg": args.sapo_temperature_neg}
-    if issubclass(cls, ClipCov):  # Clip-Cov's PPO clip is TRL's
-        return {"clip_low": args.epsilon, "clip_high": epsilon_high}
-    if issubclass(cls, VESPO):
-        return {
-            "k_pos": args.vespo_k_pos,
-            "lambda_pos": args.vespo_lambda_pos,
-            "k_neg": args.vespo_k_neg,
-            "lambda_neg": args.vespo_lambda_neg,
-        }
-    return {}
+    return {**kwargs, **cls.trl.fixed}
 
 
-def _rollout_kwargs(args: GRPOConfig) -> dict[str, Any]:
+def _rollout_kwargs(args: GRPOConfig, cls: type[Objective]) -> dict[str, Any]:
     """TRL's vLLM importance-sampling correction as rollout_is/rollout_mask.
 
     TRL's ``*_truncate`` modes weight by ``min(rho, C_max)``; its ``*_mask`` modes weight by ``rho`` and zero it
@@ -288,11 +277,11 @@ def _rollout_kwargs(args: GRPOConfig) -> dict[str, Any]:
     """
     if not (args.use_vllm and args.vllm_importance_sampling_correction):
         return {}
-    if args.loss_type == "vespo" or getattr(args, "objective", None) == "vespo":
+    why = cls.trl.unsupported.get("vllm_importance_sampling_correction")
+    if why is not None:
         raise NotImplementedError(
-            "VESPO with vLLM importance-sampling correction: TRL folds the engine ratio into VESPO's sequence weight "
-            "W (log W gains sum_t log rho_t); rlguard's rollout_is multiplies each token's term instead, which is a "
-            "different estimator. Set vllm_importance_sampling_correction=False, or use another objective."
+            f"objective {cls.name!r} with vLLM importance-sampling correction: {why}. Set "
+            "vllm_importance_sampling_correction=False, or use another objective."
         )
     mode = args.vllm_importance_sampling_mode
     level, kind = mode.split("_", 1) if "_" in mode else (mode, "")
@@ -325,9 +314,14 @@ def _normaliser(args: GRPOConfig, aggregation: str, user_aggregation: bool) -> N
     return "local_tokens" if args.loss_type == "bnpo" and not user_aggregation else "global_tokens"
 
 
-def _warn_on_known_differences(args: GRPOConfig, cls: type[Objective], mapping: TRLLossMapping) -> None:
+def _warn_on_known_differences(
+    args: GRPOConfig, cls: type[Objective], mapping: TRLLossMapping, objective: Objective
+) -> None:
     aggregation = mapping.kwargs["aggregation"]
-    if issubclass(cls, _SEQUENCE_RATIO) and not issubclass(cls, LUSPO) and aggregation in _TOKEN_SUMMED:
+    sequence_ratio = cls.ratio_level == "sequence"
+    # length-weighted on purpose where the objective's own aggregation sums over tokens (LUSPO, VESPO)
+    own = cls.hyperparameters()["aggregation"]
+    if sequence_ratio and own not in _TOKEN_SUMMED and aggregation in _TOKEN_SUMMED:
         warnings.warn(
             f"objective {mapping.objective!r} has one ratio per sequence but aggregation={aggregation!r} sums over "
             "tokens, so each sequence weighs in proportion to its length (trl#3823). For the paper's objective use "
@@ -343,7 +337,7 @@ def _warn_on_known_differences(args: GRPOConfig, cls: type[Objective], mapping: 
             UserWarning,
             stacklevel=3,
         )
-    if issubclass(cls, _SEQUENCE_RATIO) and mapping.kwargs.get("rollout_mask") == "token":
+    if sequence_ratio and mapping.kwargs.get("rollout_mask") == "token":
         warnings.warn(
             "tokens removed by token-level masked IS leave rlguard's sequence ratio log s_i; TRL's sequence ratio "
             "keeps them, so the losses differ on sequences with masked tokens.",
@@ -355,6 +349,15 @@ def _warn_on_known_differences(args: GRPOConfig, cls: type[Objective], mapping: 
         warnings.warn(
             "tokens removed by off-policy masking or vLLM masked IS lose their KL term in rlguard; TRL keeps it "
             "(it masks the policy term only), so the losses differ on masked tokens.",
+            UserWarning,
+            stacklevel=3,
+        )
+    high = objective.ratio_bounds()[1]
+    if "epsilon_high" in cls.trl.fields.values() and high is not None and high <= 1.0:
+        warnings.warn(
+            f"objective {cls.name!r} bounds the importance ratio from above at {high:g} (epsilon_high="
+            f"{_trl_setting(args, 'epsilon_high')}): every token whose ratio rose gets the same capped weight or "
+            "clipped term. For cispo (TRL's absolute cap) TRL and ScaleRL recommend epsilon_high=5.0.",
             UserWarning,
             stacklevel=3,
         )

@@ -11,7 +11,7 @@ TRL's ``loss_type``. No loss formula lives in this module; :func:`~rlguard.adapt
 is the whole translation (see :mod:`rlguard.adapters.trl.mapping` for every setting and the normalisers).
 
 
-With ``GuardedGRPOConfig(guard="default")`` (or ``"monitor"``, ``"strict"``, a ``GuardConfig``) a
+With ``GuardedGRPOConfig(guard="default")`` (or another preset of :data:`~rlguard.guards.PRESETS`, a ``GuardConfig``) a
 :class:`~rlguard.adapters.trl.callback.StabilityCallback` acts on the guard's decisions every optimizer step (skip,
 LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl.callback`), and the objective drops and counts
 non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
@@ -38,7 +38,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
 from rlguard.adapters.trl.callback import StabilityCallback
-from rlguard.adapters.trl.compat import FORWARD_KEYS, check_trl_compatibility
+from rlguard.adapters.trl.compat import FORWARD_KEYS, check_logged_metrics, check_trl_compatibility, logged_metrics
 from rlguard.adapters.trl.config import GuardedGRPOConfig, guard_from_spec
 from rlguard.adapters.trl.logprobs import (
     FUSED_REQUEST,
@@ -47,12 +47,11 @@ from rlguard.adapters.trl.logprobs import (
     use_hidden_logprobs,
 )
 from rlguard.adapters.trl.mapping import map_trl_config
-from rlguard.adapters.trl.trl_metrics import reduce_over_processes, trl_metric_parts
-from rlguard.core_losses import LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
-from rlguard.core_losses.objectives.weighted import weighted
+from rlguard.adapters.trl.trl_metrics import trl_metric_parts
+from rlguard.core_losses import Controls, LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
-from rlguard.guards.actuator import make_guard, objective_with_controls
-from rlguard.guards.decision import Controls
+from rlguard.guards.actuator import make_guard
+from rlguard.guards.reduction import reduce_rows
 from rlguard.guards.stats import add_metric_values
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
@@ -72,29 +71,33 @@ class GuardedGRPOTrainer(GRPOTrainer):
     (adding a callback if there is none), which then also sees the objective's metrics of every micro-batch.
 
     Attributes:
-        rlguard_mapping: how the config was translated (:class:`TRLLossMapping`).
-        rlguard_objective: the objective computing the loss (rebuilt when the guard changes the clip range).
+        rlguard_mapping: how the config was translated (:class:`TRLLossMapping`; ``GuardedGRPOConfig``'s own).
+        rlguard_configured_objective: the objective as configured.
+        rlguard_objective: the objective computing the loss: the configured one with the guard's controls.
         rlguard_guard: the guard acting on this trainer's steps, or None.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_trl_compatibility()
         super().__init__(*args, **kwargs)
+        check_logged_metrics(self)
         config = cast(GRPOConfig, self.args)
-        mapping = map_trl_config(config, warn=not isinstance(config, GuardedGRPOConfig))
+        # a GuardedGRPOConfig mapped itself when it was built; a plain GRPOConfig is mapped here, once
+        mapping = config.rlguard_mapping if isinstance(config, GuardedGRPOConfig) else map_trl_config(config)
         guard = self._attach_stability_callbacks(getattr(config, "guard", None))
         if guard is not None and "beta" in guard.config.schedules and config.beta == 0.0:
             raise ValueError(
                 "the guard schedules beta, but GuardedGRPOConfig(beta=0.0) makes TRL load no reference model: set "
                 "beta > 0 (the schedule then replaces it) or drop the beta schedule."
             )
+        objective = mapping.build()
         if guard is not None and "on_nonfinite" not in mapping.kwargs:
             # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
-            mapping = dataclasses.replace(mapping, kwargs={**mapping.kwargs, "on_nonfinite": "mask"})
+            objective = dataclasses.replace(objective, on_nonfinite="mask")
         self.rlguard_mapping = mapping
         self.rlguard_guard: Guard | None = guard
-        self.rlguard_objective: Objective = mapping.build()
-        self._rlguard_configured_objective = self.rlguard_objective
+        self.rlguard_configured_objective: Objective = objective
+        self.rlguard_objective: Objective = objective
         self._rlguard_step_stats = StepStats()
         self._rlguard_fused_model: Any = None
         fused = bool(getattr(config, "fused_objective", False))
@@ -143,8 +146,8 @@ class GuardedGRPOTrainer(GRPOTrainer):
 
     def rlguard_set_controls(self, controls: Controls) -> None:
         """The guard's controls for the objective from the next loss on: clip range, ``beta``, ``entropy_coef``
-        (:func:`~rlguard.guards.actuator.objective_with_controls` of the configured objective)."""
-        self.rlguard_objective = objective_with_controls(self._rlguard_configured_objective, controls)
+        (:meth:`~rlguard.core_losses.Objective.with_controls` of the configured objective)."""
+        self.rlguard_objective = self.rlguard_configured_objective.with_controls(controls)
 
     def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -166,19 +169,19 @@ class GuardedGRPOTrainer(GRPOTrainer):
         finally:
             if request is not None:
                 setattr(self._rlguard_fused_model, FUSED_REQUEST, None)
-        batch = self._policy_batch(inputs, logprobs, entropies, mask)
-        objective, entropy_mask = self.rlguard_objective, None
+        entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             # TRL's own mask (its quantile is over the entropies of all processes); it weights the policy term only
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T) bool
-            objective = weighted(objective, entropy_mask)
+        batch = self._policy_batch(inputs, logprobs, entropies, mask, entropy_mask)
         if request is None:
-            out = objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
+            out = self.rlguard_objective(batch, **self._normalisers(inputs, logprobs, mask, accumulation))
         else:  # the policy's forward computed it (rlguard.adapters.trl.logprobs); refused with top_entropy_quantile
             assert request.output is not None, "the policy's fused forward did not run"
             out = request.output
         loss = out.loss
         mode = "train" if training else "eval"
+        metrics = logged_metrics(self, mode)
         if self._entropy_bonus_enabled:
             # TRL's bonus: coef * (token mean of the entropy over this micro-batch) / GA, whatever the loss_type
             fmask = (mask if entropy_mask is None else mask * entropy_mask).to(entropies.dtype)
@@ -187,12 +190,12 @@ class GuardedGRPOTrainer(GRPOTrainer):
             # TRL logs the loss before its division by GA where it divides by GA (grpo, bnpo, dr_grpo), else as is
             scale = 1 if self.rlguard_mapping.normaliser == "global_tokens" else accumulation
             policy_loss = self.accelerator.gather(out.loss.detach() * scale).nanmean().item()
-            self._metrics[mode]["policy_loss"].append(policy_loss)
+            metrics["policy_loss"].append(policy_loss)
             if training and self.accelerator.sync_gradients:
-                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+                metrics["entropy_coef"].append(self.entropy_coef)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+            metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         self._log_rlguard_metrics(mode, out, batch, accumulation, guard=training)
         return loss
 
@@ -201,7 +204,7 @@ class GuardedGRPOTrainer(GRPOTrainer):
         the policy (None otherwise)."""
         if self._rlguard_fused_model is None:
             return None
-        policy_batch = self._policy_batch(inputs, torch.zeros(mask.shape, device=mask.device), None, mask)
+        policy_batch = self._policy_batch(inputs, torch.zeros(mask.shape, device=mask.device), None, mask, None)
         if inputs.get("sampling_per_token_logps") is not None and policy_batch.old_logprobs is None:
             raise NotImplementedError(
                 "fused_objective=True needs old_per_token_logps with vLLM importance sampling (TRL computes them "
@@ -225,7 +228,12 @@ class GuardedGRPOTrainer(GRPOTrainer):
         return self.model is not None and bool(self.model.training)
 
     def _policy_batch(
-        self, inputs: Mapping[str, Any], logprobs: Tensor, entropies: Tensor | None, mask: Tensor
+        self,
+        inputs: Mapping[str, Any],
+        logprobs: Tensor,
+        entropies: Tensor | None,
+        mask: Tensor,
+        token_weights: Tensor | None,
     ) -> PolicyBatch:
         old = inputs.get("old_per_token_logps")
         rollout = inputs.get("sampling_per_token_logps")
@@ -241,6 +249,7 @@ class GuardedGRPOTrainer(GRPOTrainer):
             ref_logprobs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
             rollout_logprobs=rollout,
             entropies=entropies,
+            token_weights=token_weights,
         )
 
     def _normalisers(
@@ -280,13 +289,14 @@ class GuardedGRPOTrainer(GRPOTrainer):
         # (W, K + 3 + len(trl.parts())): the only device -> host transfer of the micro-batch's metrics
         gathered = self.accelerator.gather(local.unsqueeze(0)).cpu().numpy()
         k = len(names)
-        values = reduce_over_processes(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
+        values = reduce_rows(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
         reduced = dict(zip(names, values, strict=True))
         reduced["loss"] = reduced["loss"] * accumulation  # the micro-batch's share at the scale of one step
+        logged = logged_metrics(self, mode)
         for name, value in reduced.items():
-            self._metrics[mode][f"rlguard/{name}"].append(value)
+            logged[f"rlguard/{name}"].append(value)
         for key, value in trl.reduce(gathered[:, k + 3 :]).items():
-            self._metrics[mode][key].append(value)
+            logged[key].append(value)
         if guard and self.rlguard_guard is not None:
             row = gathered[self.accelerator.process_index].tolist()
             stats = self._rlguard_step_stats

@@ -1,69 +1,27 @@
-"""The metrics of one micro-batch's loss as TRL logs them: TRL's own keys computed as TRL computes them
-(:func:`trl_metric_parts`), and the objective's canonical metrics reduced over processes by the metric table
-(:func:`reduce_over_processes`). ``GuardedGRPOTrainer`` gathers both in one collective per micro-batch.
+"""The metrics of one micro-batch's loss under TRL's own keys, computed as TRL computes them
+(:func:`trl_metric_parts`). Which of TRL's families of loss metrics an objective logs is its own declaration
+(``Objective.trl.metrics``), and the numbers come from what it declares about itself (``ratio_bounds``,
+``ratio_level``, ``sequence_weights``): a plugin objective gets TRL's metrics like a built-in. ``GuardedGRPOTrainer``
+gathers them with the objective's canonical metrics (reduced by :func:`rlguard.guards.reduction.reduce_rows`) in
+one collective per micro-batch.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from numpy.typing import NDArray as _NDArray
 from torch import Tensor
 
-from rlguard.core_losses import CISPO, GRPO, GSPO, VESPO, Objective, PolicyBatch, kl_estimate
-from rlguard.core_losses.ratios import clipped_surrogate, seq_log_ratio, token_log_ratio
-from rlguard.metrics import REDUCTIONS, WEIGHTS
+from rlguard.core_losses import Objective, PolicyBatch, kl_estimate
+from rlguard.core_losses.ratios import seq_log_ratio, token_log_ratio
 
-__all__ = ["TRLMetricParts", "reduce_over_processes", "trl_metric_parts"]
+__all__ = ["TRLMetricParts", "trl_metric_parts"]
 
 NDArray = _NDArray[Any]
-
-
-def reduce_over_processes(names: Sequence[str], values: NDArray, tokens: NDArray, sequences: NDArray) -> NDArray:
-    """Per metric, the reduction and weighting of the metric table (:mod:`rlguard.metrics`): max, min, sum, or a
-    mean weighted by tokens, sequences or equally. values ``(W, K)``, tokens and sequences ``(W,)``, float64 on
-    the host; returns ``(K,)``."""
-    weights = np.stack(
-        [
-            tokens / max(tokens.sum(), 1.0),
-            sequences / max(sequences.sum(), 1.0),
-            np.full_like(tokens, 1.0 / tokens.size),
-        ]
-    )  # (3, W): by tokens (and samples), by sequences, equal
-    layout = _layout(tuple(names))
-    mean = (values * weights[layout.weight].T).sum(axis=0)  # (K,)
-    return np.select(  # type: ignore[no-any-return]  # numpy's stubs type select loosely
-        [layout.max, layout.min, layout.sum], [values.max(axis=0), values.min(axis=0), values.sum(axis=0)], mean
-    )
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Per metric of a tuple of names: ``(K,)`` masks of the max, min and sum reductions (mean otherwise) and the
-    row of the weights that weights its mean."""
-
-    max: NDArray
-    min: NDArray
-    sum: NDArray
-    weight: NDArray
-
-
-@functools.lru_cache(maxsize=64)
-def _layout(names: tuple[str, ...]) -> _Layout:
-    reductions = [REDUCTIONS.get(name, "mean") for name in names]
-    row = {"tokens": 0, "samples": 0, "sequences": 1, "equal": 2}
-    return _Layout(
-        max=np.array([r == "max" for r in reductions], dtype=bool),
-        min=np.array([r == "min" for r in reductions], dtype=bool),
-        sum=np.array([r == "sum" for r in reductions], dtype=bool),
-        weight=np.array([row[WEIGHTS.get(name, "tokens")] for name in names], dtype=np.int64),
-    )
 
 
 @dataclass(frozen=True)
@@ -120,15 +78,17 @@ def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts
     """The metrics TRL's ``GRPOTrainer._compute_loss`` logs, as TRL defines them, for this micro-batch.
 
     ``entropy`` and ``kl`` are token means over the loss mask (before any off-policy or rollout masking, as in
-    TRL; rlguard's ``rlguard/entropy`` and ``rlguard/kl_ref`` average over the tokens the loss kept). Clip fractions:
-    ``clip_ratio/*`` for the GRPO family, ``cispo_clip_ratio`` for CISPO, none for the others (TRL logs none for
-    SAPO). TRL counts a ratio clipped below where ``r < 1 - epsilon`` and ``A < 0``, above where
-    ``r > 1 + epsilon_high`` (CISPO: ``r > epsilon_high``, its absolute cap) and ``A > 0``; the dual clip ``delta``
-    is not included. ``r`` is the ratio the loss clips: per token, or per sequence for a sequence-ratio objective
-    (GSPO, TRL's ``importance_sampling_level="sequence"``), where each row counts once. ``*_mean`` average over
-    the units of all processes; ``low_min``/``high_max`` are the extremes of the per-sequence fractions. The
-    bounds are the objective's current ones (the guard may change them). rlguard's own ``rlguard/clip_frac*``
-    count tokens, the dual clip included, and every capped CISPO weight.
+    TRL; rlguard's ``rlguard/entropy`` and ``rlguard/kl_ref`` average over the tokens the loss kept). Clip fractions,
+    for the objectives that declare TRL's families ``clip_ratio`` (the GRPO family: ``clip_ratio/*``) or
+    ``cispo_clip_ratio`` (CISPO: its upper cap only): TRL counts a ratio clipped below where ``r < lo`` and
+    ``A < 0``, above where ``r > hi`` and ``A > 0``, with ``(lo, hi)`` the objective's ``ratio_bounds()``
+    (``1 - epsilon``, ``1 + epsilon_high``; CISPO's absolute cap ``epsilon_high``); the dual clip ``delta`` is not
+    included. ``r`` is the ratio the loss clips: per token, or per sequence for an objective whose ``ratio_level``
+    is ``"sequence"`` (GSPO, TRL's ``importance_sampling_level="sequence"``), where each row counts once. ``*_mean``
+    average over the units of all processes; ``low_min``/``high_max`` are the extremes of the per-sequence
+    fractions. The bounds are the objective's current ones (the guard may change them). rlguard's own
+    ``rlguard/clip_frac*`` count tokens, the dual clip included, and every capped CISPO weight. ``vespo_phi``:
+    the mean of the objective's ``sequence_weights`` over sequences.
     """
     with torch.no_grad():
         f64 = torch.float64
@@ -144,11 +104,16 @@ def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts
                 logprobs, batch.ref_logprobs.to(f64), objective.kl_estimator, old_logprobs=behaviour
             )
             kl = (per_token * mask).sum()
-        if isinstance(objective, VESPO):
+        family = objective.trl.metrics
+        if family == "vespo_phi":
             advantages = batch.advantages.to(f64)
             per_sequence = advantages.dim() == 1
             advantages = advantages.unsqueeze(-1) if per_sequence else advantages  # (B, 1) or (B, T)
-            phi = objective.weights(token_log_ratio(logprobs, old), advantages.expand_as(mask), mask)  # (B, T)
+            phi = objective.sequence_weights(token_log_ratio(logprobs, old), advantages.expand_as(mask), mask)
+            if phi is None:
+                raise ValueError(
+                    f"objective {objective.name!r} declares TRL's vespo_phi metrics but has no sequence_weights."
+                )
             phi = phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # as TRL's get_gamma_weights
             # TRL's phi is (B, 1) for sequence advantages (one value per sequence), else (B, T) over the mask
             phi_parts = (
@@ -157,21 +122,19 @@ def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts
                 else torch.stack([(phi * mask).sum(), tokens])
             )
             return TRLMetricParts(tokens, entropy, kl, None, vespo_phi=phi_parts)
-        if not isinstance(objective, (GRPO, CISPO)):
+        if family is None:
             return TRLMetricParts(tokens, entropy, kl, None)
         log_ratio = token_log_ratio(logprobs, old)  # (B, T)
-        if isinstance(objective, GSPO):
+        if objective.ratio_level == "sequence":
             log_ratio = seq_log_ratio(log_ratio, mask)  # (B, 1)
         advantages = batch.advantages.to(f64)
         advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
-        if isinstance(objective, CISPO):
-            cap = objective.weight_bounds()[1]
-            high = ((torch.exp(log_ratio) > cap) & (advantages > 0)).to(f64)  # (B, T)
-            low = torch.zeros_like(high)
-        else:
-            terms = clipped_surrogate(log_ratio, advantages, objective.clip_low, objective.clip_high)
-            assert terms.clipped_low is not None and terms.clipped_high is not None
-            low, high = terms.clipped_low.to(f64), terms.clipped_high.to(f64)  # (B, 1) or (B, T)
+        ratio = torch.exp(log_ratio)
+        lo, hi = objective.ratio_bounds()
+        high = ((ratio > (math.inf if hi is None else hi)) & (advantages > 0)).to(f64)  # (B, 1) or (B, T)
+        low = ((ratio < (-math.inf if lo is None else lo)) & (advantages < 0)).to(f64)
+        if family == "cispo_clip_ratio":
+            low = torch.zeros_like(high)  # TRL's CISPO counts its upper cap only
         region = torch.maximum(low, high)
         if low.size(-1) == 1:  # one ratio per sequence: each row counts once
             weights, count = torch.ones_like(low), torch.tensor(float(low.size(0)), dtype=f64)
@@ -186,4 +149,4 @@ def trl_metric_parts(objective: Objective, batch: PolicyBatch) -> TRLMetricParts
         clip = torch.stack(
             [(low * weights).sum(), (high * weights).sum(), (region * weights).sum(), count, low_min, high_max]
         )
-        return TRLMetricParts(tokens, entropy, kl, clip, cispo=isinstance(objective, CISPO))
+        return TRLMetricParts(tokens, entropy, kl, clip, cispo=family == "cispo_clip_ratio")

@@ -14,9 +14,10 @@ step, after that step's update. The metrics are mapped to canonical stats with
 :func:`rlguard.metrics.canonical_stats` (the one metric table; the workers' ``rlguard/<name>``
 arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides, and the driver:
 
-- ``set_clip`` (and schedules): sends the workers a new loss through verl's ``set_loss_fn`` (a registered
-  ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound to the actor config with
-  updated ``clip_scale``/``clip_low``/``clip_high``. That is the channel from driver to workers: verl passes a
+- the objective's controls (the clip controller's, and schedules): sends the workers a new loss through verl's
+  ``set_loss_fn`` (a registered ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound
+  to the actor config with the decision's controls (``policy_loss.controls``; ``beta`` and ``entropy_coef`` as
+  verl's ``kl_loss_coef`` and ``entropy_coeff``). That is the channel from driver to workers: verl passes a
   policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
   sends another. One call when the controls change, none otherwise; it applies from the next step;
 - ``lr_scale``: sends the actor workers the decision's absolute scale (``rlguard_set_lr_scale``, a registered
@@ -42,7 +43,7 @@ arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides
 
 What does not work in verl 0.9.1, and why:
 
-- ``skip_step`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
+- ``skip`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
   decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
   the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
   the weights (``skip`` gives zero gradient, not an unchanged optimizer state).
@@ -77,7 +78,6 @@ from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, c
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuator import (
-    ACTION_CODE,
     EVENTS_FILE,
     GUARD_STATE_FILE,
     SEVERITY_CODE,
@@ -85,7 +85,8 @@ from rlguard.guards.actuator import (
     bind_guard,
     make_guard,
 )
-from rlguard.guards.decision import Controls
+from rlguard.guards.config import PRESETS, check_preset
+from rlguard.guards.decision import Controls, action_code
 from rlguard.metrics import canonical_stats
 
 __all__ = [
@@ -100,10 +101,10 @@ __all__ = [
 #: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
 GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
 _GUARDED_TARGETS = (GUARDED_TARGET, f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}")
-#: the controls the driver sends the workers, at their neutral values
-_CLIP_CONTROLS = ("clip_scale", "clip_high_scale", "clip_low", "clip_high")
-_NO_CONTROLS: dict[str, Any] = {**dict.fromkeys(_CLIP_CONTROLS), "clip_scale": 1.0, "clip_high_scale": 1.0}
-_NO_CONTROLS.update(beta=None, entropy_coef=None)
+#: the capabilities of the controls verl applies outside the policy loss, through its own actor keys (the rest go to
+#: the workers' loss, which applies them to the objective), and of the LR scale (sent by its own call)
+_VERL_KEYS = ("beta", "entropy_coef")
+_OWN_CALL = ("lr_scale",)
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
 
 
@@ -141,7 +142,8 @@ class VerlGuardDriver:
         self.guard = make_guard(guard)
         if self.guard.config.events_path is None:
             self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
-        self.controls: dict[str, Any] = dict(_NO_CONTROLS)
+        #: the controls in force in the workers (all but the LR scale, sent on its own)
+        self.controls = Controls()
         self.lr_scale = 1.0  # the actor's LR scale in force (sent to the workers)
         self._next_lr_scale = 1.0
         self._workers_lr_scale: float | None = 1.0  # what the workers hold; None: unknown (after a load)
@@ -194,7 +196,7 @@ class VerlGuardDriver:
         return True
 
     def set_controls(self, controls: Controls) -> None:
-        values = {key: getattr(controls, key) for key in _NO_CONTROLS}
+        values = controls.without(_OWN_CALL)
         if values != self.controls:
             self.controls = values
             self.push_controls()
@@ -216,9 +218,9 @@ class VerlGuardDriver:
             return {}
         decision = self.guard.observe(step, driver_stats(data))
         logged = {
-            "rlguard/guard/action": ACTION_CODE[decision.action],
-            "rlguard/guard/lr_scale": decision.lr_scale,
-            "rlguard/guard/clip_scale": decision.clip_scale,
+            "rlguard/guard/action": action_code(decision),
+            "rlguard/guard/lr_scale": decision.controls.lr_scale,
+            "rlguard/guard/clip_scale": decision.controls.clip_scale,
         }
         logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
         self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
@@ -231,7 +233,7 @@ class VerlGuardDriver:
             self.halted = decision
             if decision.outcome == "rollback":
                 why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
-                self.halted = dataclasses.replace(decision, action="halt", reason=f"{decision.reason}; {why}")
+                self.halted = dataclasses.replace(decision, outcome="halt", reason=f"{decision.reason}; {why}")
         if self._restored_from is not None:
             logged["rlguard/guard/rollback_to"] = float(_step_of(self._restored_from))
         folder = self.step_folder(step)
@@ -246,12 +248,12 @@ class VerlGuardDriver:
         from verl.utils.config import omega_conf_to_dataclass
 
         config = omega_conf_to_dataclass(self.trainer.config.actor_rollout_ref.actor)
-        clip = {key: self.controls[key] for key in _CLIP_CONTROLS}
-        actor: dict[str, Any] = {"policy_loss": dataclasses.replace(config.policy_loss, **clip)}
-        if self.controls["beta"] is not None:
-            actor["kl_loss_coef"] = self.controls["beta"]
-        if self.controls["entropy_coef"] is not None:
-            actor["entropy_coeff"] = self.controls["entropy_coef"]
+        loss_controls = self.controls.without(_VERL_KEYS).to_dict()
+        actor: dict[str, Any] = {"policy_loss": dataclasses.replace(config.policy_loss, controls=loss_controls)}
+        if self.controls.beta is not None:
+            actor["kl_loss_coef"] = self.controls.beta
+        if self.controls.entropy_coef is not None:
+            actor["entropy_coeff"] = self.controls.entropy_coef
         return dataclasses.replace(config, **actor)
 
     def push_controls(self) -> None:
@@ -306,7 +308,7 @@ class VerlGuardDriver:
         folder.mkdir(parents=True, exist_ok=True)
         state = {
             "guard": self.guard.state_dict(),
-            "controls": self.controls,
+            "controls": self.controls.to_dict(),
             "lr_scale": self.lr_scale,
             "discarded": sorted(self.discarded),
         }
@@ -323,7 +325,7 @@ class VerlGuardDriver:
             return False
         state = json.loads(path.read_text(encoding="utf-8"))
         self.guard.load_state_dict(state["guard"])
-        self.controls = {**_NO_CONTROLS, **state["controls"]}
+        self.controls = Controls.from_dict(state["controls"])
         self.discarded = set(state["discarded"])
         self.push_controls()
         self.lr_scale = float(state.get("lr_scale", 1.0))
@@ -335,15 +337,17 @@ class VerlGuardDriver:
 def guard_from_spec(spec: str | GuardConfig | Guard) -> str | GuardConfig | Guard:
     """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, or ``"module:factory"`` naming a callable
     (importable in verl's task-runner process) that returns a ``GuardConfig`` or a ``Guard``."""
-    if not isinstance(spec, str) or ":" not in spec:
+    if not isinstance(spec, str):
         return spec
+    if ":" not in spec:
+        return check_preset(spec)
     module_name, _, attribute = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
         raise ValueError(
-            f"trainer.rlguard_guard={spec!r} names no importable callable ({err}); give a preset ('monitor', "
-            "'default', 'strict') or 'module:factory' with the module on PYTHONPATH."
+            f"trainer.rlguard_guard={spec!r} names no importable callable ({err}); give a preset "
+            f"({', '.join(map(repr, PRESETS))}) or 'module:factory' with the module on PYTHONPATH."
         ) from err
     guard = factory()
     if not isinstance(guard, (GuardConfig, Guard)):

@@ -14,31 +14,31 @@ Each micro-batch, :func:`guarded_policy_loss` (what ``rlguard.<name>`` runs unde
   absent;
 - returns a zero loss, still connected to the graph (zero gradient, finite, and every FSDP rank runs its
   backward), when more than ``max_poisoned_frac`` of its sequences are poisoned or the driver set ``skip``;
-- takes its clip range from the driver: ``clip_scale`` multiplies ``clip_ratio_low``/``clip_ratio_high``
-  (and clip values in ``objective_kwargs``); ``clip_low``/``clip_high``, where set, replace them first
-  (the guard's clip schedules);
+- applies the driver's controls to the objective as verl's config sets it
+  (:meth:`~rlguard.core_losses.Objective.with_controls`): ``clip_scale`` multiplies its clip bounds (from
+  ``clip_ratio_low``/``clip_ratio_high`` or ``objective_kwargs``); ``clip_low``/``clip_high``, where set, replace
+  them first (the guard's clip schedules);
 - reports ``rlguard/nonfinite`` (non-finite values at unmasked positions), ``rlguard/masked_frac`` (tokens
   dropped, poisoned sequences included) and ``rlguard/guard/poisoned_seqs``, ``rlguard/guard/skipped``,
-  ``rlguard/guard/clip_scale``, ``rlguard/guard/clip_low``/``clip_high`` (the clip range the loss used) next to
-  the objective's ``rlguard/*`` metrics. verl averages every policy-loss
-  metric over micro-batches and ranks, so ``rlguard/guard/skipped`` is the fraction of micro-batches skipped.
+  ``rlguard/guard/clip_scale``, ``rlguard/guard/clip_low``/``clip_high`` (the objective's clip bounds the loss
+  used, for objectives that have them) next to the objective's ``rlguard/*`` metrics. verl averages every
+  policy-loss metric over micro-batches and ranks, so ``rlguard/guard/skipped`` is the fraction of micro-batches
+  skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
+from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, objective_loss, verl_objective
 from rlguard.adapters.verl.mapping import config_get
+from rlguard.core_losses import Controls
 
 __all__ = ["GuardedPolicyLossConfig", "guarded_policy_loss", "poisoned_sequences"]
-
-_CLIP_KEYS = ("clip_low", "clip_high")
 
 
 @dataclasses.dataclass
@@ -46,23 +46,20 @@ class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
     """``actor_rollout_ref.actor.policy_loss`` for the guarded ``rlguard.<name>`` losses.
 
     Select it with ``policy_loss._target_=rlguard.adapters.verl.GuardedPolicyLossConfig``; set
-    ``max_poisoned_frac`` with hydra's ``+``. The other fields are the driver's controls, sent by
+    ``max_poisoned_frac`` with hydra's ``+``. ``controls`` and ``skip`` are the driver's, sent by
     :class:`VerlGuardDriver` (leave them at their defaults on the command line).
 
     Attributes:
         max_poisoned_frac: a micro-batch with more than this fraction of its sequences poisoned (NaN/Inf inputs)
             gives a zero loss; below it, only the poisoned sequences are masked. 1.0 never skips.
-        clip_scale: multiplies the clip range (the guard's clip controller).
-        clip_high_scale: multiplies the upper clip bound only, on top of ``clip_scale`` (clip-higher).
-        clip_low, clip_high: replace ``clip_ratio_low``/``clip_ratio_high`` before scaling (clip schedules).
+        controls: the guard's controls of the objective (:class:`~rlguard.core_losses.Controls` as a dict:
+            ``clip_scale``, ``clip_high_scale``, scheduled ``clip_low``/``clip_high``, ...); the ones verl applies
+            outside the policy loss (``beta``, ``entropy_coef``) go to verl's own keys instead.
         skip: every micro-batch gives a zero loss (zero gradient; verl's optimizer still steps).
     """
 
     max_poisoned_frac: float = 0.5
-    clip_scale: float = 1.0
-    clip_high_scale: float = 1.0
-    clip_low: float | None = None
-    clip_high: float | None = None
+    controls: dict[str, Any] = dataclasses.field(default_factory=dict)
     skip: bool = False
 
     def __post_init__(self) -> None:
@@ -71,14 +68,10 @@ class GuardedPolicyLossConfig(RLGuardPolicyLossConfig):
             raise ValueError(
                 f"policy_loss.max_poisoned_frac must be in [0, 1] (1 never skips); got {self.max_poisoned_frac!r}."
             )
-        for key in ("clip_scale", "clip_high_scale"):
-            scale = getattr(self, key)
-            if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
-                raise ValueError(f"policy_loss.{key} must be a finite number > 0; got {scale!r}.")
-        for key in _CLIP_KEYS:
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-                raise ValueError(f"policy_loss.{key} must be null or a number >= 0; got {value!r}.")
+        try:
+            Controls.from_dict(self.controls)
+        except ValueError as err:
+            raise ValueError(f"policy_loss.{err}") from None
 
 
 def poisoned_sequences(response_mask: Tensor, *tensors: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -97,30 +90,6 @@ def poisoned_sequences(response_mask: Tensor, *tensors: Tensor | None) -> tuple[
         bad = bad | hit
         count = count + hit.sum()
     return bad.any(dim=-1), count
-
-
-class _ClipOverlay:
-    """verl's actor config with the driver's clip range: ``get`` answers the clip keys, the rest is the config's."""
-
-    def __init__(self, config: Any, guard: GuardedPolicyLossConfig) -> None:
-        self._config = config
-        ratio = config_get(config, "clip_ratio", 0.2)
-        low = guard.clip_low if guard.clip_low is not None else config_get(config, "clip_ratio_low")
-        high = guard.clip_high if guard.clip_high is not None else config_get(config, "clip_ratio_high")
-        scale = {"clip_low": guard.clip_scale, "clip_high": guard.clip_scale * guard.clip_high_scale}
-        self._values: dict[str, Any] = {
-            "clip_ratio_low": (ratio if low is None else low) * scale["clip_low"],
-            "clip_ratio_high": (ratio if high is None else high) * scale["clip_high"],
-        }
-        kwargs = dict(guard.objective_kwargs)
-        scaled = {key: kwargs[key] * scale[key] for key in _CLIP_KEYS if kwargs.get(key) is not None}
-        if scaled:
-            self._values["policy_loss"] = dataclasses.replace(guard, objective_kwargs={**kwargs, **scaled})
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self._values:
-            return self._values[key]
-        return config_get(self._config, key, default)
 
 
 def guarded_policy_loss(
@@ -148,15 +117,16 @@ def guarded_policy_loss(
     live = mask.any(dim=-1)  # (B,)
     poisoned_frac = poisoned.sum() / live.sum().clamp(min=1)
     skip = (poisoned_frac > guard.max_poisoned_frac) | guard.skip  # () bool, no host sync
-    overlay = _ClipOverlay(config, guard)
-    loss, metrics = policy_loss(
-        name,
+    controls = Controls.from_dict(guard.controls)
+    configured, norm = verl_objective(name, config, loss_agg_mode)
+    objective = configured.with_controls(controls)
+    loss, metrics = objective_loss(
+        objective,
+        norm,
         old_log_prob=old_log_prob,
         log_prob=log_prob,
         advantages=advantages,
         response_mask=kept.to(response_mask.dtype),
-        loss_agg_mode=loss_agg_mode,
-        config=overlay,
         rollout_is_weights=rollout_is_weights,
     )
     # zero loss, zero gradient, graph intact (every rank's FSDP backward must run)
@@ -174,12 +144,14 @@ def guarded_policy_loss(
             "rlguard/masked_frac": (dropped_tokens + objective_dropped) / max(all_tokens, 1.0),
             "rlguard/guard/poisoned_seqs": n_poisoned,
             "rlguard/guard/skipped": skipped,
-            "rlguard/guard/clip_scale": float(guard.clip_scale),
-            # the clip range this loss used (verl's clip_ratio_low/high after the driver's controls)
-            "rlguard/guard/clip_low": float(overlay.get("clip_ratio_low")),
-            "rlguard/guard/clip_high": float(overlay.get("clip_ratio_high")),
+            "rlguard/guard/clip_scale": float(controls.clip_scale),
         }
     )
+    # the clip range this loss used: the objective's bounds after the driver's controls
+    for key, field in zip(("clip_low", "clip_high"), objective.clip_bounds or (), strict=False):
+        value = getattr(objective, field)
+        if value is not None:
+            metrics[f"rlguard/guard/{key}"] = float(value)
     return loss, metrics
 
 

@@ -13,14 +13,20 @@ import torch
 from torch import Tensor
 from verl.workers.config import PolicyLossConfig
 
-from rlguard.adapters.verl.mapping import ROLLOUT_KEYS, config_get, loss_mode, normalisers, objective_hyperparameters
-from rlguard.core_losses import Objective, PolicyBatch, kl_estimate, masked_mean
+from rlguard.adapters.verl.mapping import (
+    ROLLOUT_KEYS,
+    Normalisers,
+    config_get,
+    loss_mode,
+    normalisers,
+    objective_hyperparameters,
+)
+from rlguard.core_losses import Objective, PolicyBatch, get_objective, kl_estimate, masked_mean
 from rlguard.core_losses.aggregation import AGGREGATIONS
 from rlguard.core_losses.batch import NONFINITE_POLICIES
-from rlguard.core_losses.objectives.weighted import with_token_weights
 from rlguard.core_losses.registry import objective_class
 
-__all__ = ["RLGuardPolicyLossConfig", "policy_loss"]
+__all__ = ["RLGuardPolicyLossConfig", "objective_loss", "policy_loss", "verl_objective"]
 
 
 @dataclasses.dataclass
@@ -83,27 +89,52 @@ def policy_loss(
         ``(loss, metrics)``: the 0-dim loss of this micro-batch (its share of the mini-batch loss under
         ``config.global_batch_info``) and verl-named plus ``rlguard/``-prefixed canonical metrics, as floats.
     """
+    objective, norm = verl_objective(name, config, loss_agg_mode)
+    return objective_loss(
+        objective,
+        norm,
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_is_weights=rollout_is_weights,
+    )
+
+
+def verl_objective(name: str, config: Any, loss_agg_mode: str) -> tuple[Objective, Normalisers]:
+    """Objective ``name`` as verl's actor ``config`` sets it, and this micro-batch's normalisers
+    (``config.global_batch_info``)."""
     if config is None:
         raise ValueError(f"policy loss {loss_mode(name)!r} needs verl's actor config; got config=None.")
     hyperparameters = objective_hyperparameters(name, config, loss_agg_mode)
-    cls = objective_class(name)
-    aggregation = hyperparameters.get("aggregation", _field_default(cls, "aggregation"))
+    aggregation = hyperparameters.get("aggregation", objective_class(name).hyperparameters()["aggregation"])
     norm = normalisers(config_get(config, "global_batch_info") or {}, loss_agg_mode, aggregation)
     if norm.max_length is not None and "max_length" not in hyperparameters:
         hyperparameters["max_length"] = norm.max_length
+    return get_objective(name, **hyperparameters), norm
+
+
+def objective_loss(
+    objective: Objective,
+    norm: Normalisers,
+    *,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """``objective`` on verl's tensors ``(B, T)``, with verl's ``rollout_is_weights`` on each token's policy term
+    (``PolicyBatch.token_weights``); returns ``(loss, metrics)`` as :func:`policy_loss`."""
+    weights = None
     if rollout_is_weights is not None:
         # padding may hold anything; 1 keeps a NaN there from reaching the loss through 0 * NaN
         weights = torch.where(response_mask.bool(), rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
-        objective = with_token_weights(cls)(token_weights=weights, **hyperparameters)
-    else:
-        objective = cls(**hyperparameters)
-    batch = PolicyBatch(logprobs=log_prob, advantages=advantages, mask=response_mask, old_logprobs=old_log_prob)
+    batch = PolicyBatch(
+        logprobs=log_prob, advantages=advantages, mask=response_mask, old_logprobs=old_log_prob, token_weights=weights
+    )
     out = objective(batch, num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
     return out.loss, _verl_metrics(out.metrics, old_log_prob, log_prob, response_mask)
-
-
-def _field_default(cls: type[Objective], name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _verl_metrics(

@@ -1,6 +1,9 @@
 """How verl's actor config translates into an rlguard objective and its normalisers: pure, imports no framework.
 
-See :mod:`rlguard.adapters.verl` for the table of every key.
+Which of verl's keys set which fields is the objective's own declaration (``Objective.verl``: ``docs/design.md``,
+"Objectives describe themselves"); this module resolves verl's keys as verl does (``clip_ratio`` where
+``clip_ratio_low``/``_high`` are null, verl's defaults where a key is absent) and adds rlguard's own
+``policy_loss`` keys. See :mod:`rlguard.adapters.verl` for the table of every key.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rlguard.core_losses import GMPO, GSPO, SAPO, Objective
 from rlguard.core_losses.aggregation import AGGREGATIONS, Normaliser
 from rlguard.core_losses.registry import objective_class
 
@@ -30,18 +32,9 @@ LOSS_MODE_PREFIX = "rlguard."
 #: The values verl's ActorConfig accepts for ``loss_agg_mode``.
 VERL_LOSS_AGG_MODES: tuple[str, ...] = (*AGGREGATIONS, "token-sum")
 
-#: Objectives whose verl counterpart ignores ``loss_agg_mode`` (``sapo``, ``geo_mean``): they keep their own.
-_OWN_AGGREGATION: tuple[type[Objective], ...] = (SAPO, GMPO)
-
-#: verl's ``policy_loss.*`` keys of its clip_cov, kl_cov and dro losses -> rlguard's names.
-_POLICY_LOSS_KEYS = {
-    "clip_cov_ratio": "clip_cov_ratio",
-    "clip_cov_lb": "clip_cov_lb",
-    "clip_cov_ub": "clip_cov_ub",
-    "kl_cov_ratio": "kl_cov_ratio",
-    "ppo_kl_coef": "kl_cov_coef",
-    "dro_beta": "tau",
-}
+#: verl's defaults of the actor keys objectives read, where a config (a plain dict) lacks them
+_VERL_DEFAULTS = {"clip_ratio": 0.2, "clip_ratio_c": 3.0, "tau_pos": 1.0, "tau_neg": 1.05}
+_POLICY_PREFIX = "policy_loss."
 
 #: Keys of RLGuardPolicyLossConfig that go to the objective unchanged when set.
 _PASSED_THROUGH = ("off_policy_mask_delta", "on_nonfinite")
@@ -63,49 +56,52 @@ def config_get(config: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if callable(getter) else getattr(config, key, default)
 
 
-def objective_hyperparameters(name: str, config: Any, loss_agg_mode: str) -> dict[str, Any]:
-    """Constructor arguments of objective ``name`` from verl's actor ``config`` and ``loss_agg_mode``.
-
-    Only the arguments the objective takes are returned; the rest keep the objective's defaults.
-    """
-    cls = objective_class(name)
-    accepted = {f.name for f in dataclasses.fields(cls) if f.init}
-    clip_ratio = config_get(config, "clip_ratio", 0.2)
-    low, high = config_get(config, "clip_ratio_low"), config_get(config, "clip_ratio_high")
-    mapped: dict[str, Any] = {
-        "clip_low": clip_ratio if low is None else low,
-        "clip_high": clip_ratio if high is None else high,
-        "tau_pos": config_get(config, "tau_pos", 1.0),
-        "tau_neg": config_get(config, "tau_neg", 1.05),
-    }
-    if not issubclass(cls, GSPO):  # verl applies the dual clip in `vanilla` only, not in `gspo`
-        mapped["clip_c"] = config_get(config, "clip_ratio_c", 3.0)
-    mapped["is_cap"] = config_get(config, "clip_ratio_c", 20.0)  # DPPO's truncation of the IS weight
-    policy = config_get(config, "policy_loss")
-    for theirs, ours in _POLICY_LOSS_KEYS.items():
-        if config_get(policy, theirs) is not None:
-            mapped[ours] = config_get(policy, theirs)
-    if name == "dro" and "tau" not in mapped and "tau" not in dict(config_get(policy, "objective_kwargs") or {}):
-        raise ValueError("policy_loss.dro_beta must be set (> 0) for rlguard.dro, as for verl's dro; got None.")
-    aggregation = config_get(policy, "aggregation")
-    if aggregation is None and not issubclass(cls, _OWN_AGGREGATION):
+def verl_setting(config: Any, key: str, loss_agg_mode: str) -> Any:
+    """verl's value of ``key`` (an actor key, ``loss_agg_mode`` or ``policy_loss.<key>``) as verl resolves it:
+    ``clip_ratio`` where ``clip_ratio_low``/``_high`` are null, ``token-sum`` as ``token-mean`` (its normaliser is
+    :func:`normalisers`'), verl's default where a key is absent; None where unset."""
+    if key.startswith(_POLICY_PREFIX):
+        return config_get(config_get(config, "policy_loss"), key[len(_POLICY_PREFIX) :])
+    if key == "loss_agg_mode":
         if loss_agg_mode not in VERL_LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode must be one of {list(VERL_LOSS_AGG_MODES)}; got {loss_agg_mode!r}.")
-        aggregation = "token-mean" if loss_agg_mode == "token-sum" else loss_agg_mode
+        return "token-mean" if loss_agg_mode == "token-sum" else loss_agg_mode
+    if key in ("clip_ratio_low", "clip_ratio_high"):
+        value = config_get(config, key)
+        return config_get(config, "clip_ratio", _VERL_DEFAULTS["clip_ratio"]) if value is None else value
+    return config_get(config, key, _VERL_DEFAULTS.get(key))
+
+
+def objective_hyperparameters(name: str, config: Any, loss_agg_mode: str) -> dict[str, Any]:
+    """Constructor arguments of objective ``name`` from verl's actor ``config`` and ``loss_agg_mode``: the keys its
+    ``Objective.verl`` declares, then rlguard's ``policy_loss`` keys (``aggregation`` replaces ``loss_agg_mode``),
+    then ``policy_loss.objective_kwargs``. Unset keys keep the objective's defaults."""
+    cls = objective_class(name)
+    accepted = set(cls.hyperparameters())
+    policy = config_get(config, "policy_loss")
+    overrides = dict(config_get(policy, "objective_kwargs") or {})
+    aggregation = config_get(policy, "aggregation")
+    mapped: dict[str, Any] = {}
+    for field, key in cls.verl.fields.items():
+        if field == "aggregation" and aggregation is not None:
+            continue  # rlguard's policy_loss.aggregation replaces loss_agg_mode (and is not validated against it)
+        value = verl_setting(config, key, loss_agg_mode)
+        if value is None and key in cls.verl.required and field not in overrides:
+            raise ValueError(f"{key} must be set for {loss_mode(name)}, as verl's own loss requires; got None.")
+        if value is not None:
+            mapped[field] = value
     if aggregation is not None:
         mapped["aggregation"] = aggregation
     for key in _PASSED_THROUGH:
         if config_get(policy, key) is not None:
             mapped[key] = config_get(policy, key)
-    hyperparameters = {key: value for key, value in mapped.items() if key in accepted}
-    overrides = dict(config_get(policy, "objective_kwargs") or {})
     unknown = sorted(set(overrides) - accepted)
     if unknown:
         raise ValueError(
             f"policy_loss.objective_kwargs has {unknown}, which objective {name!r} does not take; "
             f"it accepts: {', '.join(sorted(accepted))}."
         )
-    return {**hyperparameters, **overrides}
+    return {**mapped, **overrides}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -227,10 +227,11 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
                     break
                 outcome = apply_decision(decision, actuator).outcome
                 counts[outcome] = counts.get(outcome, 0) + 1
-                counts["lr_backoffs"] += decision.lr_scale < last_lr_scale
-                clip = (decision.clip_scale, decision.clip_high_scale, decision.clip_low, decision.clip_high)
+                controls = decision.controls
+                counts["lr_backoffs"] += controls.lr_scale < last_lr_scale
+                clip = (controls.clip_scale, controls.clip_high_scale, controls.clip_low, controls.clip_high)
                 counts["clip_changes"] += clip != last_clip
-                last_lr_scale, last_clip = decision.lr_scale, clip
+                last_lr_scale, last_clip = controls.lr_scale, clip
             step += 1
             if outcome == "halt":
                 halted = True

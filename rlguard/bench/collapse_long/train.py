@@ -202,9 +202,9 @@ def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: T
     outcome = apply_decision(decision, actuator).outcome
     tally.skips += outcome == "skip"
     tally.rollbacks += outcome == "rollback"
-    tally.lr_backoffs += decision.lr_scale < tally.last_lr_scale
+    tally.lr_backoffs += decision.controls.lr_scale < tally.last_lr_scale
     tally.clip_changes += actuator.objective_in_use is not current
-    tally.last_lr_scale = decision.lr_scale
+    tally.last_lr_scale = decision.controls.lr_scale
     return outcome
 
 

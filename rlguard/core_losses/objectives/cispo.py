@@ -12,6 +12,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_choice, _check_range
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.translation import Translation
 
 CISPOBounds = Literal["relative", "absolute"]
 
@@ -34,6 +35,17 @@ class CISPO(Objective):
     name = "cispo"
     paper = "arXiv 2506.13585"
     summary = "clipped, detached IS weight times log-prob"
+    token_local = True
+    clip_bounds = ("clip_low", "clip_high")
+    trl = Translation(
+        fields={"clip_high": "epsilon_high"},
+        fixed={"bounds": "absolute", "clip_low": None},
+        paper={"epsilon_high": 5.0},  # 1 + the default clip_high: the same cap in TRL's absolute convention
+        metrics="cispo_clip_ratio",
+    )
+    verl = Translation(
+        fields={"clip_low": "clip_ratio_low", "clip_high": "clip_ratio_high", "aggregation": "loss_agg_mode"}
+    )
 
     aggregation: Aggregation = "token-mean"
     clip_low: float | None = None
@@ -55,6 +67,9 @@ class CISPO(Objective):
         if self.bounds == "absolute":
             return self.clip_low, self.clip_high
         return (None if self.clip_low is None else 1.0 - self.clip_low), 1.0 + self.clip_high
+
+    def ratio_bounds(self) -> tuple[float | None, float | None]:
+        return self.weight_bounds()
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         lo, hi = self.weight_bounds()

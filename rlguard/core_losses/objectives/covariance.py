@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -12,6 +11,7 @@ from rlguard.core_losses.aggregation import Aggregation, masked_mean
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate, clipped_surrogate
+from rlguard.core_losses.translation import Translation
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -42,9 +42,20 @@ class ClipCov(Objective):
 
     name = "clip_cov"
     paper = "arXiv 2505.22617"
-    #: each token's term depends on the whole (micro-)batch: it cannot be evaluated chunk by chunk
-    needs_whole_batch: ClassVar[bool] = True
     summary = "PPO clip; random high-covariance tokens lose their gradient"
+    needs_whole_batch = True
+    clip_bounds = ("clip_low", "clip_high")
+    trl = Translation(fields={"clip_low": "epsilon", "clip_high": "epsilon_high"})  # Clip-Cov's PPO clip is TRL's
+    verl = Translation(
+        fields={
+            "clip_low": "clip_ratio_low",
+            "clip_high": "clip_ratio_high",
+            "clip_cov_ratio": "policy_loss.clip_cov_ratio",
+            "clip_cov_lb": "policy_loss.clip_cov_lb",
+            "clip_cov_ub": "policy_loss.clip_cov_ub",
+            "aggregation": "loss_agg_mode",
+        }
+    )
 
     aggregation: Aggregation = "token-mean"
     clip_low: float = 0.2
@@ -98,9 +109,15 @@ class KLCov(Objective):
 
     name = "kl_cov"
     paper = "arXiv 2505.22617"
-    #: each token's term depends on the whole (micro-)batch: it cannot be evaluated chunk by chunk
-    needs_whole_batch: ClassVar[bool] = True
     summary = "-A r, |log r| penalty on the top-covariance tokens"
+    needs_whole_batch = True
+    verl = Translation(
+        fields={
+            "kl_cov_ratio": "policy_loss.kl_cov_ratio",
+            "kl_cov_coef": "policy_loss.ppo_kl_coef",
+            "aggregation": "loss_agg_mode",
+        }
+    )
 
     aggregation: Aggregation = "token-mean"
     kl_cov_ratio: float = 2e-4

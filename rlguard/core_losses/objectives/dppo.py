@@ -11,6 +11,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.translation import Translation
 
 #: Added to ``1 - p`` inside the binary KL's log, as the paper's code does, so that ``p -> 1`` stays finite.
 BINARY_KL_EPS = 1e-8
@@ -27,6 +28,16 @@ class DPPO(Objective):
     ``pi_old`` (``p``, ``mu``): subclasses define it. ``clip_low``/``clip_high`` are the thresholds ``delta``
     (verl's ``clip_ratio_low``/``clip_ratio_high``; defaults are verl's). Dropped tokens count in ``clip_frac``.
     """
+
+    clip_bounds = ("clip_low", "clip_high")
+    verl = Translation(
+        fields={
+            "clip_low": "clip_ratio_low",
+            "clip_high": "clip_ratio_high",
+            "is_cap": "clip_ratio_c",
+            "aggregation": "loss_agg_mode",
+        }
+    )
 
     aggregation: Aggregation = "token-mean"
     clip_low: float = 0.2

@@ -10,6 +10,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.translation import Translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,9 @@ class DRO(Objective):
     name = "dro"
     paper = "arXiv 2405.19107"
     summary = "-A log pi + tau/2 (log pi/pi_old)^2"
+    verl = Translation(
+        fields={"tau": "policy_loss.dro_beta", "aggregation": "loss_agg_mode"}, required=("policy_loss.dro_beta",)
+    )
 
     aggregation: Aggregation = "token-mean"
     tau: float = 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,7 @@ from rlguard.core_losses.aggregation import Aggregation, masked_mean
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.translation import Translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +28,10 @@ class GMPO(Objective):
     name = "gmpo"
     paper = "arXiv 2507.20673"
     summary = "geometric mean of sign-aware clipped token ratios"
+    ratio_level = "sequence"
+    clip_bounds = ("clip_low", "clip_high")
+    # TRL's epsilons are ratio bounds: GMPO's log-space clip keeps its own. verl's geo_mean ignores loss_agg_mode.
+    verl = Translation(fields={"clip_low": "clip_ratio_low", "clip_high": "clip_ratio_high"})
 
     aggregation: Aggregation = "seq-mean-token-mean"
     clip_low: float = 0.4
@@ -35,6 +41,9 @@ class GMPO(Objective):
         super().__post_init__()
         _check_range("clip_low", self.clip_low, low=0.0)
         _check_range("clip_high", self.clip_high, low=0.0)
+
+    def ratio_bounds(self) -> tuple[float | None, float | None]:
+        return math.exp(-self.clip_low), math.exp(self.clip_high)
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         adv = batch.advantages  # (B, T)

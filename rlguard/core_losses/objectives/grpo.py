@@ -10,6 +10,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate, clipped_surrogate
+from rlguard.core_losses.translation import Translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +26,21 @@ class GRPO(Objective):
     name = "grpo"
     paper = "arXiv 2402.03300"
     summary = "token ratio, PPO clip; sequence mean of token means"
+    sequence_variant = "gspo"
+    token_local = True
+    clip_bounds = ("clip_low", "clip_high")
+    # TRL's two-sided clip delta is the dual clip where delta >= 1 + epsilon_high (the adapter checks)
+    trl = Translation(
+        fields={"clip_low": "epsilon", "clip_high": "epsilon_high", "clip_c": "delta"}, metrics="clip_ratio"
+    )
+    verl = Translation(
+        fields={
+            "clip_low": "clip_ratio_low",
+            "clip_high": "clip_ratio_high",
+            "clip_c": "clip_ratio_c",
+            "aggregation": "loss_agg_mode",
+        }
+    )
 
     aggregation: Aggregation = "seq-mean-token-mean"
     clip_low: float = 0.2
@@ -40,6 +56,9 @@ class GRPO(Objective):
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         return clipped_surrogate(log_ratio, batch.advantages, self.clip_low, self.clip_high, self.clip_c)
+
+    def ratio_bounds(self) -> tuple[float | None, float | None]:
+        return 1.0 - self.clip_low, 1.0 + self.clip_high
 
 
 @dataclass(frozen=True, kw_only=True)

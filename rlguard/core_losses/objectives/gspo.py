@@ -10,6 +10,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objectives.grpo import GRPO
 from rlguard.core_losses.ratios import Surrogate, clipped_surrogate, seq_log_ratio
+from rlguard.core_losses.translation import Translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +29,11 @@ class GSPO(GRPO):
     name = "gspo"
     paper = "arXiv 2507.18071"
     summary = "length-normalised sequence ratio, clipped per sequence"
+    ratio_level = "sequence"
+    # verl applies the dual clip in `vanilla` only, not in `gspo`
+    verl = Translation(
+        fields={"clip_low": "clip_ratio_low", "clip_high": "clip_ratio_high", "aggregation": "loss_agg_mode"}
+    )
 
     aggregation: Aggregation = "seq-mean-token-mean"
     clip_low: float = 3e-4

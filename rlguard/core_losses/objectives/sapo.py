@@ -11,6 +11,7 @@ from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.translation import Translation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,10 @@ class SAPO(Objective):
     name = "sapo"
     paper = "arXiv 2511.20347"
     summary = "soft sigmoid gate 4/tau * sigmoid(tau (r - 1))"
+    token_local = True
+    trl = Translation(fields={"tau_pos": "sapo_temperature_pos", "tau_neg": "sapo_temperature_neg"})
+    # verl's sapo ignores loss_agg_mode: SAPO keeps its seq-mean-token-mean
+    verl = Translation(fields={"tau_pos": "tau_pos", "tau_neg": "tau_neg"})
 
     aggregation: Aggregation = "seq-mean-token-mean"
     tau_pos: float = 1.0

@@ -12,6 +12,7 @@ from rlguard.core_losses.aggregation import Aggregation, masked_sum
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_range
 from rlguard.core_losses.ratios import LOG_RATIO_CLAMP, Surrogate
+from rlguard.core_losses.translation import Translation
 
 #: ``log W`` is clamped to ``[log 1e-8, 20]`` before the kernel, as in the paper's code (and TRL's).
 LOG_WEIGHT_MIN = math.log(1e-8)
@@ -32,6 +33,21 @@ class VESPO(Objective):
     name = "vespo"
     paper = "arXiv 2602.10693"
     summary = "gamma kernel W^k e^(lambda (1 - W)) on the sequence IS weight, detached"
+    ratio_level = "sequence"
+    trl = Translation(
+        fields={
+            "k_pos": "vespo_k_pos",
+            "lambda_pos": "vespo_lambda_pos",
+            "k_neg": "vespo_k_neg",
+            "lambda_neg": "vespo_lambda_neg",
+        },
+        unsupported={
+            "vllm_importance_sampling_correction": "TRL folds the engine ratio into VESPO's sequence weight W (log W "
+            "gains sum_t log rho_t); rlguard's rollout_is multiplies each token's term instead, which is a different "
+            "estimator"
+        },
+        metrics="vespo_phi",
+    )
 
     aggregation: Aggregation = "token-mean"
     k_pos: float = 2.0
@@ -46,7 +62,7 @@ class VESPO(Objective):
         for name in ("lambda_pos", "lambda_neg"):
             _check_range(name, getattr(self, name), low=0.0, strict=True)
 
-    def weights(self, log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    def sequence_weights(self, log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """``phi(W_i)`` per token, detached. # log_ratio, mask (B, T); advantages (B, T) -> (B, T)"""
         with torch.no_grad():
             log_w = masked_sum(log_ratio, mask, dim=-1).unsqueeze(-1)  # (B, 1) log W_i
@@ -60,5 +76,5 @@ class VESPO(Objective):
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         adv = batch.advantages  # (B, T)
-        phi = self.weights(log_ratio, adv, mask)  # (B, T)
+        phi = self.sequence_weights(log_ratio, adv, mask)  # (B, T)
         return Surrogate(loss=-phi * adv * batch.logprobs)

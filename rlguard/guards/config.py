@@ -1,0 +1,131 @@
+"""What a guard watches and how it may act: :class:`GuardConfig` and its presets (:data:`PRESETS`, the one list of
+their names, which every entry point that takes a preset accepts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlguard.guards.interventions import Rollback
+from rlguard.guards.recovery import Recovery
+from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
+
+__all__ = ["PRESETS", "GuardConfig", "check_preset"]
+
+
+@dataclass
+class GuardConfig:
+    """What the guard watches and how it may act.
+
+    Attributes:
+        detectors: detector name -> keyword overrides of its defaults, or None to switch it off. Registered
+            detectors not named here run with their defaults.
+        interventions: intervention name -> overrides, or None to switch it off; likewise, except that the opt-in
+            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``recovery``) run only
+            when named. An empty guard (``monitor`` preset) switches all of them off and only observes.
+        schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
+            (:mod:`rlguard.guards.schedules`); the decision carries their values.
+        snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
+        events_path: if set, every event is appended to this JSONL file.
+        observe_only: never act (the outcome is always ``step``, no intervention runs); schedules still apply.
+        healthy_despite: detectors whose findings and alarms do not make a step unhealthy: conditions of the data
+            or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
+            snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
+            run with no healthy snapshot, and the next real failure halts it instead of rolling back.
+    """
+
+    detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    interventions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
+    snapshot_interval: int = 10
+    events_path: str | None = None
+    observe_only: bool = False
+    healthy_despite: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.schedules) - set(SCHEDULED_KEYS)
+        if unknown:
+            raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")
+        if self.snapshot_interval < 1:
+            raise ValueError(f"snapshot_interval must be >= 1; got {self.snapshot_interval}.")
+
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> GuardConfig:
+        """The preset ``name`` (:data:`PRESETS`: ``"monitor"`` observes only, ``"default"``, ``"strict"``,
+        ``"stable"``); ``changes`` override fields."""
+        check_preset(name)
+        return replace(_PRESET_CONFIGS[name](), **changes)
+
+
+def check_preset(name: object) -> str:
+    """``name`` if it is a preset (:data:`PRESETS`), else ``ValueError`` listing them; builds nothing."""
+    if not isinstance(name, str) or name not in _PRESET_CONFIGS:
+        raise ValueError(f"unknown guard preset {name!r}; presets: {', '.join(PRESETS)}.")
+    return name
+
+
+def _monitor() -> GuardConfig:
+    return GuardConfig(observe_only=True)
+
+
+def _default() -> GuardConfig:
+    return GuardConfig()
+
+
+def _strict() -> GuardConfig:
+    spikes = {"warn_factor": 3.0, "critical_factor": 10.0, "min_z": 4.0}
+    return GuardConfig(
+        detectors={
+            "grad_norm_spike": spikes,
+            "kl_ref_blowup": {"warn_factor": 5.0, "critical_factor": 30.0, "min_z": 4.0},
+            "kl_old_blowup": {"warn_factor": 5.0, "critical_factor": 30.0, "min_z": 4.0},
+            "ratio_explosion": {"warn_factor": 3.0, "critical_factor": 20.0, "min_z": 4.0},
+            "entropy_collapse": {"warn_ratio": 0.6, "critical_ratio": 0.3, "patience": 2},
+            "reward_collapse": {"warn_drop": 4.0, "critical_drop": 8.0, "patience": 2},
+            "mismatch_growth": {"warn_above": 2e-3, "critical_above": 1e-2},
+        },
+        interventions={
+            "skip_step": {"severity": "warn", "on": ("nonfinite", "grad_norm_spike", "ratio_explosion")},
+            "lr_backoff": {"cooldown": 5, "quiet_steps": 40},
+            "clip_controller": {"target": 0.01, "min_scale": 0.1},
+            "halt": {"critical_steps": 10},
+        },
+        snapshot_interval=5,
+    )
+
+
+def _stable() -> GuardConfig:
+    """``default`` plus the controllers that keep a run going instead of stopping it: the trust region
+    on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
+    ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
+    repeated failed recoveries)."""
+    # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
+    # (lr_backoff slows what it does), and its alarm leaves the steps healthy (snapshots go on). An entropy far
+    # below its start with the reward above its early level is a policy that converged on what it learned (a task
+    # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
+    recovery = {
+        "on": tuple(n for n in Rollback.on if n != "mismatch_growth"),
+        "ignore": (*Recovery.ignore, "mismatch_growth"),
+    }
+    return GuardConfig(
+        detectors={"entropy_collapse": {"floor_ratio": 0.0}},
+        interventions={
+            "trust_region": {},
+            "entropy_control": {},
+            "recovery": recovery,
+            "rollback": None,
+            "halt": None,
+        },
+        healthy_despite=("mismatch_growth",),
+    )
+
+
+_PRESET_CONFIGS: dict[str, Callable[[], GuardConfig]] = {
+    "monitor": _monitor,
+    "default": _default,
+    "strict": _strict,
+    "stable": _stable,
+}
+#: the guard presets, by name: the one list every entry point that takes a preset accepts
+PRESETS: tuple[str, ...] = tuple(_PRESET_CONFIGS)

@@ -3,7 +3,9 @@ guard's decisions are applied with the adapter's semantics, the command line, an
 
 from __future__ import annotations
 
+import copy
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -11,28 +13,36 @@ import re
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from rlguard.bench.collapse import (
+    TINY_TASK,
+    BaseRunConfig,
     RunConfig,
     RunResult,
     Stressor,
     behaviour_policy,
     build_grid,
     build_parser,
+    canonical_order,
     collapse_verdict,
     effective_lr,
     main,
     numerics,
     perturbed_copy,
+    read_log,
     run_grid,
     run_one,
     same_numerics,
+    task_specs,
 )
-from rlguard.bench.collapse_long.train import RunConfig as LongRunConfig
+from rlguard.bench.collapse.report import markdown, paired_comparisons, run_row, summarise
+from rlguard.bench.collapse_long import LongRunConfig, LongStressor
 from rlguard.core_losses import PolicyBatch
 from rlguard.tasks.moe import make_tiny_moe_model
 from rlguard.tasks.tiny import make_tiny_model, sample_rollouts, sequence_logprobs
@@ -215,7 +225,7 @@ def test_stressor_rejects_bad_knobs(kwargs: dict[str, object], match: str) -> No
 
 # -- the grid and its command line ----------------------------------------------------------------------------------
 def test_full_grid_has_every_cell_and_seed_once() -> None:
-    grid = build_grid(seeds=8)
+    grid = build_grid(TINY_TASK, seeds=8)
     keys = {(c.objective, c.guard, c.stressor.name, c.seed) for c in grid}
     assert len(grid) == len(keys) == 3 * 3 * 5 * 8
 
@@ -310,10 +320,10 @@ def test_a_run_records_its_numerics_and_the_log_keeps_them() -> None:
     here = numerics()
     assert result.numerics == here and here["torch"] == torch.__version__
     assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    back = RunResult.from_json(json.loads(json.dumps(result.to_json())))
+    back = RunResult.from_json(json.loads(json.dumps(result.to_json())), RunConfig)
     assert back.numerics == here and back.rewards == result.rewards and back.config == result.config
     legacy = {k: v for k, v in result.to_json().items() if k != "numerics"}  # rows logged before the fingerprint
-    assert RunResult.from_json(legacy).numerics == {}
+    assert RunResult.from_json(legacy, RunConfig).numerics == {}
     assert same_numerics(here, here) and same_numerics({**here, "threads": "7"}, here)
     assert not same_numerics({}, here)
     assert not same_numerics({**here, "cpu_capability": "other"}, here)
@@ -354,3 +364,161 @@ def test_both_benchmarks_run_configs_refuse_bad_fields_naming_them(
 ) -> None:
     with pytest.raises(ValueError, match=match if "\\" in match else re.escape(match)):
         config_cls(**kwargs)
+
+
+# -- where pi_old comes from ----------------------------------------------------------------------------------------
+def _recording(config_type: type[BaseRunConfig]) -> tuple[type[BaseRunConfig], list[dict[str, torch.Tensor]], list]:
+    """A subclass of a task's run that records the trainer's weights at the start of every rollout batch (the
+    engine is asked for before any update of the batch) and every rollout batch it samples."""
+    weights: list[dict[str, torch.Tensor]] = []
+    batches: list = []
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Recording(config_type):  # type: ignore[misc, valid-type]
+        def engine(self, model, gen, history):  # type: ignore[no-untyped-def]
+            weights.append(copy.deepcopy(model.state_dict()))
+            return super().engine(model, gen, history)
+
+        def sample(self, engine, iteration):  # type: ignore[no-untyped-def]
+            batches.append(super().sample(engine, iteration))
+            return batches[-1]
+
+    return Recording, weights, batches
+
+
+@pytest.mark.parametrize(
+    ("config_type", "fields"),
+    [
+        (RunConfig, {"stressor": Stressor("mismatch")}),  # warm-started: rewards differ, so the first step moves
+        (LongRunConfig, {"stressor": LongStressor("moe"), "warm_start_steps": 60, "length": 6}),
+    ],
+)
+def test_trainer_old_logprobs_are_the_trainers_before_the_update_and_the_engines_are_rollout_logprobs(
+    config_type: type[BaseRunConfig], fields: dict[str, object]
+) -> None:
+    recording, weights, batches = _recording(config_type)
+    config = recording(old_logprobs="trainer", iterations=2, num_prompts=4, group_size=4, **fields)
+    seen: list[tuple[int, PolicyBatch]] = []
+    run_one(config, on_batch=lambda it, batch: seen.append((it, batch)))
+    assert len(seen) == 2 * 2 and len(weights) == len(batches) == 2
+    before = config.make_model()
+    per_mb = 2 * 4  # num_prompts / minibatches * group_size
+    for n, (it, batch) in enumerate(seen):
+        mb = n % 2
+        idx = torch.arange(mb * per_mb, (mb + 1) * per_mb)
+        sub = batches[it].select(idx)
+        before.load_state_dict(weights[it])  # the trainer's model before this batch's first update
+        with torch.no_grad():
+            expected = config.trainer_pass(before, sub).logprobs
+        assert batch.old_logprobs is not None and torch.equal(batch.old_logprobs, expected)
+        assert batch.rollout_logprobs is not None and torch.equal(batch.rollout_logprobs, sub.engine_logprobs)
+        assert _gap(batch.old_logprobs, batch.rollout_logprobs, batch.mask) > 1e-3  # the engine is not the trainer
+        if mb == 0:  # nothing has changed the weights yet: ratio exactly 1
+            assert torch.equal(batch.logprobs.detach(), batch.old_logprobs)
+        else:  # one update later: the ratio moved
+            assert not torch.equal(batch.logprobs.detach(), batch.old_logprobs)
+
+
+def test_the_engine_convention_is_the_default_and_keeps_the_recorded_identity() -> None:
+    assert RunConfig().old_logprobs == "engine" and LongRunConfig().old_logprobs == "engine"
+    row = json.loads((ROOT / "benchmarks/collapse_long/results/runs.jsonl").read_text().splitlines()[0])
+    assert "old_logprobs" not in row["config"]  # recorded before the field existed
+    config = LongRunConfig.from_json(row["config"])
+    assert config.old_logprobs == "engine"
+    # the recorded fields, and the defaults of those the row predates
+    assert json.loads(config.key()) == row["config"] | {"old_logprobs": "engine", "warmup": 0}
+    trainer = dataclasses.replace(config, old_logprobs="trainer")
+    assert trainer.key() != config.key()
+    with pytest.raises(ValueError, match="old_logprobs must be one of \\['engine', 'trainer'\\]; got 'vllm'"):
+        RunConfig(old_logprobs="vllm")  # type: ignore[arg-type]
+
+
+def test_both_conventions_are_a_grid_dimension_and_the_report_names_them(tmp_path: Path) -> None:
+    argv = ["--task", "short", "--objectives", "grpo", "--guards", "off", "--stressors", "mismatch", "--seeds", "1"]
+    argv += ["--iterations", "2", "--workers", "1", "--old-logprobs", "engine,trainer", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    with (tmp_path / "runs.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["old_logprobs"] for r in rows] == ["engine", "trainer"]
+    assert list(rows[0])[:4] == ["objective", "guard", "old_logprobs", "stressor"]
+    assert "| guard | pi_old |" in (tmp_path / "summary.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "curves_mismatch_grpo.png",
+        "curves_mismatch_grpo_trainer.png",
+    ]
+
+
+# -- the committed results ------------------------------------------------------------------------------------------
+RESULTS = {"short": ROOT / "benchmarks/collapse/results", "long": ROOT / "benchmarks/collapse_long/results"}
+
+
+@pytest.mark.parametrize("task", ["short", "long"])
+def test_the_committed_logs_hold_every_run_of_the_default_grid(task: str) -> None:
+    spec = task_specs()[task]
+    recorded = {r.config.key() for r in read_log(RESULTS[task] / "runs.jsonl", spec.config_type)}
+    grid = build_grid(spec, seeds=8)
+    assert len(grid) == len(spec.objectives) * len(spec.guards) * 5 * 8
+    assert {c.key() for c in grid} <= recorded  # so --resume runs none of them again
+
+
+@pytest.mark.parametrize("task", ["short", "long"])
+def test_the_committed_report_is_the_one_rebuilt_from_the_committed_log(task: str) -> None:
+    spec = task_specs()[task]
+    runs = canonical_order(read_log(RESULTS[task] / "runs.jsonl", spec.config_type), spec.objectives)
+    summary = summarise(runs, spec.layout)
+    paired = paired_comparisons(runs, spec.layout) if spec.layout.paired else []
+    assert markdown(summary, paired, spec.layout) == (RESULTS[task] / "summary.md").read_text()
+    for name, rows in [
+        ("runs.csv", [run_row(r, spec.layout) for r in runs]),
+        ("summary.csv", summary),
+        ("paired.csv", paired),
+    ]:
+        if rows:
+            with (RESULTS[task] / name).open(newline="") as fh:
+                assert [{k: str(v) for k, v in row.items()} for row in rows] == list(csv.DictReader(fh)), name
+
+
+def _as_recorded(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``runs.jsonl`` row's recorded values by result field, the wall time aside (the short task's rows recorded
+    before one result type served both tasks keep their counters at the top level)."""
+    values = {k: v for k, v in row.items() if k not in ("task", "config", "wall_s", "numerics")}
+    counters = {k: values.pop(k) for k in ("skips", "rollbacks", "lr_backoffs", "clip_changes") if k in values}
+    return values | ({"interventions": counters} if counters else {})
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread, as in the grid's workers (the long task's numbers differ with two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# the long task's rows predate the numerics fingerprint; they were recorded where the short task's were (its dense
+# rows reproduce bit for bit there)
+_SHORT_ROWS_NUMERICS = json.loads((RESULTS["short"] / "runs.jsonl").read_text().splitlines()[0])["numerics"]
+
+
+@pytest.mark.parametrize(
+    ("task", "cell"),
+    [
+        ("short", ("grpo", "default", "high_lr", 2)),  # the guard skips once and rolls back twice
+        pytest.param("long", ("grpo", "stable", "mismatch", 1), marks=pytest.mark.slow),  # 4 rollbacks, 9 backoffs
+    ],
+)
+def test_a_committed_run_reproduces_bit_for_bit(task: str, cell: tuple[str, str, str, int], one_thread: None) -> None:
+    if not same_numerics(_SHORT_ROWS_NUMERICS, numerics()):
+        pytest.skip(f"the committed runs were recorded on other numerics ({_SHORT_ROWS_NUMERICS}; here {numerics()})")
+    spec = task_specs()[task]
+    rows = [json.loads(line) for line in (RESULTS[task] / "runs.jsonl").read_text().splitlines()]
+    [row] = [
+        r
+        for r in rows
+        if (r["config"]["objective"], r["config"]["guard"], r["config"]["stressor"]["name"], r["config"]["seed"])
+        == cell
+    ]
+    committed = _as_recorded(row)
+    assert committed["interventions"]["rollbacks"] > 0  # the cell exercises the guard
+    rerun = _as_recorded(json.loads(json.dumps(run_one(spec.read_row(row).config).to_json())))
+    assert {k: rerun[k] for k in committed} == committed  # every recorded float, bit for bit

@@ -16,27 +16,16 @@ import torch
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
-from rlguard.bench.collapse import CollapseVerdict
+from rlguard.bench.collapse import CollapseVerdict, RunResult, TrainerPass, loop, mismatch_stats
+from rlguard.bench.collapse.report import paired_comparisons
+from rlguard.bench.collapse.stats import mcnemar_exact_p, paired_bootstrap_ci, wilson_interval
+from rlguard.bench.collapse_long import LONG_TASK, LongRunConfig
+from rlguard.bench.collapse_long import LongStressor as Stressor
 from rlguard.bench.collapse_long.cli import main
-from rlguard.bench.collapse_long.engine import (
-    EngineNumerics,
-    Rollouts,
-    TrainerPass,
-    engine_copy,
-    mismatch_stats,
-    sample_rollouts,
-    trainer_pass,
-)
+from rlguard.bench.collapse_long.engine import EngineNumerics, Rollouts, engine_copy, sample_rollouts, trainer_pass
 from rlguard.bench.collapse_long.model import ModelConfig, MoE, generate, make_model
-from rlguard.bench.collapse_long.report import (
-    mcnemar_exact_p,
-    paired_bootstrap_ci,
-    paired_comparisons,
-    wilson_interval,
-)
-from rlguard.bench.collapse_long.stressors import Stressor, behaviour_policy
+from rlguard.bench.collapse_long.stressors import behaviour_policy
 from rlguard.bench.collapse_long.task import EOS, NUM_SPECIAL, PAD, ReverseShiftTask
-from rlguard.bench.collapse_long.train import RunConfig, RunResult
 from rlguard.cli import app
 
 TASK = ReverseShiftTask(length=6, alphabet=60)
@@ -234,17 +223,17 @@ def test_paired_bootstrap_interval_of_constant_differences_is_that_constant() ->
 
 # -- command line and a quick run -----------------------------------------------------------------------------------
 def _result(objective: str, guard: str, seed: int, collapsed: bool, final: float) -> RunResult:
-    config = RunConfig(objective=objective, guard=guard, seed=seed)  # type: ignore[arg-type]
+    config = LongRunConfig(objective=objective, guard=guard, seed=seed)  # type: ignore[arg-type]
     n = config.window
     return RunResult(
         config,
         [0.5] * n + [final] * n,
         [1.0] * 2 * n,
-        [33.0] * 2 * n,
-        [0.0] * 2 * n,
-        [0.0] * 2 * n,
-        [0.0] * 2 * n,
         CollapseVerdict(collapsed, 5 if collapsed else None, "reward" if collapsed else ""),
+        lengths=[33.0] * 2 * n,
+        clip_fracs=[0.0] * 2 * n,
+        logp_gaps=[0.0] * 2 * n,
+        routed_differently=[0.0] * 2 * n,
     )
 
 
@@ -254,7 +243,7 @@ def test_paired_comparisons_pair_objectives_within_a_guard_and_each_guard_with_g
         *(_result("gspo", "off", s, s < 1, 0.2) for s in range(4)),
         *(_result("grpo", "stable", s, False, 0.8) for s in range(4)),
     ]
-    rows = {(r["guard"], r["objective"], r["baseline"]): r for r in paired_comparisons(results)}
+    rows = {(r["guard"], r["objective"], r["baseline"]): r for r in paired_comparisons(results, LONG_TASK.layout)}
     assert set(rows) == {("off", "gspo", "grpo"), ("stable", "grpo", "grpo, guard off")}
     objectives = rows[("off", "gspo", "grpo")]
     assert (objectives["only_objective_collapsed"], objectives["only_baseline_collapsed"]) == (0, 2)
@@ -305,3 +294,40 @@ def test_bad_input_exits_2_naming_the_value(tmp_path: Path, capsys: pytest.Captu
 def test_the_rlguard_command_dispatches_to_the_benchmark(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "collapse-long", "--stressors", "bogus", "--out", str(tmp_path)])
     assert result.exit_code == 2
+
+
+# -- the warm-start cache -------------------------------------------------------------------------------------------
+PAYLOAD_RAN: list[bool] = []
+
+
+def _payload() -> None:
+    PAYLOAD_RAN.append(True)
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_payload, ())
+
+
+@pytest.mark.filterwarnings("ignore:Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+def test_a_warm_start_cache_that_is_not_a_state_dict_is_refused_without_running_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch < 2.6 (which pyproject allows) unpickles anything unless told weights_only; this variable restores
+    # that default here, so only an explicit weights_only=True keeps the payload from running
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    monkeypatch.setattr(loop, "WARM_START_CACHE", [tmp_path])
+    monkeypatch.setattr(loop, "_WARM_STARTS", {})
+    config = LongRunConfig(warm_start_steps=2, length=6)
+    trained = loop.warm_started_model(config)  # trains and writes the cache
+    [cached] = tmp_path.glob("warm_*.pt")
+    monkeypatch.setattr(loop, "_WARM_STARTS", {})
+    again = loop.warm_started_model(config)  # read back from the file
+    assert all(
+        torch.equal(a, b) for a, b in zip(trained.state_dict().values(), again.state_dict().values(), strict=True)
+    )
+    torch.save({"embed.weight": _Evil()}, cached)
+    monkeypatch.setattr(loop, "_WARM_STARTS", {})
+    with pytest.raises(ValueError, match=f"warm-start cache {cached} is not a state dict of tensors"):
+        loop.warm_started_model(config)
+    assert PAYLOAD_RAN == []

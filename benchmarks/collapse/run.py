@@ -1,10 +1,12 @@
-"""Collapse benchmark: collapse rate of grpo/dapo/gspo with and without the guard under five stressors.
+"""Collapse benchmark: collapse rate per objective x guard x stressor, with and without the guard, for one task.
 
-    python benchmarks/collapse/run.py                 # full grid: 3 x 2 x 5 cells x 8 seeds, 2 workers
-    python benchmarks/collapse/run.py --quick         # smoke test: grpo+gspo x off/default x none/high_lr, 1 seed
+    python benchmarks/collapse/run.py --task short              # 3 objectives x 3 guards x 5 stressors x 8 seeds
+    python benchmarks/collapse/run.py --task long --resume      # 5 objectives x off/default x 5 stressors x 8 seeds
+    python benchmarks/collapse/run.py --task long --quick --out /tmp/cl   # smoke test of every layer, seconds
 
-Writes runs.csv, summary.csv, summary.md and plots/ under --out (default benchmarks/collapse/results).
-Design, stressors and the collapse definition: rlguard/bench/collapse/ (its package docstring).
+Writes runs.jsonl, runs.csv, summary.csv, summary.md, plots/ and invocations.jsonl (and, for the long task,
+paired.csv) under --out (default benchmarks/collapse/results or benchmarks/collapse_long/results). How to run it:
+benchmarks/collapse/README.md; design and definitions: rlguard/bench/collapse/__init__.py.
 """
 
 from __future__ import annotations

@@ -1,122 +1,121 @@
-"""One run: the tiny GRPO loop on CPU, the guard acting through the plain-torch actuator
-(:class:`~rlguard.guards.actuator.TorchActuator`, :func:`~rlguard.guards.actuator.apply_decision`).
+"""One run of any task: the warm start (cached), then a compact GRPO-family loop in plain torch, the guard acting
+through the plain-torch actuator (:class:`~rlguard.guards.actuator.TorchActuator`,
+:func:`~rlguard.guards.actuator.apply_decision`), judged for collapse.
 
-See :mod:`rlguard.bench.collapse` for the design, the stressors and the collapse definition.
+The task supplies the model, the warm start, the engine under its stressor, the sampler and the trainer's forward
+(the hooks of :class:`~rlguard.bench.collapse.spec.BaseRunConfig`); everything else is here, once.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
+import hashlib
 import math
+import pickle
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rlguard.bench.collapse.spec import RunConfig, RunResult, Stressor, numerics
+from rlguard.bench.collapse.spec import BaseRunConfig, RolloutBatch, RunResult, TrainerPass, numerics
 from rlguard.bench.collapse.verdict import collapse_verdict
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
+from rlguard.core_losses.rollout import mismatch_metrics
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
 from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
 from rlguard.guards.trust_region import measures_update
-from rlguard.tasks.moe import make_tiny_moe_model
-from rlguard.tasks.tiny import (
-    AdditionTask,
-    CharTokenizer,
-    Rollouts,
-    TinyLM,
-    make_tiny_model,
-    sample_rollouts,
-    sequence_logprobs,
-)
+
+# -- warm start -----------------------------------------------------------------------------------------------------
+_WARM_STARTS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
+WARM_START_CACHE: list[Path] = []  # a folder here makes warm starts persist across processes (set by the grid)
 
 
-# -- stressors ----------------------------------------------------------------------------------------------------
-def perturbed_copy(model: TinyLM, noise: float, gen: torch.Generator, *, only: str | None = None) -> TinyLM:
-    """A copy of ``model`` whose parameters (those whose name starts with ``only``, or all) carry Gaussian noise
-    of ``noise`` times each tensor's RMS: a rollout engine whose numerics differ from the trainer's."""
-    engine = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in engine.named_parameters():
-            if only is None or name.startswith(only):
-                rms = p.pow(2).mean().sqrt()
-                p.add_(torch.randn(p.shape, generator=gen) * (noise * rms))
-    return engine
+def _load_warm_start(path: Path) -> dict[str, Tensor]:
+    """A cached state dict; tensors only (``weights_only``: a cache file cannot run code when it is read)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        raise ValueError(
+            f"warm-start cache {path} is not a state dict of tensors ({type(err).__name__}: {err}); delete it and "
+            "the run trains the warm start again."
+        ) from err
+    if not (isinstance(state, dict) and all(isinstance(v, Tensor) for v in state.values())):
+        raise ValueError(f"warm-start cache {path} holds {type(state).__name__}, not a state dict; delete it.")
+    return state
 
 
-def _subset(rollouts: Rollouts, idx: Tensor) -> Rollouts:
-    """The completions ``idx`` of a batch."""
-    return dataclasses.replace(
-        rollouts,
-        input_ids=rollouts.input_ids[idx],
-        mask=rollouts.mask[idx],
-        rewards=rollouts.rewards[idx],
-        group_ids=rollouts.group_ids[idx],
-        completions=[rollouts.completions[i] for i in idx.tolist()],
-    )
+def warm_started_model(config: BaseRunConfig) -> nn.Module:
+    """The run's model after its warm start; identical for every cell of a seed, so trained once per process
+    (and once per ``WARM_START_CACHE`` folder)."""
+    model = config.make_model()
+    task_key = config.warm_start_key()
+    key = (config.task, *task_key)
+    path = None
+    if WARM_START_CACHE:
+        name = f"warm_{config.seed}_{hashlib.sha1(repr(task_key).encode()).hexdigest()[:12]}.pt"
+        path = WARM_START_CACHE[0] / name
+        if key not in _WARM_STARTS and path.is_file():
+            _WARM_STARTS[key] = _load_warm_start(path)
+    if key not in _WARM_STARTS:
+        config.warm_start(model)
+        _WARM_STARTS[key] = copy.deepcopy(model.state_dict())
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(_WARM_STARTS[key], path)
+    model.load_state_dict(_WARM_STARTS[key])
+    return model
 
 
-def warm_start(model: TinyLM, *, steps: int, seed: int, lr: float = 3e-3, batch: int = 64) -> None:
-    """Supervised steps on ``"a+b=" -> str(a+b) <eos>`` with prompts from a seed stream the RL loop never uses."""
-    if steps <= 0:
-        return
-    tok, task = CharTokenizer(), AdditionTask()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for s in range(steps):
-        pairs = task.prompts(batch, seed=10_000_019 * (seed + 1) + s)
-        rows = [[tok.BOS, *tok.encode(p), *tok.encode(str(a)), tok.EOS] for p, a in pairs]
-        width = max(map(len, rows))
-        ids = torch.tensor([r + [tok.PAD] * (width - len(r)) for r in rows])
-        targets = ids[:, 1:].clone()
-        targets[:, : len(pairs[0][0])] = -100  # learn the answer only, not the prompt
-        targets[targets == tok.PAD] = -100
-        logits = model(ids[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
+# -- the guard ------------------------------------------------------------------------------------------------------
+@dataclass
+class GuardTally:
+    """What the guard did in a run: outcomes other than ``step``, LR back-offs, and changes of the objective in
+    use (its clip range, ``beta`` or entropy coefficient)."""
+
+    skips: int = 0
+    rollbacks: int = 0
+    lr_backoffs: int = 0
+    clip_changes: int = 0
+    last_lr_scale: float = 1.0
+
+    def counts(self) -> dict[str, int]:
+        """The ``interventions`` of :class:`~rlguard.bench.collapse.spec.RunResult`."""
+        return {k: getattr(self, k) for k in ("skips", "rollbacks", "lr_backoffs", "clip_changes")}
 
 
-# -- one run ------------------------------------------------------------------------------------------------------
-def _finite_step(stats: dict[str, float], grad_norm: Tensor) -> bool:
-    return math.isfinite(stats.get("loss", 0.0)) and math.isfinite(float(grad_norm))
+def _finite_stats(stats: dict[str, float]) -> bool:
+    return math.isfinite(stats.get("loss", 0.0)) and math.isfinite(stats.get("grad_norm", 0.0))
 
 
-def _finite_model(model: nn.Module) -> bool:
+def _finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-_WARM_STARTS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
-
-
-def effective_lr(config: RunConfig) -> float:
-    """The Adam learning rate of a run: ``lr``, times ``lr_multiplier`` under ``high_lr``."""
-    return config.lr * (config.stressor.lr_multiplier if config.stressor.name == "high_lr" else 1.0)
-
-
-def behaviour_policy(
-    model: TinyLM, stressor: Stressor, gen: torch.Generator, history: deque[dict[str, Tensor]]
-) -> tuple[TinyLM, torch.dtype | None]:
-    """The policy that samples the next rollout batch and the dtype of its engine's logits (None: float32).
-
-    ``history`` (``maxlen = stale_steps + 1``) receives the current weights under ``stale``; its oldest entry
-    is the policy of ``stale_steps`` calls ago (fewer at the start of a run, or after ``history.clear()``).
-    """
-    if stressor.name == "mismatch":
-        return perturbed_copy(model, stressor.mismatch_noise, gen), torch.bfloat16 if stressor.mismatch_bf16 else None
-    if stressor.name == "moe":
-        return perturbed_copy(model, stressor.router_noise, gen, only="router"), None
-    if stressor.name == "stale":
-        history.append(copy.deepcopy(model.state_dict()))
-        behaviour = copy.deepcopy(model)
-        behaviour.load_state_dict(history[0])
-        return behaviour, None
-    return model, None
+def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: TorchActuator, tally: GuardTally) -> str:
+    """The one place the guard acts on this loop: judge ``stats`` and carry the decision out through the
+    plain-torch actuator (which takes the optimizer step when the outcome is ``step``). Returns ``step``,
+    ``skip``, ``rollback``, ``halt`` or ``nonfinite`` (the guard let a non-finite step through: a failed run)."""
+    update_ratio = actuator.take_update_ratio()  # the previous applied update's, if the trust region reads it
+    if update_ratio is not None:
+        stats["update_ratio"] = update_ratio
+    decision = guard.observe(step, stats)
+    if decision.outcome == "step" and not _finite_stats(stats):
+        return "nonfinite"
+    current = actuator.objective_in_use
+    outcome = apply_decision(decision, actuator).outcome
+    lr_scale = decision.controls.lr_scale
+    tally.skips += outcome == "skip"
+    tally.rollbacks += outcome == "rollback"
+    tally.lr_backoffs += lr_scale < tally.last_lr_scale
+    tally.clip_changes += actuator.objective_in_use is not current
+    tally.last_lr_scale = lr_scale
+    return outcome
 
 
 def policy_gradient_step(
@@ -126,16 +125,15 @@ def policy_gradient_step(
     *,
     max_grad_norm: float,
     lr: float,
-    rollouts: Any,
-) -> tuple[dict[str, float], Tensor]:
+    rollouts: RolloutBatch,
+) -> dict[str, float]:
     """The objective in use on ``batch``, its gradient (clipped to ``max_grad_norm``) and the step's reduced stats;
-    the optimizer step itself is the guard's to allow. ``rollouts`` carries ``rewards``, ``group_ids`` and ``mask``.
-    Shared by both collapse benchmarks' loops."""
+    the optimizer step itself is the guard's to allow."""
     out = actuator.objective_in_use(batch)
     optimizer.zero_grad()
     out.loss.backward()  # type: ignore[no-untyped-call]
     grad_norm = torch.nn.utils.clip_grad_norm_(actuator.model.parameters(), max_grad_norm)
-    stats = collect_step_stats(
+    return collect_step_stats(
         batch=batch,
         output=out,
         grad_norm=grad_norm,
@@ -144,116 +142,141 @@ def policy_gradient_step(
         group_ids=rollouts.group_ids,
         lengths=rollouts.mask.sum(-1),
     ).reduce()
-    return stats, grad_norm
 
 
-def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | None = None) -> RunResult:
-    """Train one run of the grid and judge it (see the module docstring).
+# -- trainer vs engine ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MismatchStats:
+    """Trainer vs engine on the completion tokens of a batch.
 
-    ``on_batch(iteration, batch)`` sees every minibatch's :class:`PolicyBatch` before the loss (for tests).
+    Attributes:
+        logp_gap_abs_mean: mean ``|log pi_trainer - log pi_engine|`` per token.
+        routed_differently: share of tokens for which some layer's chosen expert set differs (0 for dense).
+    """
+
+    logp_gap_abs_mean: float
+    routed_differently: float
+
+
+def mismatch_stats(trainer: TrainerPass, rollouts: RolloutBatch) -> MismatchStats:
+    """Compare the trainer's pass with what the engine reported, over ``rollouts.mask``."""
+    mask = rollouts.mask > 0  # (B, T)
+    tokens = max(int(mask.sum()), 1)
+    gap = (trainer.logprobs.detach() - rollouts.engine_logprobs).abs()  # (B, T)
+    routed = 0.0
+    if trainer.routing is not None and rollouts.engine_routing is not None:
+        differs = (trainer.routing != rollouts.engine_routing).any(-1).any(-1)  # (B, T)
+        routed = float((differs & mask).sum()) / tokens
+    return MismatchStats(float(gap[mask].sum()) / tokens, routed)
+
+
+def _engine_gap(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """:func:`~rlguard.core_losses.rollout.mismatch_metrics` of the trainer against the engine, as floats."""
+    return {k: float(v) for k, v in mismatch_metrics(trainer_logprobs, engine_logprobs, mask).items()}
+
+
+# -- one run --------------------------------------------------------------------------------------------------------
+def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] | None = None) -> RunResult:
+    """Train one run and judge it; ``on_batch(iteration, batch)`` sees every minibatch's :class:`PolicyBatch`
+    before its loss (for tests).
+
+    Per rollout batch: the task's engine samples (:meth:`~BaseRunConfig.engine`, :meth:`~BaseRunConfig.sample`),
+    group advantages, then ``minibatches`` optimizer steps on slices of the batch, so every slice after the first
+    is off-policy by one step more. pi_old is the engine's log-probs, or (``old_logprobs="trainer"``) the
+    trainer's own of each slice before the batch's first update, the engine's then passed as
+    ``rollout_logprobs``.
     """
     start = time.perf_counter()
     torch.manual_seed(config.seed)
     st = config.stressor
-    moe = st.name == "moe"
-    model: TinyLM = (
-        make_tiny_moe_model(config.seed, config.hidden) if moe else make_tiny_model(config.seed, config.hidden)
-    )
-    key = (config.seed, moe, config.hidden, config.warm_start_steps, config.warm_start_lr)
-    if key not in _WARM_STARTS:  # identical for every cell of a seed: train once per worker process
-        warm_start(model, steps=config.warm_start_steps, seed=config.seed, lr=config.warm_start_lr)
-        _WARM_STARTS[key] = copy.deepcopy(model.state_dict())
-    model.load_state_dict(_WARM_STARTS[key])
-    lr = effective_lr(config)
+    model = warm_started_model(config)
+    lr = config.lr * st.lr_factor
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     objective = get_objective(config.objective)
     guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
     # the guard's decisions act through it; it measures each update's relative size for the trust region
     actuator = TorchActuator(model, optimizer, objective=objective, measure_update=measures_update(guard))
     if guard is not None:
-        bind_guard(guard, actuator, where="the collapse benchmark's loop")
-    counts = {"skip": 0, "rollback": 0, "lr_backoffs": 0, "clip_changes": 0}
-    last_lr_scale = 1.0
-    last_clip: tuple[float | None, ...] = (1.0, 1.0, None, None)
+        bind_guard(guard, actuator, where=f"the collapse benchmark's loop ({config.task} task)")
+    tally = GuardTally()
     gen = torch.Generator().manual_seed(config.seed)
     history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
-    rewards: list[float] = []
-    entropies: list[float] = []
-    clip_fracs: list[float] = []
+    curves: dict[str, list[float]] = {k: [] for k in ("reward", "entropy", "length", "clip", "gap", "routed")}
+    step_clip: list[float] = []
     halted = nonfinite = False
     step = 0
     per_mb = config.num_prompts // config.minibatches * config.group_size
+    slices = [torch.arange(mb * per_mb, (mb + 1) * per_mb) for mb in range(config.minibatches)]
     for it in range(config.iterations):
-        behaviour, engine_dtype = behaviour_policy(model, st, gen, history)
-        rollouts = sample_rollouts(
-            behaviour,
-            num_prompts=config.num_prompts,
-            group_size=config.group_size,
-            max_new_tokens=3,
-            seed=config.seed * 1_000_003 + it,
-        )
-        with torch.no_grad():
-            old_logprobs, _ = sequence_logprobs(behaviour, rollouts, logits_dtype=engine_dtype)
-        advantages = group_advantages(rollouts.rewards, rollouts.group_ids).advantages
-        rewards.append(float(rollouts.rewards.mean()))
-        batch_entropy = []
-        for mb in range(config.minibatches):
-            idx = torch.arange(mb * per_mb, (mb + 1) * per_mb)
-            sub = _subset(rollouts, idx)
-            logprobs, ent = sequence_logprobs(model, sub)
+        engine = config.engine(model, gen, history)
+        rollouts = config.sample(engine, it)
+        exact_engine = engine is model
+        advantages = group_advantages(rollouts.rewards, rollouts.group_ids).advantages  # (B,)
+        curves["reward"].append(float(rollouts.rewards.mean()))
+        curves["length"].append(float(rollouts.mask.sum(-1).mean()))
+        trainer_old = None
+        if config.old_logprobs == "trainer":  # pi_old: the trainer's model before this batch's first update
+            with torch.no_grad():
+                trainer_old = [config.trainer_pass(model, rollouts.select(idx)).logprobs for idx in slices]
+        entropy, clip = [], []
+        for mb, idx in enumerate(slices):
+            sub = rollouts.select(idx)
+            tp = config.trainer_pass(model, sub)
+            if mb == 0:  # trainer vs engine before any update of this batch
+                gap = mismatch_stats(tp, sub)
+                curves["gap"].append(gap.logp_gap_abs_mean)
+                curves["routed"].append(gap.routed_differently)
+                engine_gap = (
+                    _engine_gap(tp.logprobs, sub.engine_logprobs, sub.mask)
+                    if config.guard_sees_engine_gap and trainer_old is None and not exact_engine
+                    else {}
+                )
+            if trainer_old is None:
+                old, behaviour = sub.engine_logprobs, None if exact_engine else sub.engine_logprobs
+            else:
+                old, behaviour = trainer_old[mb], sub.engine_logprobs
             batch = PolicyBatch(
-                logprobs=logprobs,
+                logprobs=tp.logprobs,
                 advantages=advantages[idx],
                 mask=sub.mask,
-                old_logprobs=old_logprobs[idx],
-                rollout_logprobs=old_logprobs[idx] if behaviour is not model else None,
-                entropies=ent,
+                old_logprobs=old,
+                rollout_logprobs=behaviour,
+                entropies=tp.entropies,
             )
             if on_batch is not None:
                 on_batch(it, batch)
-            stats, grad_norm = policy_gradient_step(
+            stats = policy_gradient_step(
                 actuator, optimizer, batch, max_grad_norm=config.max_grad_norm, lr=lr, rollouts=sub
             )
-            batch_entropy.append(stats.get("entropy", math.nan))
-            clip_fracs.append(stats.get("clip_frac", 0.0))
-            outcome = "step"
-            if guard is not None:
-                update_ratio = actuator.take_update_ratio()  # the previous applied update's, if any
-                if update_ratio is not None:
-                    stats["update_ratio"] = update_ratio
-                decision = guard.observe(step, stats)
-                if decision.outcome == "step" and not _finite_step(stats, grad_norm):
-                    nonfinite = True  # the guard let a non-finite step through: the run has failed
-                    break
-                outcome = apply_decision(decision, actuator).outcome
-                counts[outcome] = counts.get(outcome, 0) + 1
-                controls = decision.controls
-                counts["lr_backoffs"] += controls.lr_scale < last_lr_scale
-                clip = (controls.clip_scale, controls.clip_high_scale, controls.clip_low, controls.clip_high)
-                counts["clip_changes"] += clip != last_clip
-                last_lr_scale, last_clip = controls.lr_scale, clip
+            entropy.append(stats.get("entropy", math.nan))
+            clip.append(stats.get("clip_frac", 0.0))
+            # with the engine's pi_old the step's own mismatch stats compare the engine with itself; a framework
+            # that recomputes the old log-probs reports the trainer-vs-engine gap instead (verl's
+            # rollout_probs_diff, TRL's vLLM mismatch stats): the tasks that model one give the guard that
+            stats.update(engine_gap)
+            outcome = "step" if guard is None else guarded_update(guard, step, stats, actuator, tally)
             step += 1
             if outcome == "halt":
                 halted = True
                 break
-            if outcome == "rollback" and st.name == "stale":
-                history.clear()
-            if outcome != "step":
-                continue
+            if outcome == "rollback":
+                history.clear()  # the stale engine's past weights are not the restored run's
             if guard is None:
-                if not _finite_step(stats, grad_norm):
-                    nonfinite = True
-                    break
-                optimizer.step()
-            if not _finite_model(model):
+                if not _finite_stats(stats):
+                    outcome = "nonfinite"
+                else:
+                    optimizer.step()
+            if outcome == "nonfinite" or not _finite(model):
                 nonfinite = True
                 break
-        entropies.append(statistics.fmean(batch_entropy))
+        step_clip += clip
+        curves["entropy"].append(statistics.fmean(entropy))
+        curves["clip"].append(statistics.fmean(clip))
         if halted or nonfinite:
             break
     verdict = collapse_verdict(
-        rewards,
-        entropies,
+        curves["reward"],
+        curves["entropy"],
         nonfinite=nonfinite,
         halted=halted,
         window=config.window,
@@ -265,16 +288,17 @@ def run_one(config: RunConfig, on_batch: Callable[[int, PolicyBatch], None] | No
     )
     return RunResult(
         config=config,
-        rewards=rewards,
-        entropies=entropies,
+        rewards=curves["reward"],
+        entropies=curves["entropy"],
         verdict=verdict,
-        skips=counts["skip"],
-        rollbacks=counts["rollback"],
-        lr_backoffs=counts["lr_backoffs"],
-        clip_changes=counts["clip_changes"],
         halted=halted,
         nonfinite=nonfinite,
-        clip_frac_mean=statistics.fmean(clip_fracs) if clip_fracs else 0.0,
+        interventions=tally.counts(),
+        lengths=curves["length"],
+        clip_fracs=curves["clip"],
+        logp_gaps=curves["gap"],
+        routed_differently=curves["routed"],
+        clip_frac_mean=statistics.fmean(step_clip) if step_clip else 0.0,
         wall_s=time.perf_counter() - start,
         numerics=numerics(),
     )

@@ -6,6 +6,7 @@ and batches differently, so the log-probs it reports are not the trainer's and, 
 routing boundary go to other experts ("When Speed Kills Stability", Yao et al. 2025; GSPO, arXiv 2507.18071,
 sec. 5.3). :class:`EngineNumerics` reproduces those causes: bf16-rounded weights, a bf16 router, bf16 logits and,
 to set the strength, Gaussian noise on the weights (all, or the routers only).
+:func:`~rlguard.bench.collapse.loop.mismatch_stats` measures how far the engine is from the trainer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlguard.bench.collapse.spec import TrainerPass
 from rlguard.bench.collapse_long.model import MoE, TinyTransformer, generate
 from rlguard.bench.collapse_long.task import EOS, PAD, ReverseShiftTask
 from rlguard.core_losses import logprobs_from_logits
@@ -124,16 +126,6 @@ def sample_rollouts(
     return Rollouts(prompts, out.completions, out.mask, rewards, group_ids, out.logprobs, out.routing)
 
 
-@dataclass(frozen=True)
-class TrainerPass:
-    """The trainer's forward over a rollout batch: log-probs and entropies ``(B, T)`` (with grad) and the
-    experts it chose ``(B, T, n_layers, top_k)`` (None for a dense model)."""
-
-    logprobs: Tensor
-    entropies: Tensor
-    routing: Tensor | None
-
-
 def trainer_pass(model: TinyTransformer, rollouts: Rollouts) -> TrainerPass:
     """Recompute the sampled tokens' log-probs with ``model`` in float32 (one causal forward)."""
     ids = torch.cat([rollouts.prompts, rollouts.completions], dim=1)  # (B, P + T)
@@ -143,28 +135,3 @@ def trainer_pass(model: TinyTransformer, rollouts: Rollouts) -> TrainerPass:
     assert entropies is not None
     routing = model.routing()
     return TrainerPass(logprobs, entropies, None if routing is None else routing[:, p - 1 :])
-
-
-@dataclass(frozen=True)
-class MismatchStats:
-    """Trainer vs engine on the completion tokens of a batch.
-
-    Attributes:
-        logp_gap_abs_mean: mean ``|log pi_trainer - log pi_engine|`` per token.
-        routed_differently: share of tokens for which some layer's chosen expert set differs (0 for dense).
-    """
-
-    logp_gap_abs_mean: float
-    routed_differently: float
-
-
-def mismatch_stats(trainer: TrainerPass, rollouts: Rollouts) -> MismatchStats:
-    """Compare the trainer's pass with what the engine reported, over ``rollouts.mask``."""
-    mask = rollouts.mask > 0  # (B, T)
-    tokens = max(int(mask.sum()), 1)
-    gap = (trainer.logprobs.detach() - rollouts.engine_logprobs).abs()  # (B, T)
-    routed = 0.0
-    if trainer.routing is not None and rollouts.engine_routing is not None:
-        differs = (trainer.routing != rollouts.engine_routing).any(-1).any(-1)  # (B, T)
-        routed = float((differs & mask).sum()) / tokens
-    return MismatchStats(float(gap[mask].sum()) / tokens, routed)

@@ -1,4 +1,4 @@
-"""The stressors: each one documented cause of collapse, with its strength as a knob (calibration in
+"""The long task's stressors: each one documented cause of collapse, with its strength as a knob (calibration in
 :mod:`rlguard.bench.collapse_long`)."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import copy
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from rlguard.bench.collapse.spec import BaseStressor
 from rlguard.bench.collapse_long.engine import EngineNumerics, engine_copy
 from rlguard.bench.collapse_long.model import TinyTransformer
 
-STRESSORS: tuple[str, ...] = ("none", "high_lr", "stale", "mismatch", "moe")
-
 
 @dataclass(frozen=True)
-class Stressor:
+class LongStressor(BaseStressor):
     """One perturbation of the training loop and its strength.
 
     Attributes:
@@ -28,32 +28,18 @@ class Stressor:
         router_noise: the MoE engine's router noise times the router's RMS, on top of bf16 (``moe``).
     """
 
+    NAMES: ClassVar[tuple[str, ...]] = ("none", "high_lr", "stale", "mismatch", "moe")
+
     name: str = "none"
     lr_multiplier: float = 30.0
     stale_steps: int = 16
     mismatch_noise: float = 0.2
     router_noise: float = 3.0
 
-    def __post_init__(self) -> None:
-        if self.name not in STRESSORS:
-            raise ValueError(f"stressor must be one of {list(STRESSORS)}; got {self.name!r}.")
-        if not self.lr_multiplier > 0:
-            raise ValueError(f"lr_multiplier must be > 0; got {self.lr_multiplier!r}.")
-        if self.stale_steps < 0:
-            raise ValueError(f"stale_steps must be >= 0 (0 is on-policy); got {self.stale_steps!r}.")
-        for knob in ("mismatch_noise", "router_noise"):
-            if not getattr(self, knob) >= 0:
-                raise ValueError(f"{knob} must be >= 0; got {getattr(self, knob)!r}.")
-
     @property
     def moe(self) -> bool:
         """The run trains the top-k MoE model instead of the dense one."""
         return self.name == "moe"
-
-    @property
-    def lr_factor(self) -> float:
-        """What the base learning rate is multiplied by."""
-        return self.lr_multiplier if self.name == "high_lr" else 1.0
 
     @property
     def numerics(self) -> EngineNumerics:
@@ -65,8 +51,11 @@ class Stressor:
         return EngineNumerics()
 
 
+STRESSORS: tuple[str, ...] = LongStressor.NAMES
+
+
 def behaviour_policy(
-    model: TinyTransformer, stressor: Stressor, gen: torch.Generator, history: deque[dict[str, Tensor]]
+    model: TinyTransformer, stressor: LongStressor, gen: torch.Generator, history: deque[dict[str, Tensor]]
 ) -> TinyTransformer:
     """The engine that samples the next rollout batch.
 

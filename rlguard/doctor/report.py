@@ -17,7 +17,7 @@ from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classif
 from rlguard.doctor.plots import plot_png
 from rlguard.doctor.readers import LogInputError, read_events, read_log
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.stats import STAT_REDUCTIONS
+from rlguard.metrics import REDUCTIONS as STAT_REDUCTIONS  # the metric table itself: no torch
 
 #: plot order: the metric table's (docs/design.md, rlguard.metrics), then the derived and plot-only names
 _ORDER: tuple[str, ...] = tuple(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlguard.guards.alerts import AlertConfig, alert_config, register_alerts
 from rlguard.guards.decision import Decision
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
@@ -52,6 +53,8 @@ class GuardConfig:
             or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
             snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
             run with no healthy snapshot, and the next real failure halts it instead of rolling back.
+        alerts: where the guard's important decisions are sent (a webhook, W&B), as an :class:`AlertConfig` or
+            a mapping of its fields (:mod:`rlguard.guards.alerts`); None sends none.
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -61,8 +64,10 @@ class GuardConfig:
     events_path: str | None = None
     observe_only: bool = False
     healthy_despite: tuple[str, ...] = ()
+    alerts: AlertConfig | None = None
 
     def __post_init__(self) -> None:
+        self.alerts = alert_config(self.alerts)
         unknown = set(self.schedules) - set(SCHEDULED_KEYS)
         if unknown:
             raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")
@@ -173,6 +178,7 @@ class Guard:
         self._last_step: int | None = None
         self._record_only: frozenset[str] = frozenset()
         self._actuator_name = ""
+        register_alerts(self)
 
     @property
     def last_healthy_step(self) -> int | None:

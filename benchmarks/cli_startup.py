@@ -5,7 +5,7 @@ speed hits both; the table gives the medians of wall and CPU time (user + system
 finished child) and the median of the pairwise wall-time differences. The doctor and the watch read a TRL log of
 200 steps written from :mod:`rlguard.guards.synthetic` into a temporary folder.
 
-    python benchmarks/cli_startup.py              # 7 pairs per command
+    python benchmarks/cli_startup.py              # 7 pairs per command (--markdown: as a markdown table)
     python benchmarks/cli_startup.py --quick      # 2 pairs, for tests/test_startup.py
 """
 
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=7, help="runs of each command and of the baseline")
     parser.add_argument("--quick", action="store_true", help="2 pairs per command")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args(argv)
     pairs = 2 if args.quick else args.pairs
     rlguard = [sys.executable, "-m", "rlguard"]
@@ -65,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
             "rlguard losses (imports torch)": [*rlguard, "losses"],
         }
         _run(baseline)  # warm the file cache
-        print(f"{'command':<32} {'wall s':>8} {'cpu s':>8} {'python -c pass wall s':>22} {'difference s':>13}")
+        if args.markdown:
+            print("| command | wall s | CPU s | `python -c pass` wall s | wall difference s |")
+            print("|---|---|---|---|---|")
+        else:
+            print(f"{'command':<32} {'wall s':>8} {'cpu s':>8} {'python -c pass wall s':>22} {'difference s':>13}")
         for name, command in commands.items():
             _run(command)
             timed = [(_run(command), _run(baseline)) for _ in range(pairs)]
@@ -73,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median(a[1] for a, _ in timed)
             base = statistics.median(b[0] for _, b in timed)
             diff = statistics.median(a[0] - b[0] for a, b in timed)
-            print(f"{name:<32} {wall:>8.3f} {cpu:>8.3f} {base:>22.3f} {diff:>13.3f}")
-    print(f"medians of {pairs} alternated pairs; `python -c pass` is {' '.join(baseline)}")
+            if args.markdown:
+                print(f"| `{name}` | {wall:.3f} | {cpu:.3f} | {base:.3f} | {diff:.3f} |")
+            else:
+                print(f"{name:<32} {wall:>8.3f} {cpu:>8.3f} {base:>22.3f} {diff:>13.3f}")
+    print(f"\nmedians of {pairs} alternated pairs; `python -c pass` is {' '.join(baseline)}")
     return 0
 
 

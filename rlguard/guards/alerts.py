@@ -64,8 +64,9 @@ class AlertConfig:
     Attributes:
         webhook_env: name of the environment variable holding the webhook URL (http or https). The URL itself is
             never part of the config. None: no webhook (W&B only).
-        format: the webhook's payload: ``slack`` (``{"text": ...}``, also Mattermost, Rocket.Chat, Teams
-            workflows), ``discord`` (``{"content": ...}``) or ``json`` (the alerts as records, ``text`` included).
+        format: the webhook's payload: ``slack`` (``{"text": ...}``, also Mattermost's and Rocket.Chat's
+            incoming webhooks), ``discord`` (``{"content": ...}``) or ``json`` (the alerts as records, ``text``
+            included).
         min_severity: events at or above this severity (``warn`` or ``critical``) raise an alert.
         events: glob patterns of event names (``action:rollback``, ``kl_ref_blowup``) that raise an alert whatever
             their severity.

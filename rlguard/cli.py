@@ -197,6 +197,17 @@ def _bad_input(command: str, err: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
+#: ``--map KEY=CANONICAL`` of the commands that read a log
+KeyMapOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--map",
+        help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable), "
+        "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
+    ),
+]
+
+
 @app.command()
 def doctor(
     path: Annotated[
@@ -210,14 +221,7 @@ def doctor(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write an HTML report with a plot per finding.")
     ] = None,
-    key_map: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map",
-            help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable), "
-            "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
-        ),
-    ] = None,
+    key_map: KeyMapOption = None,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors.
 
@@ -271,10 +275,7 @@ def watch(
     idle: Annotated[
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
     ] = None,
-    key_map: Annotated[
-        list[str] | None,
-        typer.Option("--map", help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable)."),
-    ] = None,
+    key_map: KeyMapOption = None,
 ) -> None:
     """Follow a running job's log and the guard's events: the doctor's findings and the latest stats, live.
 

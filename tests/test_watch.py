@@ -31,11 +31,13 @@ def _verl_line(step: int, stats: dict[str, float]) -> str:
     return json.dumps({"step": step, "data": renamed(stats, VERL_KEYS)}) + "\n"
 
 
-def _append_verl(path: Path, stream: list[dict[str, float]], pause: float, torn_every: int = 0) -> None:
-    """Append ``stream`` one verl record at a time; every ``torn_every``-th line in two writes with a pause between
-    them, so a reader meets a torn last line."""
+def _append_verl(
+    path: Path, stream: list[dict[str, float]], pause: float, torn_every: int = 0, first_step: int = 1
+) -> None:
+    """Append ``stream`` one verl record at a time, from step ``first_step``; every ``torn_every``-th line in two
+    writes with a pause between them, so a reader meets a torn last line."""
     with path.open("a", encoding="utf-8") as fh:
-        for step, stats in enumerate(stream, start=1):
+        for step, stats in enumerate(stream, start=first_step):
             line = _verl_line(step, stats)
             if torn_every and step % torn_every == 0:
                 fh.write(line[: len(line) // 2])
@@ -56,7 +58,7 @@ def test_watch_follows_a_growing_verl_log_to_the_critical_end(tmp_path: Path) ->
     log = tmp_path / "metrics.jsonl"
     stream = failing_stream("entropy_collapse", steps=90, onset=45, seed=0)
     log.write_text(_verl_line(1, stream[0]))
-    writer = threading.Thread(target=_append_verl, args=(log, stream[1:], 0.02, 20))
+    writer = threading.Thread(target=_append_verl, args=(log, stream[1:], 0.02, 20, 2))
     console, buffer = _capture()
     writer.start()
     result = watch(tmp_path, console=console, interval=0.05, idle=1.0)
@@ -64,7 +66,7 @@ def test_watch_follows_a_growing_verl_log_to_the_critical_end(tmp_path: Path) ->
     assert result.ended == "no change for 1 s"
     # it saw the log grow: several reads, each at least as long as the one before, ending with every step
     assert len(result.refreshes) >= 5 and result.refreshes == sorted(result.refreshes)
-    assert result.refreshes[-1] == 89  # steps 2..90 were appended with the first line already written
+    assert result.refreshes[0] == 1 and result.refreshes[-1] == 90  # steps 2..90 appended after the first
     assert result.error is None  # torn lines were read again once whole
     # the same verdict as the doctor on the finished log
     assert result.exit_code == 1 == diagnose(tmp_path).exit_code

@@ -7,7 +7,8 @@ Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json
 (the consequence rule needs the whole history). A refresh costs one read and one replay of the log: time linear in
 its steps, memory that of one diagnosis.
 
-The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary, the live guard
+The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
+checkpoint (``global_step`` reached ``max_steps``), the live guard
 halted the run (an ``action:halt`` event), the process ``--pid`` exited, or nothing changed for ``--idle`` seconds;
 or on Ctrl-C. It returns the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical
 finding, 2 no readable log, 3 too little to judge.
@@ -85,20 +86,29 @@ def job_ended(d: Diagnosis | None, pid: int | None) -> str | None:
     if d is not None:
         if any(e.detector == "action:halt" for e in d.live_events):
             return "the guard halted the run"
-        if d.log.format == "trl" and _trl_finished(d.log.path):
-            return "TRL wrote its end-of-training summary"
+        if d.log.format == "trl":
+            finished = _trl_finished(d.log.path)
+            if finished is not None:
+                return finished
     if pid is not None and not _alive(pid):
         return f"process {pid} exited"
     return None
 
 
-def _trl_finished(path: Path) -> bool:
-    """Whether TRL's ``trainer_state.json`` ends with the summary ``Trainer.train`` logs at its end."""
+def _trl_finished(path: Path) -> str | None:
+    """How TRL's ``trainer_state.json`` says training ended: the summary ``Trainer.train`` logs at its end, or the
+    checkpoint transformers saves at the last step (``global_step`` reached ``max_steps``); None while it runs."""
     try:
-        history = json.loads(path.read_text(encoding="utf-8")).get("log_history") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return bool(history) and isinstance(history[-1], dict) and "train_runtime" in history[-1]
+        state = json.loads(path.read_text(encoding="utf-8"))
+        history = state.get("log_history") or []
+        step, last = int(state.get("global_step") or 0), int(state.get("max_steps") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if history and isinstance(history[-1], dict) and "train_runtime" in history[-1]:
+        return "TRL wrote its end-of-training summary"
+    if 0 < last <= step:
+        return f"TRL saved its last checkpoint (step {step} of {last})"
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -157,12 +167,13 @@ def watch(
     """
     run_dir = Path(run_dir)
     key_map = dict(key_map or {})
+    signature = files_signature(run_dir)  # before the read: a write during it shows as a change
     d, error = _read(run_dir, key_map)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
             console.print(f"rlguard watch {escape(str(run_dir))}: following its files (Ctrl-C to stop)")
-        result.ended = _follow(run_dir, result, console, interval, pid, idle, key_map, sleep)
+        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, key_map, sleep)
         d, result.error = _read(run_dir, key_map)  # the files as the job left them
         if d is not None:
             result.diagnosis = d
@@ -173,6 +184,7 @@ def watch(
 def _follow(
     run_dir: Path,
     result: WatchResult,
+    signature: tuple[tuple[str, int, int], ...],
     console: Console,
     interval: float,
     pid: int | None,
@@ -181,7 +193,6 @@ def _follow(
     sleep: Callable[[float], None],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
-    signature = files_signature(run_dir)
     changed_at = time.monotonic()
     view = live_view(run_dir, result.diagnosis, result.error, "watching (Ctrl-C to stop)")
     with Live(view, console=console, refresh_per_second=4, transient=True) as live:

@@ -190,7 +190,7 @@ def test_a_hanging_server_never_slows_training(
     guard = _guard(monkeypatch, server.url, timeout_s=0.3)
     actuator = StubActuator()
     costs = [_step(guard, actuator, step, nonfinite=1.0)[1] for step in range(1, 4)]
-    assert max(costs) < 0.05  # the training thread only queues (the server takes 3 s)
+    assert max(costs) < 0.25  # the training thread only queues: no wait for the 3 s server or the 0.3 s timeout
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="rlguard.alerts"):
         plugin = _flush(guard)  # the sender gives up after its 0.3 s timeout, per request

@@ -66,7 +66,7 @@ def test_watch_follows_a_growing_verl_log_to_the_critical_end(tmp_path: Path) ->
     assert result.ended == "no change for 1 s"
     # it saw the log grow: several reads, each at least as long as the one before, ending with every step
     assert len(result.refreshes) >= 5 and result.refreshes == sorted(result.refreshes)
-    assert result.refreshes[0] == 1 and result.refreshes[-1] == 90  # steps 2..90 appended after the first
+    assert result.refreshes[0] < 45 and result.refreshes[-1] == 90  # began early; saw all 90 steps at the end
     assert result.error is None  # torn lines were read again once whole
     # the same verdict as the doctor on the finished log
     assert result.exit_code == 1 == diagnose(tmp_path).exit_code
@@ -101,7 +101,7 @@ def _trl_job(out: Path, stream: list[dict[str, float]], save_steps: int, pause: 
 
 def test_watch_follows_trl_checkpoints_and_ends_with_the_training(tmp_path: Path) -> None:
     stream = healthy_stream(100, seed=3)
-    job = threading.Thread(target=_trl_job, args=(tmp_path, stream, 20, 0.3))
+    job = threading.Thread(target=_trl_job, args=(tmp_path, stream, 20, 0.5))
     console, buffer = _capture()
     job.start()
     result = watch(tmp_path, console=console, interval=0.05)
@@ -173,3 +173,47 @@ def test_cli_watch_on_ctrl_c_exits_with_the_doctor_s_code(tmp_path: Path) -> Non
     out, _ = watcher.communicate(timeout=60)
     assert "watch ended: interrupted (exit code 0)" in out, out
     assert watcher.returncode == 0
+
+
+_TRL_JOB = """
+import sys, time
+from pathlib import Path
+from transformers import TrainerCallback
+from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
+from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
+
+class Pause(TrainerCallback):  # a second after each checkpoint, as a real step would take
+    def on_save(self, args, state, control, **kwargs):
+        time.sleep(1.0)
+
+out = Path(sys.argv[1])
+model = save_tiny_llama(out.parent / "model")
+args = GuardedGRPOConfig(
+    output_dir=str(out), objective="gspo", guard="default", per_device_train_batch_size=8, num_generations=4,
+    max_completion_length=4, max_steps=6, logging_steps=1, save_strategy="steps", save_steps=2, disable_tqdm=True,
+    **cpu_training_arguments(),
+)
+trainer = GuardedGRPOTrainer(
+    model=str(model), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(32), callbacks=[Pause()]
+)
+trainer.train()
+"""
+
+
+@pytest.mark.slow
+def test_watch_follows_a_real_trl_run_from_before_its_first_checkpoint(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen([sys.executable, "-c", _TRL_JOB, str(out)], env=env, stderr=subprocess.PIPE, text=True)
+    console, _ = _capture()
+    try:
+        result = watch(out, console=console, interval=0.2, pid=job.pid, idle=300)
+    finally:
+        _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr[-3000:]
+    # it waited for the first checkpoint, read each one as TRL saved it, and ended with the last
+    assert result.ended == "TRL saved its last checkpoint (step 6 of 6)", (result.ended, result.error)
+    assert {2, 4, 6} <= set(result.refreshes) and result.refreshes[-1] == 6
+    assert result.diagnosis is not None and result.diagnosis.log.path == out / "checkpoint-6" / "trainer_state.json"
+    assert result.exit_code == 3  # six logged steps: read, but shorter than the detectors' warm-up

@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-integration lint format clean dist-check
+.PHONY: setup demo docs docs-serve test test-fast test-integration lint format clean dist-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,17 @@ $(VENV)/.demo-installed: pyproject.toml
 
 demo: $(VENV)/.demo-installed
 	$(VENV)/bin/rlguard demo
+
+# the docs site into site/, strict: a broken link, reference or docstring fails the build (offline: KaTeX vendored)
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[docs]" "$(TORCH_SPEC)"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -62,4 +73,4 @@ dist-check: setup
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/test_cli.py tests/test_objectives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -1,7 +1,31 @@
-"""rlguard: exact GRPO-family objectives and stability guards for RL on LLMs, pluggable into TRL and verl."""
+"""rlguard: exact GRPO-family objectives and stability guards for RL on LLMs, pluggable into TRL and verl.
 
-from rlguard.core_losses import LossOutput, PolicyBatch, get_objective, list_objectives
+The names below are loaded on first use (PEP 562), so ``import rlguard.doctor`` or ``rlguard --version`` does not
+import torch; ``from rlguard import get_objective`` imports :mod:`rlguard.core_losses` then.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlguard.core_losses import LossOutput, PolicyBatch, get_objective, list_objectives
 
 __version__ = "0.1.0"
 
+_LAZY = {name: "rlguard.core_losses" for name in ("LossOutput", "PolicyBatch", "get_objective", "list_objectives")}
+
 __all__ = ["LossOutput", "PolicyBatch", "__version__", "get_objective", "list_objectives"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlguard' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

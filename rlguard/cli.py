@@ -13,8 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlguard.demo.runs import DEFAULT_RUNS  # framework-free: the demo's run list and settings
-
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
 
@@ -26,6 +24,11 @@ app = typer.Typer(
 )
 # Piped output (CI logs, files) gets a fixed width instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=150)
+
+
+#: the demo's default runs as its --help shows them: ``rlguard.demo.DEFAULT_RUNS`` (tests/test_cli.py checks they
+#: agree), written out so that the command line starts without importing the demo, torch or the objectives
+_DEMO_RUNS = "grpo,gspo+guard,grpo@lr_spike,grpo+strict@lr_spike"
 
 
 def _print_version(value: bool) -> None:
@@ -139,13 +142,14 @@ def demo(
     steps: Annotated[int | None, typer.Option(help="Optimizer steps per run (default 60; 6 with --quick).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the model, the warm start, the prompts and the sampling.")] = 0,
     objectives: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
             "(+guard is +default; presets: monitor, default, strict, stable), and @FAULT, a fault injected into that "
-            "run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives."
+            "run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the objectives.",
+            show_default=_DEMO_RUNS,
         ),
-    ] = DEFAULT_RUNS,
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder for report.html and the runs (default: a new folder rlguard-demo-YYYYmmdd-HHMMSS)."),
@@ -166,10 +170,10 @@ def demo(
     writes OUT/report.html with the runs' curves overlaid and the guard's events marked; each run's folder
     OUT/<run> works with `rlguard report` and `rlguard doctor`.
     """
-    from rlguard.demo import DemoConfig, parse_runs
+    from rlguard.demo import DEFAULT_RUNS, DemoConfig, parse_runs
 
     try:
-        runs = parse_runs(objectives)
+        runs = parse_runs(DEFAULT_RUNS if objectives is None else objectives)
         changes: dict[str, Any] = {"runs": runs, "seed": seed}
         if steps is not None:
             changes["steps"] = steps
@@ -187,13 +191,21 @@ def demo(
     print_summary(result, console)
 
 
-_SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}
-
-
 def _bad_input(command: str, err: Exception) -> typer.Exit:
     """One line on stderr, exit code 2."""
     typer.echo(f"rlguard {command}: {err}", err=True)
     return typer.Exit(2)
+
+
+#: ``--map KEY=CANONICAL`` of the commands that read a log
+KeyMapOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--map",
+        help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable), "
+        "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
+    ),
+]
 
 
 @app.command()
@@ -209,20 +221,13 @@ def doctor(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write an HTML report with a plot per finding.")
     ] = None,
-    key_map: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--map",
-            help="KEY=CANONICAL: read the log's column KEY as the canonical stat (repeatable), "
-            "e.g. --map reward_avg=reward_mean --map entropy_avg=entropy.",
-        ),
-    ] = None,
     no_auto_map: Annotated[
         bool,
         typer.Option(
             "--no-auto-map", help="Do not map keys automatically (a key matching exactly one canonical stat)."
         ),
     ] = False,
+    key_map: KeyMapOption = None,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
@@ -256,65 +261,45 @@ def doctor(
 
 def _print_diagnosis(d: Diagnosis) -> None:
     """The doctor's summary line, unrecognised keys, findings, what it could not check, and live events."""
-    console.print(
-        f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {len(d.steps)} steps ({d.steps[0]} to "
-        f"{d.steps[-1]}); stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
-    )
-    for line in d.read.lines():
-        console.print(escape(line), style="bold yellow" if line.startswith("damaged") else None)
-    if d.keys.auto_mapped:
-        auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
-        console.print(
-            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
-        )
-    if d.keys.unrecognised:
-        console.print(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
-    if d.keys.suggestions:
-        maps = " ".join(f"--map {k}={c}" for k, c in d.keys.suggestions.items())
-        console.print(f"[yellow]these look like canonical stats[/yellow]; to read them, rerun with: {escape(maps)}")
-    if d.findings:
-        table = Table(title=f"rlguard doctor: {len(d.findings)} finding(s), most severe first")
-        for col in ("severity", "detector", "onset step", "evidence and suggested fix"):
-            table.add_column(col)
-        for f in d.findings:
-            onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
-            table.add_row(f"[{_SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
-        console.print(table)
-    unchecked = d.unchecked
-    if unchecked:
-        table = Table(title=f"could not check ({len(unchecked)} of {len(d.coverage)} detectors)")
-        table.add_column("detector")
-        table.add_column("why")
-        for name, why in unchecked.items():
-            table.add_row(name, escape(why))
-        console.print(table)
-    if d.live_events:
-        table = Table(title=f"the live guard's events ({escape(str(d.live_events_path))})")
-        for col in ("step", "severity", "detector or action", "message"):
-            table.add_column(col)
-        for e in d.live_events:
-            table.add_row(
-                str(e.step), f"[{_SEVERITY_STYLE[e.severity]}]{e.severity}[/]", escape(e.detector), escape(e.message)
-            )
-        console.print(table)
-    for w in d.live_warnings:
-        console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    if d.read.partial and not d.critical:
-        console.print(
-            "[bold yellow]partial read[/bold yellow]: part of the log could not be read (above); this is not a clean "
-            "bill of health (exit code 3)."
-        )
-    elif not d.judged:
-        console.print(
-            "[bold yellow]could not judge[/bold yellow]: no detector but nonfinite had enough steps of its stats; "
-            "this is not a clean bill of health (exit code 3)."
-        )
-    elif not d.findings and not d.live_events and not d.critical:
-        checked = len(d.coverage) - len(unchecked)
-        console.print(
-            f"[green]no finding[/green] from the {checked} detectors that could check this log"
-            + (f"; {len(unchecked)} could not (above)." if unchecked else ".")
-        )
+    from rlguard.terminal import diagnosis_renderables
+
+    for renderable in diagnosis_renderables(d):
+        console.print(renderable)
+
+
+@app.command()
+def watch(
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="A running job's output folder (TRL's output_dir, a folder with verl's file-logger JSONL or a flat "
+            "metrics .jsonl, and the guard's events.jsonl) or a log file."
+        ),
+    ],
+    once: Annotated[bool, typer.Option("--once", help="Judge the log once and exit (for scripts).")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between looks at the run's files.", min=0.05)] = 2.0,
+    pid: Annotated[int | None, typer.Option(help="End the watch when this process (the training job) exits.")] = None,
+    idle: Annotated[
+        float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
+    ] = None,
+    key_map: KeyMapOption = None,
+) -> None:
+    """Follow a running job's log and the guard's events: the doctor's findings and the latest stats, live.
+
+    Ends when the job does (TRL's end-of-training summary, a halt by the guard, --pid exited, --idle reached) or
+    on Ctrl-C, with the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical finding,
+    2 no readable log, 3 could not judge.
+    """
+    from rlguard.doctor.keys import parse_key_map
+    from rlguard.watch import watch as watch_run
+
+    try:
+        mapping = parse_key_map(key_map or [])
+    except ValueError as err:
+        raise _bad_input("watch", err) from None
+    result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 @app.command()

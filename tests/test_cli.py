@@ -131,3 +131,11 @@ def test_version_flag_prints_the_package_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"rlguard {rlguard.__version__}"
+
+
+def test_demo_help_shows_the_demo_s_default_runs() -> None:
+    from rlguard.cli import _DEMO_RUNS
+
+    assert _DEMO_RUNS == DEFAULT_RUNS  # written out in the command line so that it starts without the demo
+    result = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0 and DEFAULT_RUNS in result.output

@@ -18,7 +18,7 @@ from rlguard.doctor.plots import plot_png
 from rlguard.doctor.readers import LogInputError, read_log
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.events import EventsFileError, read_events
-from rlguard.guards.stats import STAT_REDUCTIONS
+from rlguard.metrics import REDUCTIONS as STAT_REDUCTIONS  # the metric table itself: no torch
 
 #: plot order: the metric table's (docs/design.md, rlguard.metrics), then the derived and plot-only names
 _ORDER: tuple[str, ...] = tuple(

@@ -3,7 +3,15 @@
 >>> from rlguard.guards import Guard, GuardConfig
 >>> guard = Guard(GuardConfig.preset("default"))
 >>> decision = guard.observe(step, stats)  # doctest: +SKIP
+
+The stats collection (``StepStats``, ``collect_step_stats``, ...) needs torch and is loaded on first use (PEP 562),
+so the doctor and the command line read detectors and events without importing torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from rlguard.guards.config import PRESETS, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome, Proposal
@@ -12,7 +20,11 @@ from rlguard.guards.events import Event, Finding, Severity
 from rlguard.guards.guard import Guard
 from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
-from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
+
+if TYPE_CHECKING:
+    from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
+
+_TORCH_NAMES = ("STAT_REDUCTIONS", "StepStats", "collect_step_stats", "repetition_flags")
 
 __all__ = [
     "PRESETS",
@@ -41,3 +53,11 @@ __all__ = [
     "collect_step_stats",
     "repetition_flags",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        value = getattr(importlib.import_module("rlguard.guards.stats"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlguard.guards' has no attribute {name!r}")

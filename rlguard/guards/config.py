@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlguard.guards.alerts import AlertConfig, alert_config
 from rlguard.guards.interventions import Rollback
 from rlguard.guards.recovery import Recovery
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
@@ -33,6 +34,8 @@ class GuardConfig:
             or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
             snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
             run with no healthy snapshot, and the next real failure halts it instead of rolling back.
+        alerts: where the guard's important decisions are sent (a webhook, W&B), as an :class:`AlertConfig` or
+            a mapping of its fields (:mod:`rlguard.guards.alerts`); None sends none.
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -42,8 +45,10 @@ class GuardConfig:
     events_path: str | None = None
     observe_only: bool = False
     healthy_despite: tuple[str, ...] = ()
+    alerts: AlertConfig | None = None
 
     def __post_init__(self) -> None:
+        self.alerts = alert_config(self.alerts)
         unknown = set(self.schedules) - set(SCHEDULED_KEYS)
         if unknown:
             raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")

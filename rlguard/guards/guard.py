@@ -15,6 +15,7 @@ from typing import Any
 
 from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
+from rlguard.guards.alerts import register_alerts
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
 from rlguard.guards.interventions import Intervention, StepContext
@@ -64,6 +65,7 @@ class Guard:
         self._last_step: int | None = None
         self._unable: dict[str, str] = {}
         self._actuator_name = ""
+        register_alerts(self)
 
     @property
     def last_healthy_step(self) -> int | None:

@@ -334,9 +334,19 @@ class VerlGuardDriver:
         return True
 
 
-def guard_from_spec(spec: str | GuardConfig | Guard) -> str | GuardConfig | Guard:
-    """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, or ``"module:factory"`` naming a callable
-    (importable in verl's task-runner process) that returns a ``GuardConfig`` or a ``Guard``."""
+def guard_from_spec(spec: str | GuardConfig | Guard | Mapping[str, Any]) -> str | GuardConfig | Guard:
+    """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, a mapping of ``GuardConfig`` fields with
+    an optional ``preset`` they change (``+trainer.rlguard_guard='{preset: strict, alerts: {webhook_env: X}}'``),
+    or ``"module:factory"`` naming a callable (importable in verl's task-runner process) that returns a
+    ``GuardConfig`` or a ``Guard``."""
+    if isinstance(spec, Mapping):
+        from omegaconf import OmegaConf
+
+        fields = dict(OmegaConf.to_container(OmegaConf.create(dict(spec)), resolve=True))  # type: ignore[arg-type]
+        try:
+            return GuardConfig.preset(str(fields.pop("preset", "default")), **{str(k): v for k, v in fields.items()})
+        except TypeError as err:
+            raise ValueError(f"trainer.rlguard_guard: {err}; accepted: 'preset' and GuardConfig's fields.") from None
     if not isinstance(spec, str):
         return spec
     if ":" not in spec:

@@ -1,0 +1,261 @@
+"""Alerts: the guard's important decisions sent to a team's chat (a Slack or Discord webhook, or any endpoint taking
+JSON) and to the active W&B run (``wandb.run.alert``), from the ``rlguard_on_decision`` hook.
+
+Configured by ``GuardConfig(alerts=AlertConfig(...))``, TRL's ``--guard '{"alerts": {...}}'`` or verl's
+``+trainer.rlguard_guard='{alerts: {...}}'``. The webhook's URL is read from the environment variable the config
+names (``webhook_env``), so that it never lands in a config file, a log or a checkpoint. What is sent, one message
+per decision of rank 0 (the decision is the same on every rank):
+
+- every event at or above ``min_severity`` (``critical`` by default: critical alarms, skips, rollbacks, halts);
+- every event whose name matches one of ``events`` (glob patterns; by default rollbacks, halts and remedy switches,
+  ``action:remedy*``), whatever its severity;
+- every decision whose outcome, as carried out, is one of ``outcomes`` (``rollback``, ``halt``).
+
+Each guard built with alerts registers one plugin (:class:`AlertPlugin`) into rlguard's plugin manager, the path
+third-party plugins take; it answers only the decisions of its own guard (the decision's events are the guard's
+latest). Delivery is :class:`~rlguard.guards.alert_sender.AlertSender`: off the training thread, rate-limited, with
+a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+import os
+import sys
+import urllib.parse
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from rlguard.guards.alert_sender import AlertSender, Message
+from rlguard.guards.events import SEVERITY_LEVEL
+from rlguard.hookspecs import hookimpl
+from rlguard.plugins import plugin_manager
+
+if TYPE_CHECKING:
+    from rlguard.guards.actuator import Applied
+    from rlguard.guards.decision import Decision
+    from rlguard.guards.guard import Guard
+
+__all__ = [
+    "AlertConfig",
+    "AlertPlugin",
+    "alert_config",
+    "alert_message",
+    "alerts_of",
+    "register_alerts",
+    "webhook_payload",
+]
+
+logger = logging.getLogger("rlguard.alerts")
+
+PayloadFormat = Literal["slack", "discord", "json"]
+#: Discord refuses a message ``content`` over 2,000 characters
+_DISCORD_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class AlertConfig:
+    """Where the guard's alerts go and which decisions raise one (module docstring).
+
+    Attributes:
+        webhook_env: name of the environment variable holding the webhook URL (http or https). The URL itself is
+            never part of the config. None: no webhook (W&B only).
+        format: the webhook's payload: ``slack`` (``{"text": ...}``, also Mattermost's and Rocket.Chat's
+            incoming webhooks), ``discord`` (``{"content": ...}``) or ``json`` (the alerts as records, ``text``
+            included).
+        min_severity: events at or above this severity (``warn`` or ``critical``) raise an alert.
+        events: glob patterns of event names (``action:rollback``, ``kl_ref_blowup``) that raise an alert whatever
+            their severity.
+        outcomes: decision outcomes, as carried out (``skip``, ``rollback``, ``halt``), that raise an alert.
+        wandb: also call ``wandb.run.alert`` when the training process has a W&B run.
+        run_name: shown in every message (e.g. the output folder or the experiment's name).
+        min_interval_s: at most one request per this many seconds; alerts in between are combined into the next.
+        timeout_s: timeout of one request.
+        queue_size: alerts waiting to be sent at most; beyond that they are dropped and counted.
+    """
+
+    webhook_env: str | None = None
+    format: PayloadFormat = "json"
+    min_severity: Literal["warn", "critical"] = "critical"
+    events: tuple[str, ...] = ("action:rollback", "action:halt", "action:remedy*")
+    outcomes: tuple[str, ...] = ("rollback", "halt")
+    wandb: bool = True
+    run_name: str = ""
+    min_interval_s: float = 30.0
+    timeout_s: float = 5.0
+    queue_size: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
+        object.__setattr__(self, "outcomes", tuple(self.outcomes))
+        if self.format not in ("slack", "discord", "json"):
+            raise ValueError(f"alerts.format must be 'slack', 'discord' or 'json'; got {self.format!r}.")
+        if self.min_severity not in SEVERITY_LEVEL:
+            raise ValueError(f"alerts.min_severity must be 'warn' or 'critical'; got {self.min_severity!r}.")
+        bad = sorted(set(self.outcomes) - {"step", "skip", "rollback", "halt"})
+        if bad:
+            raise ValueError(f"alerts.outcomes may hold 'step', 'skip', 'rollback', 'halt'; got {bad}.")
+        if self.webhook_env is None and not self.wandb:
+            raise ValueError("alerts go nowhere: set alerts.webhook_env (an environment variable name) or wandb=True.")
+        if self.webhook_env is not None and (not self.webhook_env or "://" in self.webhook_env):
+            raise ValueError(
+                "alerts.webhook_env is the NAME of an environment variable holding the webhook URL (e.g. "
+                "'RLGUARD_ALERT_WEBHOOK'), so that the URL stays out of configs and logs; got "
+                + ("a URL" if "://" in self.webhook_env else repr(self.webhook_env))
+                + "."
+            )
+        for name in ("min_interval_s", "timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"alerts.{name} must be >= 0; got {getattr(self, name)!r}.")
+        if self.queue_size < 1:
+            raise ValueError(f"alerts.queue_size must be >= 1; got {self.queue_size!r}.")
+
+    def webhook_url(self) -> str | None:
+        """The URL from ``webhook_env``; None (with a warning) when the variable is unset or empty. A URL that is
+        not http(s) raises ``ValueError`` (without echoing it: it is a secret)."""
+        if self.webhook_env is None:
+            return None
+        url = os.environ.get(self.webhook_env, "").strip()
+        if not url:
+            logger.warning(
+                "rlguard alerts: environment variable %s (alerts.webhook_env) is not set: no webhook alerts",
+                self.webhook_env,
+            )
+            return None
+        scheme = urllib.parse.urlsplit(url).scheme
+        if scheme not in ("http", "https"):
+            raise ValueError(
+                f"the webhook URL in ${self.webhook_env} must start with http:// or https://; its scheme is {scheme!r}."
+            )
+        return url
+
+
+def alert_config(spec: AlertConfig | Mapping[str, Any] | None) -> AlertConfig | None:
+    """``GuardConfig.alerts`` as given (an ``AlertConfig``, a mapping of its fields from JSON or YAML, or None)."""
+    if spec is None or isinstance(spec, AlertConfig):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"alerts must be an AlertConfig or a mapping of its fields; got {spec!r}.")
+    fields = {f.name for f in dataclasses.fields(AlertConfig)}
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise ValueError(f"alerts: unknown field(s) {unknown}; accepted: {sorted(fields)}.")
+    return AlertConfig(**{str(k): v for k, v in spec.items()})
+
+
+def alert_message(decision: Decision, applied: Applied, config: AlertConfig) -> Message | None:
+    """The alert for ``decision`` as carried out (``applied``), or None when nothing in it calls for one."""
+    floor = SEVERITY_LEVEL[config.min_severity]
+    chosen = [
+        e
+        for e in decision.events
+        if SEVERITY_LEVEL.get(e.severity, 0) >= floor or any(fnmatch.fnmatchcase(e.detector, p) for p in config.events)
+    ]
+    outcome = applied.outcome
+    if not chosen and outcome not in config.outcomes:
+        return None
+    events = chosen or list(decision.events)
+    critical = outcome in ("rollback", "halt") or any(e.severity == "critical" for e in events)
+    severity = "critical" if critical else "warn"
+    run = f" {config.run_name}" if config.run_name else ""
+    title = f"rlguard{run}: step {decision.step}, {outcome}"
+    lines = [f"*{title}*" if config.format == "slack" else f"**{title}**" if config.format == "discord" else title]
+    if decision.reason:
+        lines.append(f"reason: {decision.reason}")
+    lines += [f"- [{e.severity}] {e.detector}: {e.message}" for e in events]
+    if applied.record_only:
+        lines.append(f"recorded only (this training loop cannot): {', '.join(applied.record_only)}")
+    record = {
+        "title": title,
+        "run": config.run_name,
+        "step": decision.step,
+        "outcome": outcome,
+        "severity": severity,
+        "reason": decision.reason,
+        "events": [e.to_dict() for e in events],
+        "record_only": list(applied.record_only),
+    }
+    return "\n".join(lines), severity, record
+
+
+def webhook_payload(fmt: PayloadFormat, batch: Sequence[Message], dropped: int) -> dict[str, Any]:
+    """The request body for ``batch`` (alerts combined by the rate limit) in format ``fmt``; ``dropped`` alerts
+    the full queue refused are counted in it."""
+    text = "\n\n".join(t for t, _, _ in batch)
+    if dropped:
+        text += f"\n\n({dropped} more alert(s) dropped: the endpoint was too slow)"
+    if fmt == "slack":
+        return {"text": text}
+    if fmt == "discord":
+        return {"content": text if len(text) <= _DISCORD_LIMIT else text[: _DISCORD_LIMIT - 1] + "…"}
+    return {"source": "rlguard", "text": text, "alerts": [r for _, _, r in batch], "dropped": dropped}
+
+
+def _rank() -> int:
+    """This process's global rank: ``torch.distributed``'s once initialised (never imported here), else ``RANK``."""
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+class AlertPlugin:
+    """The ``rlguard_on_decision`` hook of one guard's alerts (registered by :func:`register_alerts`)."""
+
+    def __init__(self, guard: Guard, config: AlertConfig, sender: AlertSender) -> None:
+        self._guard = weakref.ref(guard)
+        self.config = config
+        self.sender = sender
+
+    @hookimpl
+    def rlguard_on_decision(self, decision: Decision, applied: Applied) -> None:
+        """Queue the alert of ``decision`` if it is this guard's and calls for one (on rank 0 only)."""
+        guard = self._guard()
+        if guard is None or not decision.events or not guard.events or decision.events[-1] is not guard.events[-1]:
+            return  # not this guard's latest decision
+        if _rank() != 0:
+            return
+        message = alert_message(decision, applied, self.config)
+        if message is not None:
+            self.sender.send(message)
+
+
+def alerts_of(guard: Guard) -> AlertPlugin | None:
+    """The alert plugin registered for ``guard``, or None."""
+    for plugin in plugin_manager().get_plugins():
+        if isinstance(plugin, AlertPlugin) and plugin._guard() is guard:
+            return plugin
+    return None
+
+
+def register_alerts(guard: Guard) -> AlertPlugin | None:
+    """Register the alerts of ``guard.config.alerts`` as a plugin, for as long as ``guard`` lives; None without."""
+    config = guard.config.alerts
+    if config is None:
+        return None
+    sender = AlertSender(
+        url=config.webhook_url(),
+        make_payload=lambda batch, dropped: webhook_payload(config.format, batch, dropped),
+        wandb=config.wandb,
+        min_interval_s=config.min_interval_s,
+        timeout_s=config.timeout_s,
+        queue_size=config.queue_size,
+    )
+    plugin = AlertPlugin(guard, config, sender)
+    pm = plugin_manager()
+    name = f"rlguard.alerts.{id(plugin)}"
+    pm.register(plugin, name=name)
+    weakref.finalize(guard, _unregister, name, sender)
+    return plugin
+
+
+def _unregister(name: str, sender: AlertSender) -> None:
+    pm = plugin_manager()
+    plugin = pm.get_plugin(name)
+    if plugin is not None:
+        pm.unregister(plugin)
+    sender.close()

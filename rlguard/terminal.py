@@ -1,0 +1,120 @@
+"""A diagnosis on the terminal: the rich renderables ``rlguard doctor`` prints and ``rlguard watch`` keeps live.
+
+Everything read from a log (paths, key names, messages) is escaped before it reaches rich's markup.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from rich.console import RenderableType
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from rlguard.doctor import Diagnosis
+    from rlguard.guards import Event
+
+SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}
+
+
+def summary_line(d: Diagnosis) -> str:
+    """``PATH: FORMAT, N steps (FIRST to LAST); stats: ...`` (rich markup)."""
+    span = f"{len(d.steps)} steps ({d.steps[0]} to {d.steps[-1]})" if d.steps else "no step"
+    return (
+        f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {span}; "
+        f"stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
+    )
+
+
+def findings_table(d: Diagnosis) -> Table | None:
+    """One row per finding, most severe first; None without findings."""
+    if not d.findings:
+        return None
+    table = Table(title=f"rlguard doctor: {len(d.findings)} finding(s), most severe first")
+    for col in ("severity", "detector", "onset step", "evidence and suggested fix"):
+        table.add_column(col)
+    for f in d.findings:
+        onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
+        table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
+    return table
+
+
+def events_table(events: list[Event], title: str) -> Table:
+    """The live guard's events: step, severity, detector or action, message."""
+    table = Table(title=title)
+    for col in ("step", "severity", "detector or action", "message"):
+        table.add_column(col)
+    for e in events:
+        style = SEVERITY_STYLE.get(e.severity, "")
+        table.add_row(str(e.step), f"[{style}]{escape(e.severity)}[/]", escape(e.detector), escape(e.message))
+    return table
+
+
+def latest_stats_table(d: Diagnosis) -> Table:
+    """Each canonical stat's last finite value and the step it was logged at."""
+    table = Table(title="latest stats")
+    for col in ("stat", "value", "step"):
+        table.add_column(col)
+    for name, values in sorted(d.series.items()):
+        logged = zip(reversed(d.steps), reversed(values), strict=True)
+        last = next(((s, v) for s, v in logged if not math.isnan(v)), None)
+        if last is not None:
+            table.add_row(escape(name), f"{last[1]:.4g}", str(last[0]))
+    return table
+
+
+def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
+    """What ``rlguard doctor`` prints: the summary line, unrecognised keys, findings, what it could not check, the
+    live guard's events and the verdict."""
+    out: list[RenderableType] = [summary_line(d)]
+    for line in d.read.lines():
+        out.append(f"[bold yellow]{escape(line)}[/bold yellow]" if line.startswith("damaged") else escape(line))
+    if d.keys.auto_mapped:
+        auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
+        out.append(f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}")
+    if d.keys.unrecognised:
+        out.append(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
+    if d.keys.suggestions:
+        maps = " ".join(f"--map {k}={c}" for k, c in d.keys.suggestions.items())
+        out.append(f"[yellow]these look like canonical stats[/yellow]; to read them, rerun with: {escape(maps)}")
+    findings = findings_table(d)
+    if findings is not None:
+        out.append(findings)
+    unchecked = d.unchecked
+    if unchecked:
+        table = Table(title=f"could not check ({len(unchecked)} of {len(d.coverage)} detectors)")
+        table.add_column("detector")
+        table.add_column("why")
+        for name, why in unchecked.items():
+            table.add_row(name, escape(why))
+        out.append(table)
+    if d.live_events:
+        out.append(events_table(d.live_events, f"the live guard's events ({escape(str(d.live_events_path))})"))
+    out.extend(f"[yellow]warning[/yellow]: {escape(w)}" for w in d.live_warnings)
+    last = verdict(d)
+    if last is not None:
+        out.append(last)
+    return out
+
+
+def verdict(d: Diagnosis) -> str | None:
+    """The last line where the tables above do not say it: could not judge, or no finding."""
+    if d.read.partial and not d.critical:
+        return (
+            "[bold yellow]partial read[/bold yellow]: part of the log could not be read (above); this is not a clean "
+            "bill of health (exit code 3)."
+        )
+    if not d.judged:
+        return (
+            "[bold yellow]could not judge[/bold yellow]: no detector but nonfinite had enough steps of its stats; "
+            "this is not a clean bill of health (exit code 3)."
+        )
+    if not d.findings and not d.live_events and not d.critical:
+        unchecked = d.unchecked
+        checked = len(d.coverage) - len(unchecked)
+        return f"[green]no finding[/green] from the {checked} detectors that could check this log" + (
+            f"; {len(unchecked)} could not (above)." if unchecked else "."
+        )
+    return None

@@ -73,7 +73,9 @@ def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
         out.append(f"[bold yellow]{escape(line)}[/bold yellow]" if line.startswith("damaged") else escape(line))
     if d.keys.auto_mapped:
         auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
-        out.append(f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}")
+        out.append(
+            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
+        )
     if d.keys.unrecognised:
         out.append(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
     if d.keys.suggestions:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlguard.guards.alerts import register_alerts
 from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
-from rlguard.guards.alerts import register_alerts
 from rlguard.guards.detectors import Detector
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
 from rlguard.guards.interventions import Intervention, StepContext

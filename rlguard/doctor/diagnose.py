@@ -101,9 +101,11 @@ class Diagnosis:
 
     @property
     def critical(self) -> bool:
-        """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical."""
+        """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical, or the
+        live guard halted the run (a halted run has failed, whatever the log shows before it)."""
         return any(f.severity == "critical" for f in self.findings) or any(
-            e.severity == "critical" and not e.detector.startswith("action:") for e in self.live_events
+            e.severity == "critical" and (e.detector == "action:halt" or not e.detector.startswith("action:"))
+            for e in self.live_events
         )
 
     @property
@@ -118,7 +120,7 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """1 a critical finding (or critical live detector event); 3 could not judge: no detector but
+        """1 a critical finding (or a critical live detector event, or a halt by the live guard); 3 could not judge: no detector but
         ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0 otherwise. (2, bad
         input, is raised before.)"""
         if self.critical:

@@ -21,8 +21,7 @@ STEPS = 2
 def test_every_block_is_a_known_quick_start_and_the_readme_is_short() -> None:
     kinds = [b.kind for b in readme_blocks()]
     assert sorted(kinds) == sorted(["install", "trl", "verl", "log", "make", "benchmark"])
-    if README.name == "README.new.md" or "## Quick start: TRL" in README.read_text():
-        assert len(README.read_text().splitlines()) <= 200
+    assert len(README.read_text().splitlines()) <= 200
 
 
 def test_install_make_and_benchmark_lines_name_what_exists() -> None:
@@ -99,3 +98,11 @@ def test_log_quick_start_judges_the_trl_run(trl_quick_start: dict[str, Any]) -> 
         # two logged steps: read and mapped, but shorter than every detector's warm-up
         assert done.returncode == 3, done.stdout + done.stderr
         assert f"checkpoint-{STEPS}" in done.stdout and "could not judge" in done.stdout
+
+
+def test_every_relative_link_names_a_file_of_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [link for link in links if not re.match(r"\w+://", link)]
+    assert local, "the README links its docs pages"
+    missing = [link for link in local if not (ROOT / link).is_file()]
+    assert not missing, f"README links to files that do not exist: {missing}"

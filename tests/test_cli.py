@@ -14,7 +14,7 @@ from rlguard.cli import app, console
 from rlguard.core_losses import list_objectives
 from rlguard.demo import DEFAULT_RUNS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
 from rlguard.demo.console import print_summary
-from rlguard.guards import Event
+from rlguard.guards import PRESETS, Event
 
 runner = CliRunner()
 
@@ -117,6 +117,21 @@ def test_detectors_lists_every_registered_detector_and_intervention() -> None:
     assert [r["name"] for r in data["interventions"]] == list(intervention_registry())
     table = runner.invoke(app, ["detectors"])
     assert table.exit_code == 0 and "entropy_collapse" in table.output and "rollback" in table.output
+
+
+def test_detectors_and_the_demo_take_the_guard_s_one_list_of_presets() -> None:
+    result = runner.invoke(app, ["detectors", "--json"])
+    data = json.loads(result.output)
+    assert data["presets"] == list(PRESETS) == ["monitor", "default", "strict", "stable"]
+    presets_of = {r["name"]: r["presets"] for r in data["interventions"]}
+    # stable's own interventions run in stable only; default's rollback everywhere but monitor and stable
+    assert presets_of["trust_region"] == presets_of["recovery"] == ["stable"]
+    assert presets_of["rollback"] == ["default", "strict"]
+    table = runner.invoke(app, ["detectors"], env={"COLUMNS": "300"})
+    assert "guard presets: monitor, default, strict, stable" in table.output
+    assert [r.guard for r in parse_runs(",".join(f"grpo+{p}" for p in PRESETS))] == list(PRESETS)
+    wrong = runner.invoke(app, ["demo", "--objectives", "grpo+careful"])
+    assert wrong.exit_code == 2 and ", ".join("+" + p for p in PRESETS) in wrong.output
 
 
 def test_bench_collapse_bad_input_exits_2() -> None:

@@ -235,10 +235,11 @@ def doctor(
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
     Exit code 0: no critical finding in what could be checked; 1: a critical finding (or a critical event in the
-    run's events.jsonl that the log confirms); 2: bad input (missing file, unknown format, a bad record, no usable
-    metric, a malformed --map), with the file, the line or record and the fix; 3: could not judge (no critical
-    finding, and no detector but nonfinite had enough steps of its stats to get past its warm-up, or part of the
-    log could not be read): map the log's own names with --map, log more steps, or re-copy a damaged file.
+    run's events.jsonl that the log confirms, or a halt the live guard recorded there); 2: bad input (missing
+    file, unknown format, a bad record, no usable metric, a malformed --map), with the file, the line or record and
+    the fix; 3: could not judge (no critical finding, and no detector but nonfinite had enough steps of its stats
+    to get past its warm-up, or part of the log could not be read): map the log's own names with --map, log more
+    steps, or re-copy a damaged file.
     """
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
@@ -342,9 +343,10 @@ app.add_typer(bench_app, name="bench")
     add_help_option=False,
 )
 def bench_collapse(ctx: typer.Context) -> None:
-    """Collapse rate of grpo/dapo/gspo with and without the guard under five stressors (--help for the options).
+    """Collapse rate per objective, guard and stressor: --task short (default) or long (--help for the options).
 
-    Exit code 2 on bad input (an unknown objective, guard or stressor).
+    short: a tiny GRU on single-digit addition; long: 33-token completions, a dense or MoE transformer and a bf16
+    rollout engine. Exit code 2 on bad input (an unknown objective, guard or stressor).
     """
     from rlguard.bench.collapse import main as collapse_main
 
@@ -353,16 +355,13 @@ def bench_collapse(ctx: typer.Context) -> None:
 
 @bench_app.command(
     "collapse-long",
-    # the benchmark's own parser reads the options (one definition, shared with benchmarks/collapse_long/run.py)
+    # kept for scripts that call it; not listed: `rlguard bench collapse --task long` is the one spelling
+    hidden=True,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
 )
 def bench_collapse_long(ctx: typer.Context) -> None:
-    """Long completions (33 tokens), a small dense or top-k MoE transformer with a bf16 rollout engine: collapse
-    rate of grpo/dapo/gspo/cispo/sapo with and without the guard (--help for the options).
-
-    Exit code 2 on bad input (an unknown objective, guard or stressor).
-    """
+    """``rlguard bench collapse`` with ``--task long`` as the default."""
     from rlguard.bench.collapse_long.cli import main as collapse_long_main
 
     raise typer.Exit(collapse_long_main(ctx.args))

@@ -154,3 +154,24 @@ def test_demo_help_shows_the_demo_s_default_runs() -> None:
     assert _DEMO_RUNS == DEFAULT_RUNS  # written out in the command line so that it starts without the demo
     result = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0 and DEFAULT_RUNS in result.output
+
+
+def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
+    """The log alone is healthy (exit 0); the guard's events.jsonl beside it records a halt: the run failed (exit 1),
+    although the critical alarm behind it is a warning with the log's hindsight."""
+    from doctor_logs import write_trainer_state
+
+    from rlguard.guards.synthetic import healthy_stream
+
+    run = tmp_path / "run"
+    stream = [{k: v for k, v in s.items() if k != "kl_old"} for s in healthy_stream(60, 0, "plateau")]
+    write_trainer_state(stream, run / "checkpoint-60" / "trainer_state.json")
+    spike = Event(31, "grad_norm_spike", "critical", 512.0, "grad_norm=512 is 250x its rolling median")
+    (run / "events.jsonl").write_text(json.dumps(spike.to_dict()) + "\n", encoding="utf-8")
+    assert runner.invoke(app, ["doctor", str(run)]).exit_code == 0
+    halt = Event(31, "action:halt", "critical", 1.0, "halt: critical grad_norm_spike")
+    with (run / "events.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(halt.to_dict()) + "\n")
+    result = runner.invoke(app, ["doctor", str(run)])
+    assert result.exit_code == 1, result.output
+    assert "action:halt" in result.output

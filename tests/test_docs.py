@@ -104,4 +104,3 @@ def test_each_spelling_of_gspo_in_the_trl_guide_trains_what_it_says(cell: str, t
         assert "TRL's defaults" in trains and "0.2 / 0.2" in trains and "`token-mean`" in trains
         assert (objective, kwargs["clip_low"], kwargs["clip_high"]) == ("gspo", 0.2, 0.2)
         assert kwargs["aggregation"] == "token-mean"
-

@@ -120,9 +120,9 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """1 a critical finding (or a critical live detector event, or a halt by the live guard); 3 could not judge: no detector but
-        ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0 otherwise. (2, bad
-        input, is raised before.)"""
+        """1 a critical finding (or a critical live detector event, or a halt by the live guard); 3 could not
+        judge: no detector but ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0
+        otherwise. (2, bad input, is raised before.)"""
         if self.critical:
             return EXIT_CRITICAL
         return EXIT_OK if self.judged and not self.read.partial else EXIT_CANNOT_JUDGE

@@ -175,3 +175,20 @@ def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
     result = runner.invoke(app, ["doctor", str(run)])
     assert result.exit_code == 1, result.output
     assert "action:halt" in result.output
+
+
+def test_doctor_says_why_a_stat_that_is_there_was_not_judged(tmp_path: Path) -> None:
+    """An on-policy TRL run (one optimizer step per generation) logs clip_frac 0, kl_old 0 and ratio_max 1 at every
+    step: the stats are in the log but none is evidence for its detector. The doctor says so, not that the log
+    lacks them."""
+    from doctor_logs import write_trainer_state
+
+    from rlguard.guards.synthetic import healthy_stream
+
+    stream = [{**s, "clip_frac": 0.0, "kl_old": 0.0, "ratio_max": 1.0} for s in healthy_stream(30, 0, "plateau")]
+    write_trainer_state(stream, tmp_path / "trainer_state.json")
+    result = runner.invoke(app, ["doctor", str(tmp_path / "trainer_state.json")], env={"COLUMNS": "300"})
+    lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") >= 3}
+    for detector, stat in (("clip_frac_burst", "clip_frac"), ("kl_old_blowup", "kl_old")):
+        assert f"{stat} at its floor on every step" in lines[detector], result.output
+        assert "the log has no" not in lines[detector]

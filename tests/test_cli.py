@@ -175,6 +175,13 @@ def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
     result = runner.invoke(app, ["doctor", str(run)])
     assert result.exit_code == 1, result.output
     assert "action:halt" in result.output
+    # a log too short to judge: still exit 1, and the last line says so (not "exit code 3")
+    short = tmp_path / "short"
+    write_trainer_state(stream[:5], short / "trainer_state.json")
+    (short / "events.jsonl").write_text(json.dumps(halt.to_dict()) + "\n", encoding="utf-8")
+    result = runner.invoke(app, ["doctor", str(short)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and "critical (exit code 1)" in result.output, result.output
+    assert "exit code 3" not in result.output
 
 
 def test_doctor_says_why_a_stat_that_is_there_was_not_judged(tmp_path: Path) -> None:

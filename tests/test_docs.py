@@ -73,9 +73,9 @@ def test_the_plain_torch_loop_runs_as_written(tmp_path: Path, monkeypatch: pytes
 
 def _gspo_rows() -> list[tuple[str, str]]:
     section = _section("guides/trl.md", "### GSPO, and TRL's own ways to write it")
-    rows = re.findall(r"^\| `([^`]+)` \| (.+) \|$", section, re.MULTILINE)
+    rows = re.findall(r"^\| ((?:`[^`]+`(?:, )?)+) \| (.+) \|$", section, re.MULTILINE)
     assert len(rows) == 4, section
-    return rows
+    return [(", ".join(re.findall(r"`([^`]+)`", cell)), trains) for cell, trains in rows]
 
 
 def _settings(cell: str) -> dict[str, Any]:

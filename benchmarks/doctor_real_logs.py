@@ -305,8 +305,11 @@ def _summary(rows: list[Row], theirs: bool) -> list[str]:
         ours = sum(bool(r.ok) for r in mine)
         what = "no critical finding" if kind == "healthy" else f"critical within {WITHIN} logged steps of onset"
         line = f"{kind} runs, {what}: rlguard {ours}/{len(mine)}"
-        if theirs:
-            line += f", rldoctor {sum(bool(rldoctor_ok(r.verdict, r.rldoctor_critical)) for r in mine)}/{len(mine)}"
+        judged = [rldoctor_ok(r.verdict, r.rldoctor_critical) for r in mine]
+        if theirs and any(j is not None for j in judged):
+            line += f", rldoctor {sum(bool(j) for j in judged)}/{len(mine)}"
+        elif theirs:
+            line += ", rldoctor not installed"
         out.append(line)
     return out
 

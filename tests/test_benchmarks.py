@@ -70,3 +70,18 @@ def test_collectives_quick(tmp_path: Path) -> None:
     assert guarded["total"] == bare["total"] + 1.0
     assert bare["rlguard adapter"] == 1.0  # the objective's metrics: one gather per micro-batch (GA = 1)
     assert stock["trl"] > bare["trl"]  # TRL's own loss metrics are gathered one by one
+
+
+def test_reward_peak_live_counts_every_unguarded_run_once() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import reward_peak_live
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for path in reward_peak_live.LOGS:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        off = [r for r in rows if r["config"]["guard"] == "off"]
+        counts = reward_peak_live.replay(path)
+        assert sum(counts.values()) == len(off)
+        collapsed = sum(n for (verdict, _), n in counts.items() if verdict == "collapsed")
+        assert collapsed == sum(bool(r["verdict"]["collapsed"]) for r in off)

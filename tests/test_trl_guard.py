@@ -147,7 +147,7 @@ def test_guard_state_resumes_from_the_checkpoint_folder(tmp_path: Path) -> None:
     state.global_step = 3
     resumed.on_train_begin(loop.args, state, TrainerControl(), model=loop.model, optimizer=loop.optimizer)
     assert resumed.guard is not None and resumed.guard.state_dict() == saved
-    assert resumed.guard.config.events_path == str(tmp_path / "events.jsonl")
+    assert resumed.guard.events_log is not None and resumed.guard.events_log.path == tmp_path / "events.jsonl"
 
 
 def test_make_guard_and_config_validate() -> None:

@@ -108,6 +108,11 @@ def verdict(d: Diagnosis) -> str | None:
             "[bold yellow]partial read[/bold yellow]: part of the log could not be read (above); this is not a clean "
             "bill of health (exit code 3)."
         )
+    if not d.judged and d.critical:
+        return (
+            "[bold red]critical[/bold red] (exit code 1), although no detector but nonfinite had enough steps of "
+            "the log's stats to judge them."
+        )
     if not d.judged:
         return (
             "[bold yellow]could not judge[/bold yellow]: no detector but nonfinite had enough steps of its stats; "

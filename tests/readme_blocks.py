@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the README being written (swapped in as README.md when it lands), else the README
-README = ROOT / "README.new.md" if (ROOT / "README.new.md").is_file() else ROOT / "README.md"
+README = ROOT / "README.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

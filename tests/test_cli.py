@@ -14,7 +14,7 @@ from rlguard.cli import app, console
 from rlguard.core_losses import list_objectives
 from rlguard.demo import DEFAULT_RUNS, DemoConfig, DemoResult, RunSpec, RunSummary, parse_runs, summary_rows
 from rlguard.demo.console import print_summary
-from rlguard.guards import Event
+from rlguard.guards import PRESETS, Event
 
 runner = CliRunner()
 
@@ -119,6 +119,21 @@ def test_detectors_lists_every_registered_detector_and_intervention() -> None:
     assert table.exit_code == 0 and "entropy_collapse" in table.output and "rollback" in table.output
 
 
+def test_detectors_and_the_demo_take_the_guard_s_one_list_of_presets() -> None:
+    result = runner.invoke(app, ["detectors", "--json"])
+    data = json.loads(result.output)
+    assert data["presets"] == list(PRESETS) == ["monitor", "default", "strict", "stable"]
+    presets_of = {r["name"]: r["presets"] for r in data["interventions"]}
+    # stable's own interventions run in stable only; default's rollback everywhere but monitor and stable
+    assert presets_of["trust_region"] == presets_of["recovery"] == ["stable"]
+    assert presets_of["rollback"] == ["default", "strict"]
+    table = runner.invoke(app, ["detectors"], env={"COLUMNS": "300"})
+    assert "guard presets: monitor, default, strict, stable" in table.output
+    assert [r.guard for r in parse_runs(",".join(f"grpo+{p}" for p in PRESETS))] == list(PRESETS)
+    wrong = runner.invoke(app, ["demo", "--objectives", "grpo+careful"])
+    assert wrong.exit_code == 2 and ", ".join("+" + p for p in PRESETS) in wrong.output
+
+
 def test_bench_collapse_bad_input_exits_2() -> None:
     result = CliRunner().invoke(app, ["bench", "collapse", "--stressors", "none,typo"])
     assert result.exit_code == 2
@@ -139,3 +154,48 @@ def test_demo_help_shows_the_demo_s_default_runs() -> None:
     assert _DEMO_RUNS == DEFAULT_RUNS  # written out in the command line so that it starts without the demo
     result = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0 and DEFAULT_RUNS in result.output
+
+
+def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
+    """The log alone is healthy (exit 0); the guard's events.jsonl beside it records a halt: the run failed (exit 1),
+    although the critical alarm behind it is a warning with the log's hindsight."""
+    from doctor_logs import write_trainer_state
+
+    from rlguard.guards.synthetic import healthy_stream
+
+    run = tmp_path / "run"
+    stream = [{k: v for k, v in s.items() if k != "kl_old"} for s in healthy_stream(60, 0, "plateau")]
+    write_trainer_state(stream, run / "checkpoint-60" / "trainer_state.json")
+    spike = Event(31, "grad_norm_spike", "critical", 512.0, "grad_norm=512 is 250x its rolling median")
+    (run / "events.jsonl").write_text(json.dumps(spike.to_dict()) + "\n", encoding="utf-8")
+    assert runner.invoke(app, ["doctor", str(run)]).exit_code == 0
+    halt = Event(31, "action:halt", "critical", 1.0, "halt: critical grad_norm_spike")
+    with (run / "events.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(halt.to_dict()) + "\n")
+    result = runner.invoke(app, ["doctor", str(run)])
+    assert result.exit_code == 1, result.output
+    assert "action:halt" in result.output
+    # a log too short to judge: still exit 1, and the last line says so (not "exit code 3")
+    short = tmp_path / "short"
+    write_trainer_state(stream[:5], short / "trainer_state.json")
+    (short / "events.jsonl").write_text(json.dumps(halt.to_dict()) + "\n", encoding="utf-8")
+    result = runner.invoke(app, ["doctor", str(short)], env={"COLUMNS": "300"})
+    assert result.exit_code == 1 and "critical (exit code 1)" in result.output, result.output
+    assert "exit code 3" not in result.output
+
+
+def test_doctor_says_why_a_stat_that_is_there_was_not_judged(tmp_path: Path) -> None:
+    """An on-policy TRL run (one optimizer step per generation) logs clip_frac 0, kl_old 0 and ratio_max 1 at every
+    step: the stats are in the log but none is evidence for its detector. The doctor says so, not that the log
+    lacks them."""
+    from doctor_logs import write_trainer_state
+
+    from rlguard.guards.synthetic import healthy_stream
+
+    stream = [{**s, "clip_frac": 0.0, "kl_old": 0.0, "ratio_max": 1.0} for s in healthy_stream(30, 0, "plateau")]
+    write_trainer_state(stream, tmp_path / "trainer_state.json")
+    result = runner.invoke(app, ["doctor", str(tmp_path / "trainer_state.json")], env={"COLUMNS": "300"})
+    lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") >= 3}
+    for detector, stat in (("clip_frac_burst", "clip_frac"), ("kl_old_blowup", "kl_old")):
+        assert f"{stat} at its floor on every step" in lines[detector], result.output
+        assert "the log has no" not in lines[detector]

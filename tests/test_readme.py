@@ -1,7 +1,8 @@
 """Every quick start of the README runs as written: each code block is classified (tests/readme_blocks.py; a block no
 test runs fails here), the TRL one trains on the embedded tiny Llama and a local dataset (its free names bound to
 them, its config scaled to two optimizer steps on the CPU), the log one then judges that run's folder, the install,
-make and benchmark lines name what exists. The verl quick start runs in integration_tests/test_readme_verl.py."""
+make and benchmark lines name what exists, the links name files, and the verl CPU example prints the verl quick
+start. The verl quick start runs in integration_tests/test_readme_verl.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ STEPS = 2
 def test_every_block_is_a_known_quick_start_and_the_readme_is_short() -> None:
     kinds = [b.kind for b in readme_blocks()]
     assert sorted(kinds) == sorted(["install", "trl", "verl", "log", "make", "benchmark"])
-    if README.name == "README.new.md" or "## Quick start: TRL" in README.read_text():
-        assert len(README.read_text().splitlines()) <= 200
+    assert len(README.read_text().splitlines()) <= 200
 
 
 def test_install_make_and_benchmark_lines_name_what_exists() -> None:
@@ -99,3 +99,26 @@ def test_log_quick_start_judges_the_trl_run(trl_quick_start: dict[str, Any]) -> 
         # two logged steps: read and mapped, but shorter than every detector's warm-up
         assert done.returncode == 3, done.stdout + done.stderr
         assert f"checkpoint-{STEPS}" in done.stdout and "could not judge" in done.stdout
+
+
+def test_every_relative_link_names_a_file_of_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    local = [link for link in links if not re.match(r"\w+://", link)]
+    assert local, "the README links its docs pages"
+    missing = [link for link in local if not (ROOT / link).is_file()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # verl imports ray.experimental.state, deprecated by Ray
+def test_the_cpu_example_prints_the_verl_quick_start(tmp_path: Path) -> None:
+    """``python -m rlguard.verl_cpu example DIR --guarded`` prints the README's verl command with the example's and
+    the CPU's overrides in place of ``<your verl overrides>``."""
+    pytest.importorskip("verl")
+    from rlguard.verl_cpu.__main__ import GUARDED, LOSS_MODE, example_command
+
+    printed = example_command(str(tmp_path), guarded=True)
+    (readme,) = commands(block("verl"), {"your verl overrides": printed[3 : -1 - len(GUARDED)]})
+    assert readme == printed and readme[-3:] == [LOSS_MODE, *GUARDED]
+    stock = example_command(str(tmp_path), steps=2)
+    assert stock[:3] == ["python", "-m", "verl.trainer.main_ppo"] and "trainer.total_training_steps=2" in stock
+    assert LOSS_MODE in stock and not set(GUARDED) & set(stock)

@@ -31,7 +31,6 @@ from pathlib import Path
 from rlguard.demo.runs import (
     DEFAULT_RUNS,
     FAULTS,
-    GUARD_PRESETS,
     SUMMARY_STATS,
     WARM_START,
     DemoConfig,
@@ -72,7 +71,6 @@ def run_demo(
 __all__ = [
     "DEFAULT_RUNS",
     "FAULTS",
-    "GUARD_PRESETS",
     "SUMMARY_STATS",
     "WARM_START",
     "DemoConfig",

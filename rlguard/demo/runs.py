@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.core_losses import list_objectives
-from rlguard.guards import Event
+from rlguard.guards import PRESETS, Event
 
 #: faults a run can inject (``OBJECTIVE@FAULT``), each the same in a guarded and an unguarded run
 FAULTS: dict[str, str] = {
@@ -18,7 +18,6 @@ FAULTS: dict[str, str] = {
 #: the default runs: a healthy pair (GRPO; GSPO under the default guard) and a stressed pair (an LR spike, without
 #: and with the strict guard)
 DEFAULT_RUNS = "grpo,gspo+guard,grpo@lr_spike,grpo+strict@lr_spike"
-GUARD_PRESETS = ("monitor", "default", "strict", "stable")
 #: the progress task of the supervised warm start
 WARM_START = "warm start"
 #: progress hook: (task: WARM_START or a run's label, steps done, total steps, the step's stats) -> None
@@ -52,8 +51,8 @@ class RunSpec:
 
 def parse_runs(spec: str) -> tuple[RunSpec, ...]:
     """``"grpo,gspo+guard,grpo+strict@lr_spike"`` -> runs. Each comma-separated item is ``OBJECTIVE``, optionally
-    followed by ``+PRESET`` (one of :data:`GUARD_PRESETS`; ``guard`` means ``default``) and ``@FAULT`` (one of
-    :data:`FAULTS`). Bad items raise ``ValueError``."""
+    followed by ``+PRESET`` (one of :data:`rlguard.guards.PRESETS`; ``guard`` means ``default``) and ``@FAULT``
+    (one of :data:`FAULTS`). Bad items raise ``ValueError``."""
     runs = []
     for item in (s.strip() for s in spec.split(",")):
         head, _, fault = item.partition("@")
@@ -61,14 +60,14 @@ def parse_runs(spec: str) -> tuple[RunSpec, ...]:
         if objective not in list_objectives():
             raise ValueError(
                 f"objectives: unknown objective {objective!r} in {spec!r}; use a comma-separated list of "
-                f"{list_objectives()}, each optionally followed by +guard or +PRESET ({', '.join(GUARD_PRESETS)}) "
+                f"{list_objectives()}, each optionally followed by +guard or +PRESET ({', '.join(PRESETS)}) "
                 f"and @FAULT ({', '.join(FAULTS)})."
             )
         guard = None if not preset else "default" if preset == "guard" else preset
-        if guard is not None and guard not in GUARD_PRESETS:
+        if guard is not None and guard not in PRESETS:
             raise ValueError(
                 f"objectives: unknown guard preset {preset!r} in {item!r}; use +guard (the default preset) or one of "
-                f"{', '.join('+' + p for p in GUARD_PRESETS)}."
+                f"{', '.join('+' + p for p in PRESETS)}."
             )
         if fault and fault not in FAULTS:
             raise ValueError(f"objectives: unknown fault {fault!r} in {item!r}; faults: {', '.join(FAULTS)}.")
@@ -255,7 +254,6 @@ def _fmt(value: float) -> str:
 __all__ = [
     "DEFAULT_RUNS",
     "FAULTS",
-    "GUARD_PRESETS",
     "SUMMARY_STATS",
     "WARM_START",
     "DemoConfig",

@@ -120,9 +120,9 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """1 a critical finding (or a critical live detector event, or a halt by the live guard); 3 could not judge: no detector but
-        ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0 otherwise. (2, bad
-        input, is raised before.)"""
+        """1 a critical finding (or a critical live detector event, or a halt by the live guard); 3 could not
+        judge: no detector but ``nonfinite`` got past its warm-up, or part of the log could not be read (damage); 0
+        otherwise. (2, bad input, is raised before.)"""
         if self.critical:
             return EXIT_CRITICAL
         return EXIT_OK if self.judged and not self.read.partial else EXIT_CANNOT_JUDGE
@@ -239,7 +239,11 @@ def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tup
     for name, det in guard.detectors.items():
         n, reads = seen.get(name, 0), det.reads()
         stats = " or ".join(reads) if reads else "its stats"
-        if n == 0:
+        if n == 0 and reads and all(r in present for r in reads):
+            # the stats are there, but no step was evidence for the detector (``Detector.observes``)
+            why = f"not checked: {stats} at its floor on every step (as on on-policy steps): no evidence for it"
+            out[name] = (False, why)
+        elif n == 0:
             missing = [r for r in reads if r not in present] or list(reads)
             hint = [f"--map {k}={c}" for k, c in keys.suggestions.items() if c in missing]
             why = f"not checked: the log has no {' or '.join(missing)}" + (f" (try {', '.join(hint)})" if hint else "")

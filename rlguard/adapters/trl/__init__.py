@@ -1,8 +1,8 @@
 """TRL adapter: every rlguard objective inside ``trl.GRPOTrainer``, and the guard acting in its training loop.
 
 >>> from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
->>> args = GuardedGRPOConfig(objective="gspo", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4)  # doctest: +SKIP
->>> GuardedGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data).train()  # doctest: +SKIP
+>>> args = GuardedGRPOConfig(output_dir="out", objective="gspo", guard="default")  # doctest: +SKIP
+>>> GuardedGRPOTrainer(model, reward_funcs, args=args, train_dataset=dataset).train()  # doctest: +SKIP
 
 Modules (``docs/design.md``, "Adapters"):
 

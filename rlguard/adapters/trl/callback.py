@@ -9,55 +9,11 @@ metrics (each micro-batch's, from the same transfer to the host that logs them:
 :func:`~rlguard.guards.stats.add_metric_values`) and the clip range.
 
 Each decision is carried out by :func:`~rlguard.guards.actuator.apply_decision` on an actuator
-(:mod:`rlguard.adapters.trl.actuators`; ``docs/design.md``, "Actuator contract"):
-:class:`~rlguard.adapters.trl.actuators.TrainerActuator` without DeepSpeed,
-:class:`~rlguard.adapters.trl.actuators.ZeroActuator` under it. A stock ``GRPOTrainer`` has no objective controls:
-clip, beta and entropy schedules are refused when training starts and the clip controller's actions are recorded
-only. What each part of a decision does in transformers' ``Trainer`` loop (``on_pre_optimizer_step`` runs after the
-gradients of the step are complete and all-reduced, just before ``optimizer.step()``):
-
-- the stats: the callback clips gradients itself (``args.max_grad_norm`` is set to 0 while training, so the
-  trainer computes and logs the unclipped norm), because the guard needs the norm *before* clipping; with
-  the gradient norm, the scheduler's LR, the trainer's metrics of this step and, for ``GuardedGRPOTrainer``,
-  the objective's, it makes one :class:`~rlguard.guards.StepStats` and reduces it with one ``all_gather``;
-- ``skip``: every gradient is set to ``None``, so ``optimizer.step()`` leaves weights and optimizer state
-  (Adam's moments and step count) untouched; the LR scheduler still advances, so the schedule stays a function
-  of ``global_step``;
-- ``lr_scale``: each param group's LR is multiplied for this ``optimizer.step()`` only and restored right
-  after, so the scheduler never sees (and never compounds) the scale; it is re-applied every step;
-- ``clip_scale`` and scheduled ``clip_low``/``clip_high``/``beta``/``entropy_coef``:
-  ``GuardedGRPOTrainer.rlguard_set_controls`` applies them to its configured objective
-  (:meth:`~rlguard.core_losses.Objective.with_controls`); the new values apply from the next step;
-- ``snapshot``: model and optimizer state before this step's update (the weights the healthy stats came from)
-  are copied into host buffers reused from one snapshot to the next, each DDP rank keeping its share (``1/W``),
-  or written to a safetensors file per rank in ``snapshot_dir`` (or ``<output_dir>/rlguard_snapshot`` with the
-  guard's ``snapshot_to_disk``); what it costs is logged when training starts and refused over the guard's
-  ``snapshot_budget`` (:mod:`rlguard.guards.snapshot`);
-- ``rollback``: the last snapshot is loaded back and this step's gradients dropped; without a snapshot (e.g.
-  just after a resume) the run halts;
-- ``halt``: ``control.should_training_stop`` on every rank (decisions are identical, so no rank waits alone).
-
-Under DeepSpeed (``deepspeed=`` in the arguments) accelerate's ``accelerator.backward`` runs ``engine.backward``
-and then, at the accumulation boundary, ``engine.step`` (clip, optimizer step, zero grad, scheduler step): by
-``on_pre_optimizer_step`` the weights have changed. So ``on_train_begin`` puts a stand-in for accelerate's
-``trainer.accelerator.deepspeed_engine_wrapped`` whose ``backward`` runs ``engine.backward``, then, at the
-boundary, the guard, then ``engine.step()`` with the decision applied (everything else is delegated to
-accelerate's wrapper, which ``on_train_end`` puts back). Both paths take the same guarded step
-(``StabilityCallback._guarded_step``); only the gradient norm, the LR and the actuator differ.
-
-What each part of a decision does under ZeRO-1/2/3 (the table, what is refused and what is untested) is
-written beside :class:`~rlguard.adapters.trl.actuators.ZeroActuator`, in :mod:`rlguard.adapters.trl.actuators`.
-
-A guard needs the trainer (its metrics of each step, its logs, its DeepSpeed engine), which transformers does not
-give callbacks: ``GuardedGRPOTrainer`` attaches its callbacks; on a stock trainer call ``cb.attach(trainer)``
-(``on_train_begin`` raises ``ValueError`` with that fix otherwise).
-
-Guard state is written as ``rlguard_guard.json`` into each checkpoint folder (atomically) and read back, validated,
-when training resumes from ``output_dir/checkpoint-<global_step>`` (a resume without it is warned about, with what
-it costs); events go to ``<output_dir>/events.jsonl`` (main process; a fresh run moves an old file aside, a resumed
-one continues it: :class:`~rlguard.guards.events.EventsLog`)
-and, with an attached trainer, to TRL's logs as ``rlguard/event/<detector>`` (1 warn, 2 critical) next to
-``rlguard/guard/lr_scale``, ``clip_scale``, ``skipped``, ``rollback_to`` and ``halted``.
+(:mod:`rlguard.adapters.trl.actuators`: ``TrainerActuator`` without DeepSpeed, ``ZeroActuator`` under it, where a
+stand-in for accelerate's ``deepspeed_engine_wrapped`` decides before ``engine.step()``). Both paths take one
+guarded step (``StabilityCallback._guarded_step``); only the gradient norm, the LR and the actuator differ. What
+each part of a decision does in transformers' loop (``on_pre_optimizer_step``) and under DeepSpeed, the checkpoints
+and the logged keys: ``docs/guides/trl.md``, "The guard in TRL's training loop".
 """
 
 from __future__ import annotations

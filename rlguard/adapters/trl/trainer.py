@@ -1,8 +1,8 @@
 """TRL adapter: every rlguard objective inside ``trl.GRPOTrainer``; TRL's own settings keep their meaning.
 
 >>> from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
->>> args = GuardedGRPOConfig(objective="gspo", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4)  # doctest: +SKIP
->>> GuardedGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data).train()  # doctest: +SKIP
+>>> args = GuardedGRPOConfig(output_dir="out", objective="gspo", guard="default")  # doctest: +SKIP
+>>> GuardedGRPOTrainer(model, reward_funcs, args=args, train_dataset=dataset).train()  # doctest: +SKIP
 
 ``GuardedGRPOTrainer`` overrides one private TRL method, ``GRPOTrainer._compute_loss``. It obtains the per-token
 log-probs and entropies exactly as TRL does, puts them with TRL's advantages, old, reference and vLLM log-probs

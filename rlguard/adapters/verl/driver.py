@@ -1,67 +1,18 @@
 """The guard on verl's driver: :func:`guarded_trainer_class` adds a :class:`VerlGuardDriver` to a verl trainer class:
-``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (``trainer.use_v1=true``; registered as
-``trainer.v1.trainer_mode=rlguard`` by :func:`register_v1_trainer` in the process that runs ``TaskRunnerV1``, and
-running as verl's ``sync`` trainer) and ``GuardedRayPPOTrainer`` for the legacy ``RayPPOTrainer``
-(``trainer.use_v1=false``, deprecated in 0.9.1). ``python -m rlguard.adapters.verl.main_ppo <verl overrides>`` runs
-either from verl's own command line (:mod:`rlguard.adapters.verl.main_ppo`). Both are built on first access
-(importing verl's trainers needs Ray and, for V1, TransferQueue) and take ``guard=`` (default:
-``+trainer.rlguard_guard=<preset or module:factory>`` of the config, else ``"default"``). verl builds each
-step's metrics inside ``fit`` and hands them to a ``Tracking`` logger that ``fit`` creates itself: a V1 ``fit``
-stores it as ``self.logger`` and then calls ``on_train_begin``, where the guard wraps it; ``RayPPOTrainer.fit``
-keeps it in a local variable, so for the length of ``fit`` ``verl.utils.tracking.Tracking`` (imported by ``fit``
-when it starts) is a subclass that feeds the guard. Either way the guard sees what the loggers see, once per
-step, after that step's update. The metrics are mapped to canonical stats with
-:func:`rlguard.metrics.canonical_stats` (the one metric table; the workers' ``rlguard/<name>``
-arrive as ``actor/rlguard/<name>``, see :func:`driver_stats`), the guard decides, and the driver:
+``GuardedPPOTrainerSync`` for verl 0.9.1's default V1 trainer (registered by :func:`register_v1_trainer` in the
+process that runs ``TaskRunnerV1``, and running as verl's ``sync`` trainer) and ``GuardedRayPPOTrainer`` for the
+legacy ``RayPPOTrainer`` (``trainer.use_v1=false``). ``python -m rlguard.adapters.verl.main_ppo <verl overrides>``
+runs either (:mod:`rlguard.adapters.verl.main_ppo`); both are built on first access (verl's trainers need Ray and,
+for V1, TransferQueue) and take ``guard=`` (default: ``+trainer.rlguard_guard`` of the config, else ``"default"``).
 
-- the objective's controls (the clip controller's, and schedules): sends the workers a new loss through verl's
-  ``set_loss_fn`` (a registered ``ONE_TO_ALL`` method of ``ActorRolloutRefWorker``): verl's own ``ppo_loss`` bound
-  to the actor config with the decision's controls (``policy_loss.controls``; ``beta`` and ``entropy_coef`` as
-  verl's ``kl_loss_coef`` and ``entropy_coeff``). That is the channel from driver to workers: verl passes a
-  policy loss nothing but tensors and the actor config, and the config is fixed in each worker unless the driver
-  sends another. One call when the controls change, none otherwise; it applies from the next step;
-- ``lr_scale``: sends the actor workers the decision's absolute scale (``rlguard_set_lr_scale``, a registered
-  ``ONE_TO_ALL`` method of :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, which the guarded
-  trainers map for the actor): the actor's LR is its schedule's times the scale from the next step on, never
-  compounded. Sent once per change and again after every checkpoint load (rollback, resume: the scheduler comes
-  back as saved). With verl's own actor worker (:func:`guarded_trainer_class` on a user's worker mapping) or a
-  Megatron actor, ``lr_scale`` is not in the driver's capabilities: recorded only;
-- ``snapshot``: saves a verl checkpoint (``_save_checkpoint``, ``global_step_<N>``) unless this step has one;
-- ``rollback``: loads the newest ``global_step_<N>`` with ``N <= rollback_to`` into the actor (and critic)
-  workers (``load_checkpoint``: weights, optimizer and LR scheduler), syncs the rollout replicas
-  (``sleep_replicas`` + ``update_weights``, as ``fit`` does each step) and saves the restored state as this
-  step's checkpoint (so that a resume starts from it). The step counter and the dataloader keep going forward
-  (fresh data), as in the TRL adapter. Checkpoints between the two are never rolled back to. No checkpoint at
-  or before ``rollback_to``: the run halts. A checkpoint holds the weights *after* its step's update, judged
-  healthy from that step's stats (gradient norm, KL, clip fractions); its rewards show one step later;
-- ``halt``: ``fit`` returns after logging the step (the driver is verl's single controller: the workers only
-  answer its calls, so no rank is left waiting);
-- guard state: ``rlguard_guard.json`` in each ``global_step_<N>`` folder (written atomically, versioned:
-  :mod:`rlguard.adapters.verl.state`), read back and validated by ``_load_checkpoint`` (``trainer.resume_mode``;
-  a resume without it is warned about, with what it costs); events go to
-  ``<trainer.default_local_dir>/events.jsonl`` (a fresh run moves an old file aside, a resume continues it:
-  :class:`~rlguard.guards.events.EventsLog`) and to verl's loggers
-  as ``rlguard/event/<detector>`` (1 warn, 2 critical) with ``rlguard/guard/{action,lr_scale,clip_scale,
-  rollback_to,halted}``; the LR scale in force is saved there too.
-
-What does not work in verl 0.9.1, and why:
-
-- ``skip`` from the driver cannot undo the step it judged: verl logs a step after its optimizer update. The
-  decision is recorded; poisoned data is already masked in the loss before the update, and repeated skips lead
-  the guard to ``rollback``. A zero loss is not an optimizer skip: AdamW's momentum and weight decay still move
-  the weights (``skip`` gives zero gradient, not an unchanged optimizer state).
-- ``lr_scale`` with verl's own actor worker or a Megatron actor (above): verl offers the driver no call that sets
-  the actor's LR (rlguard's worker adds one), and scaling the loss does not scale Adam's update.
-- Poison outside the policy loss (NaN reference log-probs or entropies, in verl's own KL and entropy terms) is
-  not masked: verl's engine then drops the whole update (``grad_norm`` not finite), as it does for any NaN.
-- Without a guard, verl 0.9.1's FSDP engine already refuses a step whose gradient norm is not finite: a poisoned
-  micro-batch does not make the weights NaN, it throws away the update of the whole mini-batch (the clean
-  micro-batches too) while the LR scheduler advances; integration_tests/test_verl_guard_engine.py measures both.
-- Distillation losses (``distillation_ppo_loss``) and verl's own loss modes are not guarded.
-- verl's stock ``python -m verl.trainer.main_ppo`` builds verl's own trainer class; the guarded trainers run through
-  ``python -m rlguard.adapters.verl.main_ppo`` (same overrides), which is tested end to end with Ray on CPU
-  (integration_tests/test_verl_main_ppo.py, rlguard.verl_cpu); the driver's logic is also tested on
-  stand-in trainers (tests/test_verl_guard.py).
+The driver wraps the ``Tracking`` logger ``fit`` creates (a V1 ``fit``'s ``self.logger`` in ``on_train_begin``; for
+the legacy ``fit``, a ``Tracking`` subclass for the length of ``fit``), so the guard sees what the loggers see, once
+per step, after that step's update (:func:`driver_stats`). It carries out each decision: the objective's controls
+through verl's ``set_loss_fn``, ``lr_scale`` through
+:class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, snapshots and rollbacks as verl checkpoints,
+a halt by returning from ``fit``. What each does, what verl 0.9.1 does not allow and why: ``docs/guides/verl.md``,
+"What each decision does on the driver". Tested on stand-in trainers (tests/test_verl_guard.py) and end to end
+with Ray on CPU (integration_tests/test_verl_main_ppo.py).
 """
 
 from __future__ import annotations

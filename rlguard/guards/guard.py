@@ -171,8 +171,9 @@ class Guard:
             outcome=best.outcome,
             controls=controls,
             rollback_to=best.rollback_to,
-            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found
-            snapshot=healthy and due and best.outcome == "step",
+            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found;
+            # a guard that only observes never rolls back, so it keeps no snapshot
+            snapshot=healthy and due and best.outcome == "step" and not self.config.observe_only,
             events=tuple(events),
             reason=best.reason,
         )

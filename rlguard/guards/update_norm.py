@@ -11,9 +11,12 @@ norms are those of one flat float64 vector, as ``vector_norm(cat(after) - cat(be
 one process on the CPU, the ratio is the same float, bit for bit (the collapse benchmark's committed runs depend on
 it); otherwise it agrees to float64 rounding.
 
-Cost: host memory, 8 bytes per trained parameter (this rank's share, below), kept between steps; device memory, at
-most one chunk in transit (``CHUNK`` elements, 8 MiB in float64) whatever the model's size; time, two passes over
-the host copy per step (one copy of the parameters to the host before the step and one after). Where the weights
+Cost: host memory, 8 bytes per trained parameter (this rank's share, below), kept between steps, and one chunk in
+transit (``CHUNK`` elements, 8 MiB in float64); device memory, nothing extra for the trained parameters (a blocking
+copy to the host converts to float64 on the host) and, for the norm of the others, one float64 chunk no larger than
+the model's largest tensor: whatever the model's size, the device never holds more than its largest parameter
+tensor extra; time, two passes over the host copy per step (one copy of the parameters to the host before the step
+and one after). ``benchmarks/guard_memory.md`` has the measured figures. Where the weights
 are replicated over a process group (DDP), each rank measures the parameters it owns
 (:func:`rlguard.guards.snapshot.owners`) and one ``all_gather`` of two float64 norms per rank combines them, so the
 host copy per rank is ``1/W`` of the trained parameters and every rank gets the same ratio.
@@ -58,6 +61,9 @@ class UpdateMeter:
         mine = [p for p, o in zip(params, owner, strict=True) if o == rank]
         self._moved = [p for p in mine if id(p) in trained]  # in the host vector
         self._fixed = [p for p in mine if id(p) not in trained]  # their norm only
+        # the norm of a fixed parameter is taken on its device in float64 chunks no larger than the model's largest
+        # tensor (and at most CHUNK elements): the device never holds more than that tensor's bytes extra
+        self._fixed_chunk = max(min(CHUNK, max((_nbytes(p) for p in params), default=8) // 8), 1)
         self._flat: Tensor | None = None
         self._before: tuple[float, float] | None = None  # norms of the vector and of the fixed parameters
 
@@ -83,7 +89,9 @@ class UpdateMeter:
                 self._flat = torch.empty(sum(p.numel() for p in self._moved), dtype=torch.float64)
             for host, chunk in self._slices():
                 host.copy_(chunk)  # to float64, exactly
-            squares = [torch.dot(c, c) for p in self._fixed for c in (x.double() for x in iter_chunks(p, CHUNK))]
+            squares = [
+                torch.dot(c, c) for p in self._fixed for c in (x.double() for x in iter_chunks(p, self._fixed_chunk))
+            ]
             fixed = math.sqrt(math.fsum(float(s) for s in squares))
             self._before = (float(torch.linalg.vector_norm(self._flat)), fixed)
 

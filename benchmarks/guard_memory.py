@@ -9,8 +9,8 @@ Starts ``torchrun --nproc_per_node 2`` on this file. Each rank builds the same m
 parameters: square ``Linear`` layers of 1024), takes one AdamW step (the optimizer's state exists) and measures
 each operation's *peak* extra resident memory: ``/proc/self/status`` ``VmHWM`` minus ``VmRSS`` before it, the
 peak reset before each operation by writing ``5`` to ``/proc/self/clear_refs`` (Linux), with glibc's mmap
-threshold fixed at 64 KiB (:func:`fixed_mmap_threshold`) so that freed tensors leave the resident set. Ratios are to the bytes
-of the model's parameters (``4 N``); each row is the larger of the two ranks.
+threshold fixed at 64 KiB (:func:`fixed_mmap_threshold`) so that freed tensors leave the resident set. Ratios are
+to the bytes of the model's parameters (``4 N``); each row is the larger of the two ranks.
 
 - ``rlguard snapshot (DDP)``: :class:`rlguard.guards.snapshot.ModelSnapshot` over the world group, as
   ``TrainerActuator`` builds it under DDP: the first ``take`` allocates the rank's share of the buffers, the
@@ -164,7 +164,7 @@ def plain(params: int, out: dict[str, Any], quick: bool) -> None:
     capture = peak_extra(meter.capture)
     nudge()
     ratio_value: list[float] = []
-    ratio = peak_extra(lambda: ratio_value.append(meter.ratio() or 0.0))
+    ratio = peak_extra(lambda m=meter: ratio_value.append(m.ratio() or 0.0))
     meter.capture()
     nudge()
     again = peak_extra(meter.ratio)

@@ -88,7 +88,8 @@ def test_json_lists_for_tuple_fields_build_the_same_guard() -> None:
 def test_every_registered_class_has_fields_the_check_knows(registry: Any) -> None:
     """The defaults of every detector and intervention pass their own check (no field type it cannot read)."""
     for name, cls in registry().items():
-        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.init and f.default is not dataclasses.MISSING}
+        fields = [f for f in dataclasses.fields(cls) if f.init and f.default is not dataclasses.MISSING]
+        defaults = {f.name: f.default for f in fields}
         assert check_fields(cls, defaults, where=name).keys() == defaults.keys(), name
 
 

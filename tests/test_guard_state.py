@@ -125,7 +125,9 @@ def test_trl_resume_without_state_warns_with_its_cost(tmp_path: Path) -> None:
     state = TrainerState()
     state.global_step = 3
     with pytest.warns(UserWarning, match=r"resuming at step 3 WITHOUT the guard's state: .*checkpoint-3.*baseline"):
-        callback.on_train_begin(args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters()))
+        callback.on_train_begin(
+            args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters())
+        )
 
 
 def test_trl_resume_with_a_bad_state_names_the_file(tmp_path: Path) -> None:
@@ -145,4 +147,6 @@ def test_trl_resume_with_a_bad_state_names_the_file(tmp_path: Path) -> None:
     state = TrainerState()
     state.global_step = 3
     with pytest.raises(GuardStateError, match=rf"{folder / GUARD_STATE_FILE}: not the guard's state"):
-        callback.on_train_begin(args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters()))
+        callback.on_train_begin(
+            args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters())
+        )

@@ -228,7 +228,9 @@ def test_bad_config_names_what_is_accepted() -> None:
         GuardConfig.preset("lenient")
     with pytest.raises(ValueError, match=r"unknown detector\(s\) \['entropy'\]; registered: .*entropy_collapse"):
         Guard(GuardConfig(detectors={"entropy": {}}))
-    with pytest.raises(ValueError, match=r"detectors\['grad_norm_spike'\]: unknown field\(s\) \['warn_factr'\].*warn_factor"):
+    with pytest.raises(
+        ValueError, match=r"detectors\['grad_norm_spike'\]: unknown field\(s\) \['warn_factr'\].*warn_factor"
+    ):
         Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factr": 2.0}}))
     with pytest.raises(ValueError, match="need 1 < warn_factor <= critical_factor"):
         Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factor": 30.0}}))

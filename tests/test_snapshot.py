@@ -28,7 +28,7 @@ from rlguard.guards.snapshot import (
 from rlguard.guards.update_norm import CHUNK, UpdateMeter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from guard_memory import fixed_mmap_threshold, peak_extra  # noqa: E402 - the benchmark's measurement, one copy
+from guard_memory import fixed_mmap_threshold, peak_extra  # the benchmark's measurement, one copy
 
 
 def model_and_adamw(width: int = 64, layers: int = 3, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -100,7 +100,9 @@ def test_snapshot_cost_is_the_tensors_bytes_and_is_predicted_before_the_first_st
     assert before.estimated and before.host_bytes == 12 * n and before.model_bytes == 4 * n  # fp32 + AdamW's 2
     train_step(model, optimizer, 0)
     after = snapshot_cost(model, optimizer)
-    steps = sum(optimizer.state[p]["step"].numel() * optimizer.state[p]["step"].element_size() for p in model.parameters())
+    steps = sum(
+        optimizer.state[p]["step"].numel() * optimizer.state[p]["step"].element_size() for p in model.parameters()
+    )
     assert not after.estimated and after.host_bytes == 12 * n + steps
     snap = ModelSnapshot(model, optimizer)
     snap.take()
@@ -180,7 +182,7 @@ def big() -> tuple[torch.nn.Module, torch.optim.Optimizer, int]:
 
 @needs_proc
 def test_a_snapshot_holds_its_cost_and_taking_the_next_adds_nothing(big: Any) -> None:
-    model, optimizer, n = big
+    model, optimizer, _ = big
     snap = ModelSnapshot(model, optimizer)
     cost = snap.cost().host_bytes
     first, kept = peak_extra(snap.take)
@@ -194,7 +196,7 @@ def test_a_snapshot_holds_its_cost_and_taking_the_next_adds_nothing(big: Any) ->
 
 @needs_proc
 def test_a_snapshot_on_disk_keeps_at_most_one_tensor_in_host_memory(big: Any, tmp_path: Path) -> None:
-    model, optimizer, n = big
+    model, optimizer, _ = big
     snap = ModelSnapshot(model, optimizer, path=str(tmp_path / "rank0.safetensors"))
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     for _ in range(2):

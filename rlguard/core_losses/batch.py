@@ -164,7 +164,11 @@ class LossOutput:
 
 def _check_not_empty(shape: tuple[int, ...]) -> None:
     """An empty batch has no token to learn from (and no maximum or mean to take): say which dimension is empty."""
-    empty = [f"{dim}=0 ({what})" for dim, what, n in zip("BT", ("sequences", "completion tokens"), shape) if n == 0]
+    empty = [
+        f"{dim}=0 ({what})"
+        for dim, what, n in zip("BT", ("sequences", "completion tokens"), shape, strict=False)
+        if n == 0
+    ]
     if empty:
         raise ValueError(
             f"the batch is empty: logprobs has shape {shape}, {' and '.join(empty)}. An objective needs at least one "

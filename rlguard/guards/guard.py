@@ -289,7 +289,7 @@ class Guard:
         if counters["consecutive_skips"] is None:
             raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
         # private states last: each validates all of its keys before it changes anything
-        owners = {"detectors": self.detectors, "interventions": self.interventions}
+        owners: dict[str, Mapping[str, Any]] = {"detectors": self.detectors, "interventions": self.interventions}
         private = {kind: _mapping(state[kind], f"{source}: {kind}") for kind in owners}
         for kind, parts in private.items():
             for n, s in parts.items():

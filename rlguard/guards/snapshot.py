@@ -294,10 +294,10 @@ class _FileReader:
         self._ctx = safe_open(path, framework="pt", device="cpu")
 
     def __enter__(self) -> Any:
-        return self._ctx.__enter__().get_tensor
+        return self._ctx.__enter__().get_tensor  # type: ignore[no-untyped-call]
 
     def __exit__(self, *exc: Any) -> None:
-        self._ctx.__exit__(*exc)
+        self._ctx.__exit__(*exc)  # type: ignore[no-untyped-call]
 
 
 def write_safetensors(path: str | Path, tensors: Sequence[tuple[str, Tensor]], metadata: dict[str, str]) -> None:

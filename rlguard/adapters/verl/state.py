@@ -37,7 +37,7 @@ def read_driver_state(state: Any, source: str) -> tuple[Mapping[str, Any], Contr
     if state.get("version", STATE_VERSION) != STATE_VERSION:
         raise GuardStateError(f"{source}: unsupported version {state['version']!r}; this rlguard reads {STATE_VERSION}")
     lr_scale, discarded = state["lr_scale"], state["discarded"]
-    if isinstance(lr_scale, bool) or not isinstance(lr_scale, Real) or not 0 < lr_scale < float("inf"):
+    if isinstance(lr_scale, bool) or not isinstance(lr_scale, Real) or not 0 < float(lr_scale) < float("inf"):
         raise GuardStateError(f"{source}: lr_scale: expected a number > 0; got {lr_scale!r:.80}")
     if not isinstance(discarded, list) or any(isinstance(n, bool) or not isinstance(n, int) for n in discarded):
         raise GuardStateError(f"{source}: discarded: expected a list of steps (integers); got {discarded!r:.80}")

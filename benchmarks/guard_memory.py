@@ -27,8 +27,9 @@ to the bytes of the model's parameters (``4 N``); each row is the larger of the 
 - ``ZeRO-2`` / ``ZeRO-3``: ``engine.save_checkpoint`` of one tag (what ``ZeroActuator.snapshot`` does), its
   ``load_checkpoint``, and the bytes of this rank's files; ``ZeroActuator.snapshot_cost``'s prediction beside
   them. DeepSpeed's engine keeps its fp32 partitions and Adam's moments on the host here, so what is measured is
-  what saving adds; on an accelerator ``torch.save`` also copies each tensor to the host, one at a time. The
-  update measurement is not available under DeepSpeed (the TRL adapter refuses ``measure_update`` there).
+  what saving adds; on an accelerator ``torch.save`` also copies each tensor to the host, one at a time. A restore
+  (``load_checkpoint``) reads this rank's optimizer partition file whole into host memory. There is no update
+  measurement under DeepSpeed (``ZeroActuator`` does not declare ``update_ratio``).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def one_step(model: Any, optimizer: Any, step: Callable[[Any], None] | None = No
         step(loss)
 
 
-def plain(params: int, out: dict[str, Any], quick: bool) -> None:
+def plain(params: int, out: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -184,8 +185,6 @@ def plain(params: int, out: dict[str, Any], quick: bool) -> None:
 
     old = peak_extra(old_ratio)
     out["before: update_ratio of cat(float64 weights)"] = {"first": old[0], "held": old[1]}
-    if not quick:
-        out["chunk_bytes"] = 8 * __import__("rlguard.guards.update_norm", fromlist=["CHUNK"]).CHUNK
 
 
 def zero(params: int, stage: int, folder: Path, out: dict[str, Any]) -> None:
@@ -216,13 +215,16 @@ def zero(params: int, stage: int, folder: Path, out: dict[str, Any]) -> None:
     again = peak_extra(lambda: engine.save_checkpoint(str(folder), tag=tag, save_latest=False))
     load = peak_extra(lambda: engine.load_checkpoint(str(folder), tag=tag, load_lr_scheduler_states=False))
     rank = dist.get_rank()
-    files = [p for p in (folder / tag).iterdir() if f"rank_{rank}" in p.name or f"rank{rank}" in p.name]
+    # this rank's files: its ZeRO partition (zero_pp_rank_<rank>_*), and under ZeRO-1/2 on the first rank the
+    # module's weights (mp_rank_00_model_states.pt)
+    files = [p for p in (folder / tag).iterdir() if p.name.startswith(f"zero_pp_rank_{rank}_")]
     if rank == 0:
         files += [p for p in (folder / tag).iterdir() if p.name.startswith("mp_rank_00_model")]
     predicted = ZeroActuator.snapshot_cost(SimpleNamespace(engine=engine, folder=folder))  # type: ignore[arg-type]
     out[f"ZeRO-{stage} engine checkpoint"] = {
         "first": first[0], "held": first[1], "again": again[0], "restore": load[0],
-        "disk": sum(p.stat().st_size for p in set(files)), "predicted_disk": predicted.disk_bytes,
+        "disk": sum(p.stat().st_size for p in set(files)), "predicted": predicted.host_bytes,
+        "predicted_disk": predicted.disk_bytes,
         "files": sorted(p.name for p in set(files)),
     }  # fmt: skip
     dist.barrier()
@@ -242,7 +244,7 @@ def worker(args: argparse.Namespace) -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     out: dict[str, Any] = {"rank": rank}
-    plain(args.params, out, args.quick)
+    plain(args.params, out)
     if args.zero:
         for stage in (2, 3):
             zero(args.params, stage, Path(args.out) / f"zero{stage}", out)
@@ -297,7 +299,7 @@ def rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:  # the old update measurement keeps nothing between steps
             peak = worst("first") or 0
         row: dict[str, Any] = {"what": label, "kept": kept, "peak": peak}
-        for key in ("restore", "predicted", "disk"):
+        for key in ("restore", "predicted", "disk", "predicted_disk"):
             if worst(key) is not None:
                 row[key] = worst(key)
         row.update({f"{k}_ratio": v / base for k, v in list(row.items()) if isinstance(v, int)})
@@ -311,6 +313,7 @@ COLUMNS = (
     ("restore", "restore: transient"),
     ("predicted", "predicted host (snapshot_cost)"),
     ("disk", "disk"),
+    ("predicted_disk", "predicted disk"),
 )
 
 

@@ -146,9 +146,11 @@ class ZeroActuator:
     def snapshot_cost(self) -> SnapshotCost:
         """What one rank's engine checkpoint costs, estimated from the parameters' count (``N``, ZeRO-3's full
         sizes) and the data-parallel ranks (``W``): on disk its ZeRO partition, fp32 weights and Adam's two
-        moments (``12 N / W`` bytes), and under ZeRO-1/2 on the first rank the module's weights in their dtype;
-        in host memory, while ``torch.save`` copies one tensor at a time off the accelerator, the largest: a
-        flat fp32 partition (``4 N / W``). ``docs/guides/reliability.md`` has the measured sizes."""
+        moments (``12 N / W`` bytes), and under ZeRO-1/2 on the first rank the module's weights in their dtype.
+        Host memory: nothing is kept between steps; saving copies one tensor at a time off the accelerator (at
+        most a flat fp32 partition, ``4 N / W``), and a rollback's ``load_checkpoint`` reads this rank's optimizer
+        partition file whole (``12 N / W``, the peak, and what is checked against the budget).
+        ``benchmarks/guard_memory.md`` has the measured sizes."""
         params = list(self.engine.module.parameters())
         numel = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
         itemsize = params[0].element_size() if params else 4
@@ -158,7 +160,7 @@ class ZeroActuator:
         if self.engine.zero_optimization_stage() < 3 and rank == 0:
             disk += numel * itemsize
         return SnapshotCost(
-            host_bytes=4 * numel // ranks,
+            host_bytes=12 * numel // ranks,
             disk_bytes=disk,
             model_bytes=numel * itemsize,
             ranks=ranks,

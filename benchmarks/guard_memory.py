@@ -106,6 +106,14 @@ def one_step(model: Any, optimizer: Any, step: Callable[[Any], None] | None = No
         step(loss)
 
 
+def tensors(model: Any, optimizer: Any) -> list[Any]:
+    """The weights and every optimizer state tensor, in order."""
+    import torch
+
+    state = [v for p in model.parameters() for v in optimizer.state[p].values() if isinstance(v, torch.Tensor)]
+    return [*model.state_dict().values(), *state]
+
+
 def plain(params: int, out: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
@@ -127,9 +135,13 @@ def plain(params: int, out: dict[str, Any]) -> None:
             snap = ModelSnapshot(model, optimizer, **kwargs)  # type: ignore[arg-type]
             first = peak_extra(snap.take)
             second = peak_extra(snap.take)
+            saved = [t.clone() for t in tensors(model, optimizer)]
+            one_step(model, optimizer)  # the weights and the moments move on, then the rollback
             restore = peak_extra(snap.restore)
+            exact = all(torch.equal(a, b) for a, b in zip(saved, tensors(model, optimizer), strict=True))
+            del saved
             out[label] = {
-                "first": first[0], "held": first[1], "again": second[0], "restore": restore[0],
+                "first": first[0], "held": first[1], "again": second[0], "restore": restore[0], "exact": exact,
                 "predicted": snap.cost().host_bytes,
                 "disk": os.path.getsize(kwargs["path"]) if "path" in kwargs else 0,
             }  # fmt: skip

@@ -85,6 +85,8 @@ def test_guard_memory_quick(tmp_path: Path) -> None:
     assert sum(s["predicted"] for s in shares) == pytest.approx(12 * n, abs=64)  # the ranks' shares: the whole
     for share in shares:
         assert abs(share["held"] - share["predicted"]) <= 2 * mib and share["again"] <= 2 * mib, share
+    for r in ranks:  # each rank got back every tensor, its own and those broadcast from the other rank
+        assert all(r[k]["exact"] for k in r if isinstance(r[k], dict) and "exact" in r[k]), r
         assert share["predicted"] <= 6 * n + 12 * 1024 * 1024, share  # 1/2, plus at most one tensor and its moments
     meters = [r["rlguard update_ratio (DDP)"] for r in ranks]
     assert meters[0]["value"] == meters[1]["value"] > 0  # one all_gather: the same ratio on both ranks

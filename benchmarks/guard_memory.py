@@ -8,9 +8,10 @@ processes (gloo, CPU): DDP, DeepSpeed ZeRO-2 and ZeRO-3, beside the implementati
 Starts ``torchrun --nproc_per_node 2`` on this file. Each rank builds the same model (``--params`` fp32
 parameters: square ``Linear`` layers of 1024), takes one AdamW step (the optimizer's state exists) and measures
 each operation's *peak* extra resident memory: ``/proc/self/status`` ``VmHWM`` minus ``VmRSS`` before it, the
-peak reset before each operation by writing ``5`` to ``/proc/self/clear_refs`` (Linux), with glibc's mmap
-threshold fixed at 64 KiB (:func:`fixed_mmap_threshold`) so that freed tensors leave the resident set. Ratios are
-to the bytes of the model's parameters (``4 N``); each row is the larger of the two ranks.
+peak reset before each operation by writing ``5`` to ``/proc/self/clear_refs`` (Linux), and what it leaves
+allocated (``RssAnon`` after minus before), with glibc's mmap threshold fixed at 64 KiB
+(:func:`fixed_mmap_threshold`) and free heap memory trimmed before each operation, so that freed tensors leave the
+resident set. Ratios are to the bytes of the model's parameters (``4 N``); each row is the larger of the two ranks.
 
 - ``rlguard snapshot (DDP)``: :class:`rlguard.guards.snapshot.ModelSnapshot` over the world group, as
   ``TrainerActuator`` builds it under DDP: the first ``take`` allocates the rank's share of the buffers, the
@@ -56,7 +57,7 @@ def _status() -> dict[str, int]:
     out = {}
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith(("VmHWM:", "VmRSS:")):
+            if line.startswith(("VmHWM:", "VmRSS:", "RssAnon:")):
                 key, value = line.split(":")
                 out[key] = int(value.split()[0]) * 1024
     return out
@@ -70,16 +71,27 @@ def fixed_mmap_threshold() -> None:
     ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
 
 
+def _trim() -> None:
+    """Give free heap memory back to the system (glibc's ``malloc_trim``), so that an allocation served from it
+    shows in the resident set: memory an earlier computation freed stays resident in the heap otherwise."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def peak_extra(fn: Callable[[], Any]) -> tuple[int, int]:
-    """``(peak extra resident bytes while fn runs, resident bytes it leaves behind)``."""
+    """``(peak extra resident bytes while fn runs, allocated bytes it leaves behind)``: the peak from ``VmHWM``
+    (the kernel keeps no peak of allocated memory alone), what is left from ``RssAnon``, which file pages the
+    kernel drops from the resident set under memory pressure do not move."""
     gc.collect()
+    _trim()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # VmHWM := VmRSS
-    before = _status()["VmRSS"]
+    before = _status()
     fn()
     gc.collect()
     after = _status()
-    return after["VmHWM"] - before, after["VmRSS"] - before
+    return after["VmHWM"] - before["VmRSS"], after["RssAnon"] - before["RssAnon"]
 
 
 # ---------------------------------------------------------------- one rank

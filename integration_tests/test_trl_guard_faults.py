@@ -28,6 +28,7 @@ from trl_guard_faults import RUN, build, guard_config, summary
 
 from rlguard.adapters.trl import EVENTS_FILE, GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.guards.decision import decision_action
+from rlguard.guards.events import read_events
 from rlguard.tasks.hf import save_tiny_llama
 
 pytestmark = [
@@ -148,6 +149,8 @@ def test_resume_after_kill_keeps_guard_baselines_and_events(model_dir: Path, tmp
     state = guard.state_dict()
     assert [e["step"] for e in state["events"]] == [AT, AT], state["events"]  # events from before the kill
     assert state["seen"]["nonfinite"] == STEPS  # baselines continue: 5 steps before the kill, 3 after
+    # the events file continues the first run's: each event once, none from a repeated stretch
+    assert [e.to_dict() for e in read_events(tmp_path / "events.jsonl").events] == state["events"]
     window = saved["detectors"]["grad_norm_spike"]["_s_window"]
     assert state["detectors"]["grad_norm_spike"]["_s_window"][: len(window)] == window
     callback = next(cb for cb in second.callback_handler.callbacks if isinstance(cb, StabilityCallback))

@@ -25,6 +25,7 @@ from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
 from rlguard.guards.actuator import GUARD_STATE_FILE
 from rlguard.guards.decision import LOGGED_ACTIONS
+from rlguard.guards.events import read_events
 from rlguard.verl_cpu.example import write_example
 
 pytestmark = pytest.mark.slow
@@ -184,6 +185,8 @@ def check_guarded_run(run: Run, out: Path) -> None:
 def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tmp_path: Path) -> None:
     first = launch(example, tmp_path, GUARDED, entry=GUARDED_ENTRY, name="first")
     check_guarded_run(first, tmp_path)
+    events = tmp_path / "checkpoints" / "events.jsonl"
+    before = [e.to_dict() for e in read_events(events).events]
     # resume (verl's trainer.resume_mode=auto) from the restored step-3 checkpoint: the guard's state comes back with
     # it. The scripted alarm at step 4 halts again because its one rollback is spent; a fresh guard would have
     # no healthy snapshot and halt for that reason instead.
@@ -200,6 +203,11 @@ def test_guarded_v1_trainer_through_the_real_driver_and_resume(example: Path, tm
     assert steps[0]["rlguard/guard/action"] == LOGGED_ACTIONS.index("halt")
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     assert GUARD_STATE_FILE in {p.name for p in (tmp_path / "checkpoints" / "global_step_3").iterdir()}
+    # the events file continues the first run's up to the resumed step, and the repeated step 4 is in it once
+    after = [e.to_dict() for e in read_events(events).events]
+    assert [e for e in after if e["step"] <= 3] == [e for e in before if e["step"] <= 3] and before
+    keys = [(e["step"], e["detector"]) for e in after]
+    assert len(keys) == len(set(keys)) and any(step == 4 for step, _ in keys), after
 
 
 def test_guarded_legacy_trainer_through_the_real_driver(example: Path, tmp_path: Path) -> None:

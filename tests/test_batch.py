@@ -257,6 +257,20 @@ def test_all_masked_batch_gives_zero_loss_and_zero_gradient(name: str, aggregati
     assert all(torch.isfinite(v) for v in out.metrics.values())
 
 
+@pytest.mark.parametrize(
+    ("rows", "cols", "named"),
+    [(0, T, "B=0 (sequences)"), (B, 0, "T=0 (completion tokens)"), (0, 0, "B=0 (sequences) and T=0")],
+)
+def test_an_empty_batch_is_refused_naming_the_empty_dimension(rows: int, cols: int, named: str) -> None:
+    """Not torch's "max(): Expected reduction dim" from inside an objective: PolicyBatch, which every objective takes,
+    says which dimension is empty."""
+    values = {k: v[:rows, :cols] if v.dim() == 2 else v[:rows] for k, v in tensors().items()}
+    with pytest.raises(
+        ValueError, match=rf"the batch is empty: logprobs has shape \({rows}, {cols}\), {re.escape(named)}"
+    ):
+        make(**values)
+
+
 # -- hyper-parameters --------------------------------------------------------------------------------------
 def objectives_with(param: str) -> list[str]:
     return [n for n in OBJECTIVES if param in objective_class(n).hyperparameters()]

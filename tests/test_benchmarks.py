@@ -85,3 +85,26 @@ def test_reward_peak_live_counts_every_unguarded_run_once() -> None:
         assert sum(counts.values()) == len(off)
         collapsed = sum(n for (verdict, _), n in counts.items() if verdict == "collapsed")
         assert collapsed == sum(bool(r["verdict"]["collapsed"]) for r in off)
+
+
+@pytest.mark.slow
+def test_guard_memory_quick(tmp_path: Path) -> None:
+    """2 processes (gloo), DDP: each rank keeps its share of the snapshot (half of 12 bytes a parameter) and a
+    float64 vector of its share of the trained parameters; a later snapshot adds nothing; both ranks measure the
+    same update_ratio."""
+    stdout = run_benchmark("guard_memory.py", "--json", str(tmp_path / "out.json"))
+    assert "rlguard snapshot (DDP)" in stdout
+    ranks = json.loads((tmp_path / "out.json").read_text())
+    mib, n = 2**20, ranks[0]["params"]
+    shares = [r["rlguard snapshot (DDP)"] for r in ranks]
+    assert sum(s["predicted"] for s in shares) == pytest.approx(12 * n, abs=64)  # the ranks' shares: the whole
+    for share in shares:
+        assert abs(share["held"] - share["predicted"]) <= 2 * mib and share["again"] <= 2 * mib, share
+    for r in ranks:  # each rank got back every tensor, its own and those broadcast from the other rank
+        assert all(r[k]["exact"] for k in r if isinstance(r[k], dict) and "exact" in r[k]), r
+        assert share["predicted"] <= 6 * n + 12 * 1024 * 1024, share  # 1/2, plus at most one tensor and its moments
+    meters = [r["rlguard update_ratio (DDP)"] for r in ranks]
+    assert meters[0]["value"] == meters[1]["value"] > 0  # one all_gather: the same ratio on both ranks
+    assert sum(m["predicted"] for m in meters) == 8 * n
+    old = [r["before: state_dict copied to the CPU"] for r in ranks]
+    assert all(o["again"] >= 11 * n for o in old)  # the replaced snapshot held both copies while taking the next

@@ -215,12 +215,22 @@ def test_monitor_preset_never_acts() -> None:
     assert any(e.detector == "nonfinite" for e in guard.events)
 
 
+def test_a_guard_that_only_observes_keeps_no_snapshot() -> None:
+    """It never rolls back, so a snapshot would be host memory (12 bytes a parameter under AdamW) spent for nothing."""
+    stream = failing_stream("grad_spike", 30, 100, seed=1)
+    acting, observing = Guard(GuardConfig()), Guard(GuardConfig(observe_only=True))
+    assert sum(acting.observe(step, s).snapshot for step, s in enumerate(stream)) > 0
+    assert not any(observing.observe(step, s).snapshot for step, s in enumerate(stream))
+
+
 def test_bad_config_names_what_is_accepted() -> None:
     with pytest.raises(ValueError, match="unknown guard preset 'lenient'; presets: monitor, default, strict"):
         GuardConfig.preset("lenient")
     with pytest.raises(ValueError, match=r"unknown detector\(s\) \['entropy'\]; registered: .*entropy_collapse"):
         Guard(GuardConfig(detectors={"entropy": {}}))
-    with pytest.raises(ValueError, match=r"bad parameters for detector 'grad_norm_spike'.*warn_factr"):
+    with pytest.raises(
+        ValueError, match=r"detectors\['grad_norm_spike'\]: unknown field\(s\) \['warn_factr'\].*warn_factor"
+    ):
         Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factr": 2.0}}))
     with pytest.raises(ValueError, match="need 1 < warn_factor <= critical_factor"):
         Guard(GuardConfig(detectors={"grad_norm_spike": {"warn_factor": 30.0}}))

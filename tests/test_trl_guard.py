@@ -147,7 +147,7 @@ def test_guard_state_resumes_from_the_checkpoint_folder(tmp_path: Path) -> None:
     state.global_step = 3
     resumed.on_train_begin(loop.args, state, TrainerControl(), model=loop.model, optimizer=loop.optimizer)
     assert resumed.guard is not None and resumed.guard.state_dict() == saved
-    assert resumed.guard.config.events_path == str(tmp_path / "events.jsonl")
+    assert resumed.guard.events_log is not None and resumed.guard.events_log.path == tmp_path / "events.jsonl"
 
 
 def test_make_guard_and_config_validate() -> None:
@@ -319,3 +319,68 @@ def test_the_guard_judges_the_objective_metrics_the_trainer_logs(tmp_path: Path)
         for name in ("loss", "entropy", "kl_old", "ratio_mean", "ratio_max", "seq_ratio_min", "clip_frac"):
             assert observed[name] == pytest.approx(logged[f"rlguard/{name}"], rel=1e-12, abs=1e-15), name
         assert observed["nonfinite"] == 0.0
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_run_started_twice_in_one_folder_shows_the_second_runs_events_only(tmp_path: Path) -> None:
+    first = Loop(StabilityCallback(guard="default"), tmp_path)
+    for scale in (1.0, 1.0, float("nan"), 1.0):  # a poisoned step: a critical event and a skip
+        first.step(scale)
+    assert first.callback.guard is not None and first.callback.guard.events
+    assert _events(tmp_path / "events.jsonl") == [e.to_dict() for e in first.callback.guard.events]
+
+    second = Loop(StabilityCallback(guard="default"), tmp_path)  # a new run, not a resume, in the same folder
+    for _ in range(4):
+        second.step()
+    assert (tmp_path / "events.jsonl").read_text() == ""  # a healthy run: not the first run's critical event
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("events.jsonl.")]
+    assert _events(old) == [e.to_dict() for e in first.callback.guard.events]  # kept beside it
+
+
+def test_a_killed_and_resumed_run_loses_no_event_and_no_guard_state(tmp_path: Path) -> None:
+    """A run checkpointed at step 4 and killed after step 6, resumed from checkpoint-4, ends with the events file and
+    the guard state of the same run uninterrupted: the stretch it repeats is not written twice."""
+    scales = [1.0, 1.0, float("nan"), 1.0, 1.0, float("nan"), 1.0, 1.0]  # poisoned at steps 3 and 6
+    whole = Loop(StabilityCallback(guard="default"), tmp_path / "whole")
+    for scale in scales:
+        whole.step(scale)
+    assert whole.callback.guard is not None and {e.step for e in whole.callback.guard.events} == {3, 6}
+
+    run = tmp_path / "run"
+    killed = Loop(StabilityCallback(guard="default"), run)
+    for scale in scales[:4]:
+        killed.step(scale)
+    (run / "checkpoint-4").mkdir()
+    killed.callback.on_save(killed.args, killed.state, killed.control)
+    weights = {k: v.clone() for k, v in killed.model.state_dict().items()}
+    optimizer = killed.optimizer.state_dict()
+    optimizer = {**optimizer, "state": {k: {n: t.clone() for n, t in s.items()} for k, s in optimizer["state"].items()}}
+    for scale in scales[4:6]:  # steps 5 and 6 after the checkpoint, then the process dies
+        killed.step(scale)
+    assert {e["step"] for e in _events(run / "events.jsonl")} == {3, 6}
+
+    # the resume: the trainer loads checkpoint-4's weights and optimizer, then calls on_train_begin at step 4
+    callback = StabilityCallback(guard="default")
+    callback.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
+    resumed = Loop.__new__(Loop)
+    resumed.model, resumed.optimizer = torch.nn.Linear(3, 2), None
+    resumed.model.load_state_dict(weights)
+    resumed.optimizer = torch.optim.Adam(resumed.model.parameters(), lr=0.1)
+    resumed.optimizer.load_state_dict(optimizer)
+    resumed.args = TrainingArguments(output_dir=str(run), use_cpu=True, report_to="none", logging_steps=1)
+    resumed.args.max_grad_norm = 1.0  # a new process: the killed callback's arguments are gone
+    resumed.control, resumed.callback = TrainerControl(), callback
+    resumed.state = TrainerState()
+    resumed.state.global_step = 4
+    callback.on_train_begin(
+        resumed.args, resumed.state, resumed.control, model=resumed.model, optimizer=resumed.optimizer
+    )
+    for scale in scales[4:]:
+        resumed.step(scale)
+    assert callback.guard is not None
+    assert _events(run / "events.jsonl") == _events(tmp_path / "whole" / "events.jsonl")  # each event once
+    assert callback.guard.state_dict() == whole.callback.guard.state_dict()  # baselines, counters, alarms, events
+    assert all(torch.equal(a, b) for a, b in zip(resumed.weights(), whole.weights(), strict=True))

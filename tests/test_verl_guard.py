@@ -415,6 +415,21 @@ def test_resume_restores_the_guard_and_the_workers_controls(
     assert sent.policy_loss.controls["clip_scale"] == first.rlguard.controls.clip_scale < 1.0
 
 
+def test_resume_without_the_guards_state_warns_with_its_cost(
+    tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]
+) -> None:
+    """As in TRL: a checkpoint without rlguard_guard.json (saved before the guard was added, or copied without it)
+    is resumed from, loudly, saying that the baselines start over."""
+    steps = [healthy(s) for s in range(1, 5)]
+    first = Trainer(trainer_config(tmp_path, save_freq=2), steps)
+    first.fit()
+    (first.rlguard.step_folder(4) / "rlguard_guard.json").unlink()
+    resumed = Trainer(trainer_config(tmp_path, save_freq=2, resume_mode="auto"), steps)
+    with pytest.warns(UserWarning, match=r"resuming at step 4 WITHOUT the guard's state: .*global_step_4.*baseline"):
+        resumed._load_checkpoint()
+    assert resumed.global_steps == 4 and resumed.rlguard.guard.events == []
+
+
 def test_driver_rejects_an_unguarded_loss(tmp_path: Path) -> None:
     config = trainer_config(tmp_path)
     config.actor_rollout_ref.actor.policy_loss._target_ = "rlguard.adapters.verl.RLGuardPolicyLossConfig"

@@ -61,6 +61,7 @@ class PolicyBatch:
             )
         _check_float("logprobs", lp)
         shape = tuple(lp.shape)
+        _check_not_empty(shape)
         _check_tensor("mask", self.mask)
         if tuple(self.mask.shape) != shape:
             raise ValueError(f"mask must have the shape of logprobs {shape}; got {tuple(self.mask.shape)}.")
@@ -159,6 +160,20 @@ class LossOutput:
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _check_not_empty(shape: tuple[int, ...]) -> None:
+    """An empty batch has no token to learn from (and no maximum or mean to take): say which dimension is empty."""
+    empty = [
+        f"{dim}=0 ({what})"
+        for dim, what, n in zip("BT", ("sequences", "completion tokens"), shape, strict=False)
+        if n == 0
+    ]
+    if empty:
+        raise ValueError(
+            f"the batch is empty: logprobs has shape {shape}, {' and '.join(empty)}. An objective needs at least one "
+            "sequence of at least one token: drop an empty micro-batch before calling the objective."
+        )
 
 
 def _check_tensor(name: str, value: object) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 import torch
@@ -33,6 +32,8 @@ from rlguard.core_losses import Objective
 from rlguard.guards.config import PRESETS, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome
 from rlguard.guards.guard import Guard
+from rlguard.guards.snapshot import ModelSnapshot, SnapshotCost, check_snapshot_budget
+from rlguard.guards.update_norm import UpdateMeter
 from rlguard.plugins import plugin_manager
 
 __all__ = [
@@ -174,11 +175,16 @@ def check_capabilities(config: GuardConfig, capabilities: Iterable[str], *, wher
 def bind_guard(guard: Guard, actuator: Actuator, *, where: str) -> None:
     """At start-up: refuse ``guard``'s schedules that ``actuator`` (named ``where`` in messages) cannot carry out
     (:func:`check_capabilities`) and tell the guard which outcomes and controls it cannot carry out, so that their
-    events say ``record-only``."""
+    events say ``record-only``; log what a rollback snapshot costs and refuse one over the guard's
+    ``snapshot_budget`` (:func:`~rlguard.guards.snapshot.check_snapshot_budget`), for an actuator that reports its
+    cost (``snapshot_cost()``; the plain-torch and TRL actuators do)."""
     missing = check_capabilities(guard.config, actuator.capabilities, where=where)
     unable: dict[str, str] = {o: c for o, c in OUTCOME_CAPABILITY.items() if c in missing}
     unable.update({name: c for name, c in Controls.capabilities().items() if c in missing})
     guard.set_record_only(unable, where=where)
+    cost = getattr(actuator, "snapshot_cost", None)
+    if not guard.config.observe_only and "snapshot" in actuator.capabilities and cost is not None:
+        check_snapshot_budget(cost(), guard.config.snapshot_budget, where=where)
 
 
 def make_guard(guard: str | GuardConfig | Guard) -> Guard:
@@ -194,17 +200,6 @@ def make_guard(guard: str | GuardConfig | Guard) -> Guard:
     )
 
 
-def _to_cpu(obj: Any) -> Any:
-    """A deep copy of a (nested) state dict with every tensor on the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
-
-
 @dataclass
 class TorchActuator:
     """The actuator of a plain PyTorch loop (and of transformers' ``Trainer`` under DDP, where the trainer runs
@@ -217,9 +212,14 @@ class TorchActuator:
             one to use); None where the loop has no rlguard objective (then clip/beta/entropy are not capable).
         owns_step: :meth:`apply_update` runs ``optimizer.step()`` (plain loop) or leaves it to the trainer, which
             then calls :meth:`finish_step` after its step.
-        snapshot_path: keep the snapshot in this file instead of CPU memory.
+        snapshot_path: keep the snapshot in this safetensors file (one per rank) instead of host memory
+            (:class:`~rlguard.guards.snapshot.ModelSnapshot`).
+        replicas: the process group over which the weights are replicated (DDP): each rank keeps its share of the
+            snapshot and measures its share of the update. ``"auto"``: the group of a ``DistributedDataParallel``
+            ``model``, else none (this rank keeps all of its own).
         measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
-            applied step (one extra copy of the weights), read with :meth:`take_update_ratio`.
+            applied step, read with :meth:`take_update_ratio` (:class:`~rlguard.guards.update_norm.UpdateMeter`:
+            a host copy of the trainable parameters, a bounded chunk on the device).
 
     Attributes:
         current: the objective with the latest controls.
@@ -231,18 +231,22 @@ class TorchActuator:
     objective: Objective | None = None
     owns_step: bool = True
     snapshot_path: str | None = None
+    replicas: Any = "auto"
     measure_update: bool = False
     current: Objective | None = field(init=False, default=None)
     stopped: bool = field(init=False, default=False)
     snapshot_step: int | None = field(init=False, default=None)
-    _snapshot: dict[str, Any] | None = field(init=False, default=None, repr=False)
+    _snapshot: ModelSnapshot | None = field(init=False, default=None, repr=False)
+    _meter: UpdateMeter | None = field(init=False, default=None, repr=False)
     _unscaled: list[float] | None = field(init=False, default=None, repr=False)
     _dropped: bool = field(init=False, default=False)
     _update_ratio: float | None = field(init=False, default=None)
-    _before: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.current = self.objective
+        if self.replicas == "auto":
+            ddp = isinstance(self.model, nn.parallel.DistributedDataParallel)
+            self.replicas = self.model.process_group if ddp else None
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -254,17 +258,23 @@ class TorchActuator:
             can.add("update_ratio")
         return frozenset(can)
 
+    @property
+    def snapshots(self) -> ModelSnapshot:
+        """The rollback snapshot (made on first use)."""
+        if self._snapshot is None:
+            self._snapshot = ModelSnapshot(self.model, self.optimizer, group=self.replicas, path=self.snapshot_path)
+        return self._snapshot
+
+    def snapshot_cost(self) -> SnapshotCost:
+        """What this rank's snapshot costs (checked against the guard's budget by :func:`bind_guard`)."""
+        return self.snapshots.cost()
+
     def snapshot(self, step: int) -> None:
-        state = {"model": _to_cpu(self.model.state_dict()), "optimizer": _to_cpu(self.optimizer.state_dict())}
-        if self.snapshot_path is None:
-            self._snapshot = state
-        else:
-            Path(self.snapshot_path).parent.mkdir(parents=True, exist_ok=True)
-            torch.save(state, self.snapshot_path)
+        self.snapshots.take()
         self.snapshot_step = step
 
     def has_snapshot(self) -> bool:
-        return self.snapshot_step is not None and (self._snapshot is not None or self.snapshot_path is not None)
+        return self.snapshot_step is not None and self.snapshots.has()
 
     def set_lr_scale(self, scale: float) -> None:
         self._unscaled = [group["lr"] for group in self.optimizer.param_groups]
@@ -285,7 +295,9 @@ class TorchActuator:
 
     def apply_update(self) -> None:
         if self.measure_update and not self._dropped:
-            self._before = self._flat_weights()
+            if self._meter is None:
+                self._meter = UpdateMeter(self.model, self.optimizer, group=self.replicas)
+            self._meter.capture()
         if self.owns_step:
             if not self._dropped:
                 self.optimizer.step()
@@ -294,13 +306,13 @@ class TorchActuator:
 
     def finish_step(self) -> None:
         """After the optimizer step: the LRs back to the scheduler's and, when measured, the update's size.
-        :meth:`apply_update` calls it when it owns the step; otherwise the loop does, after its own step."""
+        :meth:`apply_update` calls it when it owns the step; otherwise the loop does, after its own step (on every
+        rank: under DDP the ranks sum their shares of the update's norm)."""
         self.restore_lr()
-        if self._before is not None:
-            after = self._flat_weights()
-            norm = torch.linalg.vector_norm(self._before)
-            self._update_ratio = float(torch.linalg.vector_norm(after - self._before) / norm.clamp(min=1e-30))
-            self._before = None
+        if self._meter is not None:
+            ratio = self._meter.ratio()
+            if ratio is not None:
+                self._update_ratio = ratio
 
     @property
     def objective_in_use(self) -> Objective:
@@ -314,19 +326,8 @@ class TorchActuator:
         ratio, self._update_ratio = self._update_ratio, None
         return ratio
 
-    def _flat_weights(self) -> torch.Tensor:
-        with torch.no_grad():
-            return torch.cat([p.detach().reshape(-1).double() for p in self.model.parameters()])
-
     def restore(self) -> bool:
-        state = self._snapshot
-        if self.snapshot_path is not None and self.snapshot_step is not None:
-            state = torch.load(self.snapshot_path, weights_only=True)
-        if state is None:
-            return False
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        return True
+        return self.snapshot_step is not None and self.snapshots.restore()
 
     def set_controls(self, controls: Controls) -> None:
         if self.objective is not None:

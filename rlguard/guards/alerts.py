@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlguard.guards.alert_sender import AlertSender, Message
 from rlguard.guards.events import SEVERITY_LEVEL
+from rlguard.guards.fields import check_fields
 from rlguard.hookspecs import hookimpl
 from rlguard.plugins import plugin_manager
 
@@ -90,12 +91,10 @@ class AlertConfig:
     queue_size: int = 64
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "events", tuple(self.events))
-        object.__setattr__(self, "outcomes", tuple(self.outcomes))
-        if self.format not in ("slack", "discord", "json"):
-            raise ValueError(f"alerts.format must be 'slack', 'discord' or 'json'; got {self.format!r}.")
-        if self.min_severity not in SEVERITY_LEVEL:
-            raise ValueError(f"alerts.min_severity must be 'warn' or 'critical'; got {self.min_severity!r}.")
+        # the field types, strictly (lists given for events and outcomes become tuples)
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in check_fields(AlertConfig, given, where="alerts").items():
+            object.__setattr__(self, name, value)
         bad = sorted(set(self.outcomes) - {"step", "skip", "rollback", "halt"})
         if bad:
             raise ValueError(f"alerts.outcomes may hold 'step', 'skip', 'rollback', 'halt'; got {bad}.")
@@ -140,11 +139,7 @@ def alert_config(spec: AlertConfig | Mapping[str, Any] | None) -> AlertConfig | 
         return spec
     if not isinstance(spec, Mapping):
         raise ValueError(f"alerts must be an AlertConfig or a mapping of its fields; got {spec!r}.")
-    fields = {f.name for f in dataclasses.fields(AlertConfig)}
-    unknown = sorted(set(spec) - fields)
-    if unknown:
-        raise ValueError(f"alerts: unknown field(s) {unknown}; accepted: {sorted(fields)}.")
-    return AlertConfig(**{str(k): v for k, v in spec.items()})
+    return AlertConfig(**check_fields(AlertConfig, spec, where="alerts"))
 
 
 def alert_message(decision: Decision, applied: Applied, config: AlertConfig) -> Message | None:

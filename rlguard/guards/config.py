@@ -3,11 +3,12 @@ their names, which every entry point that takes a preset accepts)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from rlguard.guards.alerts import AlertConfig, alert_config
+from rlguard.guards.alerts import AlertConfig
+from rlguard.guards.fields import FieldError, check_fields, check_value
 from rlguard.guards.interventions import Rollback
 from rlguard.guards.recovery import Recovery
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
@@ -28,7 +29,15 @@ class GuardConfig:
         schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
             (:mod:`rlguard.guards.schedules`); the decision carries their values.
         snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
-        events_path: if set, every event is appended to this JSONL file.
+            A longer interval does not lower the memory a snapshot takes (one is kept whatever the interval).
+        snapshot_budget: the share of this host's available memory (when training starts, divided among the
+            host's ranks) that one rank's rollback snapshot may take; a larger snapshot is refused at start-up with
+            the fix. None: not checked. See ``docs/guides/reliability.md`` for what a snapshot costs.
+        snapshot_to_disk: keep rollback snapshots in files under the run's output folder instead of host memory
+            (``rlguard_snapshot/``; safetensors, one file per rank), written and read one tensor at a time.
+        events_path: if set, events are written to this JSONL file: a run that starts afresh moves an existing
+            file aside (``events.jsonl.<time>``), a resumed one continues it
+            (:class:`~rlguard.guards.events.EventsLog`).
         observe_only: never act (the outcome is always ``step``, no intervention runs); schedules still apply.
         healthy_despite: detectors whose findings and alarms do not make a step unhealthy: conditions of the data
             or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
@@ -42,18 +51,48 @@ class GuardConfig:
     interventions: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     snapshot_interval: int = 10
+    snapshot_budget: float | None = 0.5
+    snapshot_to_disk: bool = False
     events_path: str | None = None
     observe_only: bool = False
     healthy_despite: tuple[str, ...] = ()
     alerts: AlertConfig | None = None
 
     def __post_init__(self) -> None:
-        self.alerts = alert_config(self.alerts)
+        # the field types, strictly (a mapping given for alerts becomes an AlertConfig, a list a tuple)
+        given = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in check_fields(GuardConfig, given, where="GuardConfig").items():
+            setattr(self, name, value)
         unknown = set(self.schedules) - set(SCHEDULED_KEYS)
         if unknown:
             raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")
         if self.snapshot_interval < 1:
             raise ValueError(f"snapshot_interval must be >= 1; got {self.snapshot_interval}.")
+        if self.snapshot_budget is not None and not 0 < self.snapshot_budget <= 1:
+            raise ValueError(
+                f"snapshot_budget is a share of the host's available memory, 0 < x <= 1, or None (no check); got "
+                f"{self.snapshot_budget!r}."
+            )
+
+    @classmethod
+    def from_mapping(cls, spec: Mapping[str, Any], *, where: str = "guard") -> GuardConfig:
+        """A preset changed by fields, as JSON, YAML or a command line give them: ``{"preset": "strict",
+        "snapshot_interval": 5}`` (``"default"`` without a preset). Every field is type-checked
+        (:func:`~rlguard.guards.fields.check_fields`: ``"false"`` is not a boolean); unknown fields are refused;
+        ``schedules``, which are functions, only from Python. Errors name ``where.<field>``."""
+        if not isinstance(spec, Mapping):
+            raise FieldError(f"{where}: expected a mapping of GuardConfig's fields; got {type(spec).__name__}")
+        changes = dict(spec)
+        preset = check_value(str, changes.pop("preset", "default"), f"{where}.preset")
+        check_preset(preset)
+        accepted = sorted(f.name for f in fields(cls) if f.name != "schedules")
+        unknown = sorted(str(k) for k in changes if k not in accepted)
+        if unknown:
+            raise FieldError(
+                f"{where}: unknown GuardConfig field(s) {unknown}; accepted: 'preset' and {accepted} (schedules only "
+                "from Python, as a GuardConfig)."
+            )
+        return cls.preset(preset, **check_fields(cls, changes, where=where))
 
     @classmethod
     def preset(cls, name: str, **changes: Any) -> GuardConfig:

@@ -1,20 +1,35 @@
-"""What detectors find and what the guard records, and the validation of events read back from ``events.jsonl``.
+"""What detectors find and what the guard records; ``events.jsonl``, written (:class:`EventsLog`) and read back
+(:func:`read_events`).
 
 An :class:`Event` is validated when it is built (the guard cannot write a malformed one) and when it is read
 (:meth:`Event.from_dict`, :func:`read_events`): types are checked, severities are read case-insensitively, fields
 this version does not know are kept (``extra``) and written back, and a torn last line (a process killed while
 writing) is skipped with a warning.
+
+The file's lifecycle (:class:`EventsLog`): a run that starts afresh moves an existing file aside, as
+``events.jsonl.<its last write, UTC>``, and starts an empty one, so that a second run in the same folder shows its
+own events only; a resumed run continues the file from the step it resumes after. One handle stays open; each event
+is one ``write`` of its whole line, unbuffered, and each step's events are ``fsync``-ed (events are rare, a change
+of alarm level or an action, so that is a few ``fsync`` calls per run): a killed process loses at most the line
+being written, which the reader skips, and a machine that crashes keeps the events of every finished step. A write
+that fails (a full disk) is a warning, and training goes on: the events stay in the guard's state
+(``Guard.events``, saved with each checkpoint).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
-from collections.abc import Mapping
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 Severity = Literal["warn", "critical"]
 SEVERITY_LEVEL: dict[str, int] = {"warn": 1, "critical": 2}
@@ -198,3 +213,111 @@ def read_events(path: str | Path) -> EventsRead:
     except OSError as err:
         raise EventsFileError(f"{path}: cannot be read ({err.strerror})") from None
     return parse_events(text.splitlines(keepends=True), str(path))
+
+
+def event_line(event: Event) -> bytes:
+    """``event`` as one line of ``events.jsonl`` (UTF-8 JSON and a newline)."""
+    return (json.dumps(event.to_dict()) + "\n").encode("utf-8")
+
+
+class EventsLog:
+    """The guard's ``events.jsonl`` (module docstring: a fresh run moves an old file aside, a resume continues it).
+
+    Args:
+        path: the file.
+        resume_step: None for a run that starts afresh; else the step the run resumes after. The file then keeps
+            its events up to that step (``history`` instead, where given) and continues; events past it (a killed
+            stretch the resumed run repeats) or a damaged file are first moved aside whole, so nothing is lost.
+        history: the events the resumed guard's state holds (the checkpoint's record), or None without state.
+
+    Attributes:
+        moved_to: where an existing file was moved, or None.
+        failed: events that could not be written (each failure warned about).
+    """
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None, history: Sequence[Event] | None = None):
+        self.path = Path(path)
+        self.moved_to: Path | None = None
+        self.failed = 0
+        self._fh: BinaryIO | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is None:
+                self._move_aside()
+            else:
+                self._resume(resume_step, history)
+            self._fh = open(self.path, "ab", buffering=0)  # noqa: SIM115 - one handle for the run, closed below
+        except OSError as err:
+            self._warn(f"cannot open {self.path} ({err}): events are not written to a file")
+            return
+        weakref.finalize(self, self._fh.close)
+
+    def write(self, events: Sequence[Event]) -> None:
+        """Append ``events`` (one step's), each line in one ``write``, then ``fsync``; an ``OSError`` is a warning,
+        and a line the error cut short is taken back off the file."""
+        if not events:
+            return
+        if self._fh is None:
+            self.failed += len(events)
+            return
+        fd, end = self._fh.fileno(), None
+        try:
+            end = os.fstat(fd).st_size
+            for event in events:
+                line = event_line(event)
+                written = self._fh.write(line) or 0
+                while written < len(line):  # a short write (rare on a local file): the rest of the line
+                    written += self._fh.write(line[written:]) or 0
+                end += len(line)
+            os.fsync(fd)
+        except OSError as err:
+            self.failed += len(events)
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, end)  # no torn line in the middle of the file
+            self._warn(
+                f"could not write {len(events)} event(s) of step {events[0].step} to {self.path} ({err}); training "
+                "goes on, and the events stay in the guard's state (Guard.events, saved with each checkpoint)"
+            )
+
+    def close(self) -> None:
+        """Close the file (also done when the log is collected)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _move_aside(self) -> None:
+        """Move an existing, non-empty file to ``<name>.<its last write, UTC>`` (never over another)."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.path.stat().st_mtime))
+        target, n = self.path.with_name(f"{self.path.name}.{stamp}"), 1
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{self.path.name}.{stamp}-{n}")
+        os.replace(self.path, target)
+        self.moved_to = target
+
+    def _resume(self, step: int, history: Sequence[Event] | None) -> None:
+        old: list[Event] | None = []
+        damaged = False
+        if self.path.is_file():
+            try:
+                read = read_events(self.path)
+                old, damaged = read.events, bool(read.warnings)
+            except EventsFileError:
+                old, damaged = None, True
+        keep = list(history) if history is not None else [e for e in old or [] if e.step <= step]
+        if not damaged and old is not None and [event_line(e) for e in old] == [event_line(e) for e in keep]:
+            return  # the file is the run's record up to the resumed step: continue it
+        self._move_aside()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(event_line(e) for e in keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        warnings.warn(f"rlguard: {message}", RuntimeWarning, stacklevel=3)

@@ -7,7 +7,6 @@ stats (:meth:`rlguard.guards.StepStats.reduce`) take the same decision without a
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,11 @@ from rlguard.guards.alerts import register_alerts
 from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
-from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
+from rlguard.guards.events import SEVERITY_LEVEL, Event, EventsLog, Finding, Severity
+from rlguard.guards.fields import check_fields
 from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
+from rlguard.guards.state import STATE_VERSION, GuardStateError
 
 __all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset"]
 
@@ -65,6 +66,9 @@ class Guard:
         self._last_step: int | None = None
         self._unable: dict[str, str] = {}
         self._actuator_name = ""
+        self._restored = False  # load_state_dict was called: a resumed run
+        self._events_log: EventsLog | None = None
+        self._events_opened = False
         register_alerts(self)
 
     @property
@@ -87,6 +91,8 @@ class Guard:
                 f"step must increase: got {step} after {self._last_step}. After a rollback keep counting forward."
             )
         self._last_step = step
+        if not self._events_opened and self.config.events_path:
+            self.open_events(self.config.events_path)
         stats = with_plugin_stats(step, stats)  # the plugins' rlguard_step_stats hooks
         findings, new_events = self._run_detectors(step, stats)
         ctx = StepContext(
@@ -165,8 +171,9 @@ class Guard:
             outcome=best.outcome,
             controls=controls,
             rollback_to=best.rollback_to,
-            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found
-            snapshot=healthy and due and best.outcome == "step",
+            # a control change (set_clip, scale_lr) is no sign of trouble: the step is healthy if nothing was found;
+            # a guard that only observes never rolls back, so it keeps no snapshot
+            snapshot=healthy and due and best.outcome == "step" and not self.config.observe_only,
             events=tuple(events),
             reason=best.reason,
         )
@@ -201,13 +208,31 @@ class Guard:
                 iv.on_rollback(decision.step)
 
     def _record(self, events: list[Event]) -> None:
-        self.events.extend(events)
-        if events and self.config.events_path:
-            path = Path(self.config.events_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as fh:
-                for e in events:
-                    fh.write(json.dumps(e.to_dict()) + "\n")
+        self.events.extend(events)  # the decision's own Event objects (the alerts plugin compares identities)
+        if self._events_log is not None:
+            self._events_log.write(events)
+
+    def open_events(self, path: str | Path | None, *, resume_step: int | None = None) -> None:
+        """Write this guard's events to ``path`` from now on (None: to no file, e.g. on ranks other than the first):
+        a run that starts afresh moves an existing file aside; a resumed one (``resume_step``, the step it resumes
+        after; by default the last step of a state loaded with :meth:`load_state_dict`) continues it with the
+        loaded events as its record (:class:`~rlguard.guards.events.EventsLog`). Called by the adapters when
+        training starts; otherwise the first :meth:`observe` opens ``config.events_path``."""
+        if self._events_log is not None:
+            self._events_log.close()
+        self._events_opened = True
+        self._events_log = None
+        if path is None:
+            return
+        if resume_step is None and self._restored:
+            resume_step = self._last_step if self._last_step is not None else 0
+        history = list(self.events) if self._restored else None
+        self._events_log = EventsLog(path, resume_step=resume_step, history=history)
+
+    @property
+    def events_log(self) -> EventsLog | None:
+        """Where events are written (None: nowhere)."""
+        return self._events_log
 
     def report(self) -> str:
         """A short text report: raised alarms and the last events."""
@@ -219,7 +244,7 @@ class Guard:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue with the same baselines and history (JSON-ready)."""
         return {
-            "version": 1,
+            "version": STATE_VERSION,
             "events": [e.to_dict() for e in self.events],
             "alarms": {n: vars(a).copy() for n, a in self._alarms.items()},
             "seen": dict(self._seen),
@@ -231,26 +256,98 @@ class Guard:
             "last_step": self._last_step,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; detectors or interventions absent from this guard are ignored."""
-        if state.get("version") != 1:
-            raise ValueError(f"unsupported guard state version {state.get('version')!r}; expected 1.")
-        state = copy.deepcopy(dict(state))
-        self.events = [Event.from_dict(e) for e in state["events"]]
-        for n, a in state["alarms"].items():
-            if n in self._alarms:
-                self._alarms[n] = _AlarmState(**a)
-        self._seen.update({n: v for n, v in state["seen"].items() if n in self._seen})
-        for n, s in state["detectors"].items():
-            if n in self.detectors:
-                self.detectors[n].load_state_dict(s)
-        for n, s in state["interventions"].items():
-            if n in self.interventions:
-                self.interventions[n].load_state_dict(s)
-        self._consecutive_skips = state["consecutive_skips"]
-        self._last_healthy_step = state["last_healthy_step"]
-        self._last_snapshot_step = state["last_snapshot_step"]
-        self._last_step = state["last_step"]
+    def load_state_dict(self, state: Mapping[str, Any], *, source: str = "guard state") -> None:
+        """Restore :meth:`state_dict`, validated first (:mod:`rlguard.guards.state`): the version, known keys only
+        and the type of every value; :class:`~rlguard.guards.state.GuardStateError` naming ``source`` (the file)
+        and the key otherwise, with nothing changed. Detectors and interventions this guard does not run are
+        ignored (a state saved by a guard configured otherwise)."""
+        if not isinstance(state, Mapping):
+            raise GuardStateError(f"{source}: expected a JSON object (the guard's state); got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION or isinstance(state.get("version"), bool):
+            raise GuardStateError(
+                f"{source}: unsupported guard state version {state.get('version')!r}; this rlguard reads version "
+                f"{STATE_VERSION}."
+            )
+        template = self.state_dict()
+        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state))
+        if unknown or missing:
+            raise GuardStateError(
+                f"{source}: not a guard state: unknown key(s) {unknown}, missing key(s) {missing}; a guard state has "
+                f"{sorted(template)}."
+            )
+        try:
+            events = [Event.from_dict(e) for e in _listed(state["events"], f"{source}: events")]
+        except (TypeError, ValueError) as err:
+            raise GuardStateError(f"{source}: events: {err}") from None
+        alarms = {
+            n: _AlarmState(**_alarm(a, f"{source}: alarms.{n}"))
+            for n, a in _mapping(state["alarms"], f"{source}: alarms").items()
+            if n in self._alarms
+        }
+        seen = {n: _count(v, f"{source}: seen.{n}") for n, v in _mapping(state["seen"], f"{source}: seen").items()}
+        counters = {k: _step(state[k], f"{source}: {k}") for k in _COUNTERS}
+        if counters["consecutive_skips"] is None:
+            raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
+        # private states last: each validates all of its keys before it changes anything
+        owners: dict[str, Mapping[str, Any]] = {"detectors": self.detectors, "interventions": self.interventions}
+        private = {kind: _mapping(state[kind], f"{source}: {kind}") for kind in owners}
+        for kind, parts in private.items():
+            for n, s in parts.items():
+                if n in owners[kind]:
+                    _probe(owners[kind][n], s, f"{source}: {kind}.{n}")
+        for kind, parts in private.items():
+            for n, s in parts.items():
+                if n in owners[kind]:
+                    owners[kind][n].load_state_dict(s, where=f"{source}: {kind}.{n}")
+        self.events = events
+        self._alarms.update(alarms)
+        self._seen.update({n: v for n, v in seen.items() if n in self._seen})
+        self._consecutive_skips = counters["consecutive_skips"]
+        self._last_healthy_step = counters["last_healthy_step"]
+        self._last_snapshot_step = counters["last_snapshot_step"]
+        self._last_step = counters["last_step"]
+        self._restored = True
+
+
+_COUNTERS = ("consecutive_skips", "last_healthy_step", "last_snapshot_step", "last_step")
+_ALARM_FIELDS = ("level", "streak", "clean", "critical_age")
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise GuardStateError(f"{where}: expected a JSON object; got {type(value).__name__}")
+    return value
+
+
+def _listed(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise GuardStateError(f"{where}: expected a list; got {type(value).__name__}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GuardStateError(f"{where}: expected an integer >= 0; got {type(value).__name__} {value!r:.80}")
+    return value
+
+
+def _step(value: Any, where: str) -> int | None:
+    return None if value is None else _count(value, where)
+
+
+def _alarm(value: Any, where: str) -> dict[str, int]:
+    fields = _mapping(value, where)
+    if set(fields) != set(_ALARM_FIELDS):
+        raise GuardStateError(f"{where}: expected the keys {list(_ALARM_FIELDS)}; got {sorted(fields)}")
+    alarm = {k: _count(fields[k], f"{where}.{k}") for k in _ALARM_FIELDS}
+    if alarm["level"] > 2:
+        raise GuardStateError(f"{where}.level: expected 0 (none), 1 (warn) or 2 (critical); got {alarm['level']}")
+    return alarm
+
+
+def _probe(owner: Any, state: Any, where: str) -> None:
+    """Validate ``state`` for ``owner`` on a copy, so that a bad key later in the file changes nothing."""
+    copy.deepcopy(owner).load_state_dict(state, where=where)
 
 
 def _build(registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str) -> dict[str, Any]:
@@ -263,7 +360,8 @@ def _build(registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] 
             name not in overrides and not getattr(cls, "enabled_by_default", True)
         ):
             continue
-        params = dict(overrides.get(name) or {})
+        # the overrides' types, strictly, against the class's fields (a JSON "5" is not a number)
+        params = check_fields(cls, overrides.get(name) or {}, where=f"GuardConfig.{kind}s[{name!r}]")
         try:
             built[name] = cls(**params)
         except TypeError as err:

@@ -1,12 +1,71 @@
-"""Checkpointable private state, shared by detectors and interventions."""
+"""The guard's checkpointed state: the private state of detectors and interventions (:class:`PrivateState`), the
+validation of a state read back, and its file (``rlguard_guard.json``), written atomically.
+
+A state file is written to a temporary file beside it, ``fsync``-ed and renamed over the old one
+(:func:`write_state_file`): a crash leaves the old file or the new one, never half of one. Read back
+(:func:`read_state_file`, ``Guard.load_state_dict``) it is validated before anything changes: its version, known
+keys only, and the type of every value (a state file never sets anything on the guard but its counters and
+baselines); every error names the file and the key.
+"""
 
 from __future__ import annotations
 
+import json
+import numbers
+import os
 from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from rlguard.guards.robust import RollingWindow
+
+__all__ = [
+    "STATE_VERSION",
+    "GuardStateError",
+    "PrivateState",
+    "missing_state_message",
+    "read_state_file",
+    "write_state_file",
+]
+
+#: the version of the guard's state (``Guard.state_dict()["version"]``); a file of another version is refused
+STATE_VERSION = 1
+
+
+class GuardStateError(ValueError):
+    """A guard state that cannot be loaded; ``str(err)`` names the file, the key and what was expected."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_state_value(current: Any, value: Any, where: str) -> Any:
+    """``value`` read for an attribute whose value is now ``current``, if of the same kind: a list of numbers for a
+    rolling window or a list, a number for a float, an integer for an int, a string for a string; for an attribute
+    now None, None or a number or a string. :class:`GuardStateError` naming ``where`` otherwise."""
+    if isinstance(current, (RollingWindow, list)):
+        ok = isinstance(value, list) and all(_is_real(v) for v in value)
+        expected = "a list of numbers"
+    elif isinstance(current, bool):
+        ok, expected = isinstance(value, bool), "true or false"
+    elif isinstance(current, numbers.Integral):
+        ok, expected = _is_int(value), "an integer"
+    elif isinstance(current, numbers.Real):
+        ok, expected = _is_real(value), "a number"
+    elif isinstance(current, str):
+        ok, expected = isinstance(value, str), "a string"
+    else:
+        ok = value is None or isinstance(value, str) or _is_real(value)
+        expected = "null, a number or a string"
+    if not ok:
+        raise GuardStateError(f"{where}: expected {expected}; got {type(value).__name__} {value!r:.80}")
+    return value
 
 
 class PrivateState:
@@ -23,10 +82,19 @@ class PrivateState:
             if k.startswith("_s_")
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        for k, v in state.items():
-            cur = getattr(self, k, None)
+    def load_state_dict(self, state: Mapping[str, Any], *, where: str = "state") -> None:
+        """Restore what :meth:`state_dict` saved. Only this object's own ``_s_*`` attributes, each of the kind it
+        holds now (:func:`check_state_value`); anything else raises :class:`GuardStateError` naming ``where`` and
+        the key, before anything changes. A key the state lacks keeps its current value."""
+        if not isinstance(state, Mapping):
+            raise GuardStateError(f"{where}: expected a mapping; got {type(state).__name__}")
+        own = {k: v for k, v in vars(self).items() if k.startswith("_s_")}
+        unknown = sorted(str(k) for k in state if k not in own)
+        if unknown:
+            raise GuardStateError(f"{where}: unknown key(s) {unknown}; this {type(self).__name__} has {sorted(own)}")
+        checked = {k: check_state_value(own[k], v, f"{where}.{k}") for k, v in state.items()}
+        for k, v in checked.items():
+            cur = own[k]
             if isinstance(cur, RollingWindow):
                 setattr(self, k, RollingWindow(cur.values.maxlen or len(v), v))
             else:
@@ -36,3 +104,57 @@ class PrivateState:
     def defaults(cls) -> dict[str, Any]:
         """Constructor arguments and their defaults."""
         return {f.name: f.default for f in fields(cls) if f.init}  # type: ignore[arg-type]
+
+
+def write_state_file(path: str | Path, state: Mapping[str, Any]) -> None:
+    """Write ``state`` as JSON to ``path`` atomically: a temporary file beside it, ``fsync``, ``os.replace``, then
+    the folder ``fsync``-ed (where the system allows), so that a crash leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return  # a folder cannot be opened on this system (Windows): the rename is what it is
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
+def read_state_file(path: str | Path) -> Any:
+    """The JSON in ``path``; :class:`GuardStateError` naming the file when it cannot be read or is not JSON (a
+    truncated file, say)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise GuardStateError(f"{path}: cannot be read as the guard's state ({err})") from None
+    try:
+        return json.loads(text)  # NaN and Infinity, which the guard's baselines may hold, read back as floats
+    except json.JSONDecodeError as err:
+        raise GuardStateError(
+            f"{path}: not the guard's state, not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); a "
+            "file cut short by a crash? Resume from an earlier checkpoint, or delete the file to start the guard "
+            "afresh (its baselines and history are then lost)"
+        ) from None
+
+
+def missing_state_message(path: str | Path, step: int) -> str:
+    """What a resume without the guard's state says, and what it costs."""
+    return (
+        f"rlguard: resuming at step {step} WITHOUT the guard's state: {path} is missing. The guard starts over: "
+        "every detector's baseline and warm-up begin again (no drift or spike alarm until they have re-learnt the "
+        "run, and the early-run anchors are now this late stretch), the event history and the LR and clip "
+        "multipliers the interventions had set are lost, and there is no rollback snapshot until the next healthy "
+        "step. Resume from a checkpoint that holds rlguard_guard.json to keep them."
+    )

@@ -155,7 +155,8 @@ class TrustRegion(Intervention):
 
 def measures_update(guard: Guard | None) -> bool:
     """Whether ``guard`` runs a :class:`TrustRegion` that reads ``update_ratio``: the actuator must then measure
-    each update (``TorchActuator(measure_update=True)``, one extra copy of the weights while it steps)."""
+    each update (``TorchActuator(measure_update=True)``: a float64 host copy of the trained parameters, this
+    rank's share under DDP, and one chunk in transit; :mod:`rlguard.guards.update_norm`)."""
     if guard is None:
         return False
     return any(

@@ -38,7 +38,8 @@ guard state        yes                               yes                        
    before the engine steps its scheduler, so the scale never compounds.
 4. ``snapshot``: ``engine.save_checkpoint(<folder>, tag="rlguard_snapshot")`` on every rank (collective; weights,
    ZeRO partitions, optimizer state) before the step's update, into ``StabilityCallback(snapshot_dir=)`` or
-   ``<output_dir>/rlguard_snapshot`` (not CPU memory: the state is partitioned), a folder every rank can read.
+   ``<output_dir>/rlguard_snapshot`` (not host memory: the state is partitioned), a folder every rank can read:
+   each rank writes its own partition (:meth:`ZeroActuator.snapshot_cost`), over the previous snapshot's files.
    ``rollback``: the step is skipped as in [2], then ``engine.load_checkpoint`` of that tag (optimizer state,
    not the scheduler's) on every rank; the engine's step counters are kept, so the schedule stays a function of
    ``global_step``. Without a snapshot: halt.
@@ -65,6 +66,7 @@ from torch import Tensor
 from rlguard.adapters.trl.compat import EngineStepApplying
 from rlguard.core_losses import Controls
 from rlguard.guards.actuator import TorchActuator
+from rlguard.guards.snapshot import SnapshotCost
 
 __all__ = ["ControlledTrainer", "TrainerActuator", "ZeroActuator", "trainer_capabilities"]
 
@@ -140,6 +142,31 @@ class ZeroActuator:
     def snapshot(self, step: int) -> None:
         self.engine.save_checkpoint(str(self.folder), tag=_ENGINE_SNAPSHOT_TAG, save_latest=False)
         self.snapshot_step = step
+
+    def snapshot_cost(self) -> SnapshotCost:
+        """What one rank's engine checkpoint costs, estimated from the parameters' count (``N``, ZeRO-3's full
+        sizes) and the data-parallel ranks (``W``): on disk its ZeRO partition, fp32 weights and Adam's two
+        moments (``12 N / W`` bytes), and under ZeRO-1/2 on the first rank the module's weights in their dtype.
+        Host memory: nothing is kept between steps; saving copies one tensor at a time off the accelerator (at
+        most a flat fp32 partition, ``4 N / W``), and a rollback's ``load_checkpoint`` reads this rank's optimizer
+        partition file whole (``12 N / W``, the peak, and what is checked against the budget).
+        ``benchmarks/guard_memory.md`` has the measured sizes."""
+        params = list(self.engine.module.parameters())
+        numel = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+        itemsize = params[0].element_size() if params else 4
+        ranks = max(int(getattr(self.engine, "dp_world_size", 1)), 1)
+        rank = self.engine.global_rank if hasattr(self.engine, "global_rank") else 0
+        disk = 12 * numel // ranks
+        if self.engine.zero_optimization_stage() < 3 and rank == 0:
+            disk += numel * itemsize
+        return SnapshotCost(
+            host_bytes=12 * numel // ranks,
+            disk_bytes=disk,
+            model_bytes=numel * itemsize,
+            ranks=ranks,
+            estimated=True,
+            where=f"a DeepSpeed engine checkpoint in {self.folder}",
+        )
 
     def has_snapshot(self) -> bool:
         return self.snapshot_step is not None

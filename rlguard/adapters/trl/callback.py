@@ -18,7 +18,6 @@ and the logged keys: ``docs/guides/trl.md``, "The guard in TRL's training loop".
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 try:
@@ -53,6 +53,7 @@ from rlguard.guards.actuator import (
     bind_guard,
     make_guard,
 )
+from rlguard.guards.state import missing_state_message, read_state_file, write_state_file
 from rlguard.guards.trust_region import measures_update
 from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
@@ -87,9 +88,10 @@ class StabilityCallback(TrainerCallback):
         every_step: log after every optimizer step.
         guard: a preset name, a ``GuardConfig`` or a ``Guard``; None only records. See the module for what each
             decision does.
-        snapshot_dir: keep rollback snapshots in this folder (one file per rank) instead of CPU memory.
+        snapshot_dir: keep rollback snapshots in this folder (one safetensors file per rank) instead of host memory.
         measure_update: report ``update_ratio`` (``||theta_t - theta_(t-1)|| / ||theta_(t-1)||`` of the last applied
-            update) in the next step's stats; costs one copy of the weights per step. Not under DeepSpeed. On by
+            update) in the next step's stats; costs a host copy of the trainable weights (this rank's share under
+            DDP) and a bounded chunk on the device (:mod:`rlguard.guards.update_norm`). Not under DeepSpeed. On by
             itself when the guard runs a ``trust_region`` that reads it (the ``stable`` preset).
 
     Attributes:
@@ -159,12 +161,11 @@ class StabilityCallback(TrainerCallback):
             actuator = self._trainer_actuator(args, model, optimizer)
         bind_guard(self.guard, actuator, where=where)
         check_logged_metrics(self._trainer)
-        if self.guard.config.events_path is None or args.process_index != 0:
-            self.guard.config.events_path = (
-                str(Path(str(args.output_dir)) / EVENTS_FILE) if args.process_index == 0 else None
-            )
         if state.global_step > 0:
             self._load_guard_state(args, state)
+        # the first process writes the events: a fresh run moves an old file aside, a resumed one continues it
+        path = self.guard.config.events_path or str(Path(str(args.output_dir)) / EVENTS_FILE)
+        self.guard.open_events(path if args.process_index == 0 else None, resume_step=state.global_step or None)
         if not deepspeed:
             # the guard needs the norm before clipping, which the trainer does not pass to callbacks: clip here
             self._max_grad_norm, args.max_grad_norm = args.max_grad_norm, 0.0
@@ -248,7 +249,7 @@ class StabilityCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         folder = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if self.guard is not None and args.should_save and folder.is_dir():
-            (folder / GUARD_STATE_FILE).write_text(json.dumps(self.guard.state_dict()))
+            write_state_file(folder / GUARD_STATE_FILE, self.guard.state_dict())  # atomically
 
     # -- the guarded step ------------------------------------------------------------------------------
     def _guarded_step(
@@ -299,22 +300,29 @@ class StabilityCallback(TrainerCallback):
             or actuator.model is not model
             or actuator.optimizer is not optimizer
         ):
-            path = None
-            if self.snapshot_dir is not None:
-                path = str(Path(self.snapshot_dir) / f"rlguard_snapshot_rank{args.process_index}.pt")
-            old = actuator.snapshot_step if isinstance(actuator, TrainerActuator) else None
+            folder = self.snapshot_dir
+            if folder is None and self.guard is not None and self.guard.config.snapshot_to_disk:
+                folder = str(Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
+            path = None if folder is None else str(Path(folder) / f"rank{args.process_index}.safetensors")
             actuator = TrainerActuator(
                 model,
                 optimizer,
                 owns_step=False,
                 snapshot_path=path,
+                replicas=self._replicas(),
                 measure_update=self.measure_update or measures_update(self.guard),  # trust_region reads it
                 trainer=self._trainer,
             )
-            if path is not None and old is not None:
-                actuator.snapshot_step = old  # the file on disk is still this run's snapshot
             self._actuator = actuator
         return actuator
+
+    def _replicas(self) -> Any:
+        """The process group over which the weights are replicated (DDP: every process), whose ranks share the
+        snapshot and the update measurement; None in one process and under FSDP (each rank's parameters are its own
+        shards)."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        return None if getattr(self._trainer, "is_fsdp_enabled", False) else dist.group.WORLD
 
     def _stop_if_requested(self, control: TrainerControl) -> None:
         if self._actuator is not None and self._actuator.stop_requested:
@@ -355,11 +363,6 @@ class StabilityCallback(TrainerCallback):
         assert self.guard is not None
         path = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / GUARD_STATE_FILE
         if path.is_file():
-            self.guard.load_state_dict(json.loads(path.read_text()))
+            self.guard.load_state_dict(read_state_file(path), source=str(path))  # validated, the path in errors
         else:
-            warnings.warn(
-                f"resuming at step {state.global_step} without guard state: {path} is missing, so the guard starts "
-                "with fresh baselines (resume from a checkpoint in output_dir to keep them).",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(missing_state_message(path, state.global_step), UserWarning, stacklevel=2)

@@ -186,7 +186,8 @@ def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guard
     """``GuardedGRPOConfig.guard`` as given -> a preset name, a ``GuardConfig`` or None.
 
     A JSON object (string) or a mapping holds ``GuardConfig`` fields, with an optional ``"preset"`` they change
-    (``"default"`` without one); schedules, which are functions, cannot be given this way.
+    (``"default"`` without one), type-checked strictly (:meth:`GuardConfig.from_mapping`: ``{"observe_only":
+    "false"}`` is refused, not read as true); schedules, which are functions, cannot be given this way.
     """
     if spec is None or isinstance(spec, GuardConfig):
         return spec
@@ -204,18 +205,7 @@ def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guard
             f"guard must be a preset name ({', '.join(map(repr, PRESETS))}), a GuardConfig or a JSON object of its "
             f"fields; got {spec!r}."
         )
-    fields = dict(spec)
-    preset = fields.pop("preset", "default")
-    allowed = {f.name for f in dataclasses.fields(GuardConfig)} - {"schedules"}
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise ValueError(
-            f"guard: unknown GuardConfig field(s) {unknown} in {dict(spec)!r}; accepted: 'preset' and "
-            f"{sorted(allowed)} (schedules only from Python, as a GuardConfig)."
-        )
-    if not isinstance(preset, str):
-        raise ValueError(f"guard: 'preset' must be a preset name ({', '.join(map(repr, PRESETS))}); got {preset!r}.")
-    return GuardConfig.preset(preset, **fields)
+    return GuardConfig.from_mapping(spec, where="guard")
 
 
 def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from numbers import Real
@@ -30,6 +30,7 @@ from typing import Any
 
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
+from rlguard.adapters.verl.state import driver_state, read_driver_state
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuator import (
     EVENTS_FILE,
@@ -41,6 +42,7 @@ from rlguard.guards.actuator import (
 )
 from rlguard.guards.config import PRESETS, check_preset
 from rlguard.guards.decision import Controls, action_code
+from rlguard.guards.state import missing_state_message, read_state_file, write_state_file
 from rlguard.metrics import canonical_stats
 
 __all__ = [
@@ -94,8 +96,8 @@ class VerlGuardDriver:
         check_verl_trainer(trainer)
         _check_trainer_config(trainer.config)
         self.guard = make_guard(guard)
-        if self.guard.config.events_path is None:
-            self.guard.config.events_path = str(self.checkpoint_root / EVENTS_FILE)
+        #: the guard's events file: opened at the first training step, which tells a fresh run from a resume
+        self.events_path = Path(self.guard.config.events_path or self.checkpoint_root / EVENTS_FILE)
         #: the controls in force in the workers (all but the LR scale, sent on its own)
         self.controls = Controls()
         self.lr_scale = 1.0  # the actor's LR scale in force (sent to the workers)
@@ -170,6 +172,9 @@ class VerlGuardDriver:
         """
         if "training/global_step" not in data:
             return {}
+        if self.guard.events_log is None:
+            # verl's first step is 1, or the step after the checkpoint it resumed from
+            self.guard.open_events(self.events_path, resume_step=step - 1 if step > 1 else None)
         decision = self.guard.observe(step, driver_stats(data))
         logged = {
             "rlguard/guard/action": action_code(decision),
@@ -260,29 +265,23 @@ class VerlGuardDriver:
     def save(self, folder: Path) -> None:
         """Write the guard's state and the workers' controls to ``folder/rlguard_guard.json``."""
         folder.mkdir(parents=True, exist_ok=True)
-        state = {
-            "guard": self.guard.state_dict(),
-            "controls": self.controls.to_dict(),
-            "lr_scale": self.lr_scale,
-            "discarded": sorted(self.discarded),
-        }
-        tmp = folder / (GUARD_STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state), encoding="utf-8")
-        tmp.replace(folder / GUARD_STATE_FILE)
+        state = driver_state(self.guard.state_dict(), self.controls, self.lr_scale, self.discarded)
+        write_state_file(folder / GUARD_STATE_FILE, state)  # atomically
 
     def load(self, folder: Path) -> bool:
-        """Restore :meth:`save` from ``folder`` and send the controls (and the LR scale) to the workers; False if none
-        was saved."""
+        """Restore :meth:`save` from ``folder``, validated (the file's path in every error), and send the controls
+        (and the LR scale) to the workers; False, warned about with what it costs, if none was saved."""
         path = folder / GUARD_STATE_FILE
         self._workers_lr_scale = None  # the workers' scheduler was loaded as saved: the scale is sent again
         if not path.is_file():
+            warnings.warn(missing_state_message(path, _step_of(folder)), UserWarning, stacklevel=2)
             return False
-        state = json.loads(path.read_text(encoding="utf-8"))
-        self.guard.load_state_dict(state["guard"])
-        self.controls = Controls.from_dict(state["controls"])
-        self.discarded = set(state["discarded"])
+        guard, controls, lr_scale, discarded = read_driver_state(read_state_file(path), str(path))
+        self.guard.load_state_dict(guard, source=f"{path}: guard")
+        self.controls = controls
+        self.discarded = discarded
         self.push_controls()
-        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.lr_scale = lr_scale
         if "lr_scale" in self.capabilities:
             self.push_lr_scale()
         return True
@@ -292,15 +291,17 @@ def guard_from_spec(spec: str | GuardConfig | Guard | Mapping[str, Any]) -> str 
     """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, a mapping of ``GuardConfig`` fields with
     an optional ``preset`` they change (``+trainer.rlguard_guard='{preset: strict, alerts: {webhook_env: X}}'``),
     or ``"module:factory"`` naming a callable (importable in verl's task-runner process) that returns a
-    ``GuardConfig`` or a ``Guard``."""
+    ``GuardConfig`` or a ``Guard``. A mapping is type-checked strictly (:meth:`GuardConfig.from_mapping`).
+
+    Security: ``module:factory`` imports that module and calls that function, like Hydra's ``_target_``: whoever
+    writes the config runs code in the training job. Take it only from configs you trust (your own files and
+    command lines), never from a config a third party can edit.
+    """
     if isinstance(spec, Mapping):
         from omegaconf import OmegaConf
 
-        fields = dict(OmegaConf.to_container(OmegaConf.create(dict(spec)), resolve=True))  # type: ignore[arg-type]
-        try:
-            return GuardConfig.preset(str(fields.pop("preset", "default")), **{str(k): v for k, v in fields.items()})
-        except TypeError as err:
-            raise ValueError(f"trainer.rlguard_guard: {err}; accepted: 'preset' and GuardConfig's fields.") from None
+        fields = OmegaConf.to_container(OmegaConf.create(dict(spec)), resolve=True)
+        return GuardConfig.from_mapping(fields, where="trainer.rlguard_guard")  # type: ignore[arg-type]
     if not isinstance(spec, str):
         return spec
     if ":" not in spec:

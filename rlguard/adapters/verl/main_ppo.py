@@ -20,8 +20,9 @@ Select the guarded loss in the workers as for any guarded run::
         actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl.GuardedPolicyLossConfig \\
         +trainer.rlguard_guard=default trainer.save_freq=10
 
-``+trainer.rlguard_guard`` is a preset (``monitor``, ``default``, ``strict``, ``stable``) or ``module:factory``
-returning a ``GuardConfig``. Rollback needs verl checkpoints: the guard saves one when it asks for a snapshot.
+``+trainer.rlguard_guard`` is a preset (``monitor``, ``default``, ``strict``, ``stable``), a mapping of
+``GuardConfig`` fields, or ``module:factory`` returning a ``GuardConfig`` (imported and called, as Hydra's
+``_target_``: trusted configs only). Rollback needs verl checkpoints: the guard saves one when it asks for a snapshot.
 """
 
 from __future__ import annotations

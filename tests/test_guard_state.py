@@ -111,8 +111,8 @@ def test_a_truncated_file_names_itself(tmp_path: Path, saved: dict[str, Any]) ->
         read_state_file(path)
 
 
-def test_trl_resume_without_state_warns_with_its_cost(tmp_path: Path) -> None:
-    pytest.importorskip("trl")
+def _trl_begin_resumed_at_step_3(output_dir: Path) -> None:
+    """A TRL StabilityCallback's on_train_begin on a run resumed at global step 3 of ``output_dir``."""
     import torch
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -121,32 +121,24 @@ def test_trl_resume_without_state_warns_with_its_cost(tmp_path: Path) -> None:
     callback = StabilityCallback(guard="default")
     callback.attach(type("Stand", (), {"_metrics": {"train": {}}})())
     model = torch.nn.Linear(2, 2)
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=1)
+    args = TrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none", logging_steps=1)
     state = TrainerState()
     state.global_step = 3
+    callback.on_train_begin(args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters()))
+
+
+def test_trl_resume_without_state_warns_with_its_cost(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
     with pytest.warns(UserWarning, match=r"resuming at step 3 WITHOUT the guard's state: .*checkpoint-3.*baseline"):
-        callback.on_train_begin(
-            args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters())
-        )
+        _trl_begin_resumed_at_step_3(tmp_path)
 
 
 def test_trl_resume_with_a_bad_state_names_the_file(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    import torch
-    from transformers import TrainerControl, TrainerState, TrainingArguments
-
-    from rlguard.adapters.trl import GUARD_STATE_FILE, StabilityCallback
+    from rlguard.adapters.trl import GUARD_STATE_FILE
 
     folder = tmp_path / "checkpoint-3"
     folder.mkdir()
     (folder / GUARD_STATE_FILE).write_text('{"version": 1')
-    callback = StabilityCallback(guard="default")
-    callback.attach(type("Stand", (), {"_metrics": {"train": {}}})())
-    model = torch.nn.Linear(2, 2)
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", logging_steps=1)
-    state = TrainerState()
-    state.global_step = 3
     with pytest.raises(GuardStateError, match=rf"{folder / GUARD_STATE_FILE}: not the guard's state"):
-        callback.on_train_begin(
-            args, state, TrainerControl(), model=model, optimizer=torch.optim.SGD(model.parameters())
-        )
+        _trl_begin_resumed_at_step_3(tmp_path)

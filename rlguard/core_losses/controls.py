@@ -32,12 +32,21 @@ def _control(
     logged_as: str = "set_clip",
     low: float = 0.0,
     strict: bool = False,
+    kind: Literal["number", "flag"] = "number",
 ) -> Any:
     """A control's field: neutral ``default``, the actuator ``capability`` it needs, how proposals ``combine``
     (``product``: multiplied, schedules too; ``replace``: the schedule's value, then the last intervention's that
     sets one), the action an intervention's change of it is ``logged_as`` (``action:<name>`` events:
-    ``set_clip`` for the objective's knobs, ``scale_lr`` for the LR), and its range (``> low`` if ``strict``)."""
-    metadata = {"capability": capability, "combine": combine, "logged_as": logged_as, "low": low, "strict": strict}
+    ``set_clip`` for the objective's knobs, ``scale_lr`` for the LR), and its range (``> low`` if ``strict``);
+    a ``flag`` is True or False (switched on by the last intervention that proposes it)."""
+    metadata = {
+        "capability": capability,
+        "combine": combine,
+        "logged_as": logged_as,
+        "low": low,
+        "strict": strict,
+        "kind": kind,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -54,6 +63,13 @@ class Controls:
         clip_low, clip_high: scheduled bounds replacing the configured ones before scaling; None keeps them.
         beta: scheduled KL coefficient; None keeps the configured one.
         entropy_coef: scheduled entropy-bonus coefficient; None keeps the configured one.
+        kept_gradient: the objective's hard clip becomes a truncated, detached weight at its upper bound, so that
+            every token keeps its gradient (``Objective.kept_gradient``; the remedy for a train-inference gap where
+            pi_old is the engine's).
+        rollout_is_cap: token-level truncated importance sampling against the engine's log-probs with this cap
+            (TIS), where the run configured none; needs the engine's log-probs beside the trainer's pi_old.
+        rollout_mask_high: a geometric-mean rejection mask ``[1 / C, C]`` against the engine's log-probs
+            (IcePop-style MIS), where the run configured none; likewise.
     """
 
     lr_scale: float = _control(1.0, "lr_scale", combine="product", logged_as="scale_lr")
@@ -63,11 +79,18 @@ class Controls:
     clip_high: float | None = _control(None, "clip")
     beta: float | None = _control(None, "beta")
     entropy_coef: float | None = _control(None, "entropy_coef")
+    kept_gradient: bool = _control(False, "kept_gradient", kind="flag")
+    rollout_is_cap: float | None = _control(None, "rollout_correction", low=1.0)
+    rollout_mask_high: float | None = _control(None, "rollout_correction", low=1.0)
 
     def __post_init__(self) -> None:
         for f in _FIELDS:
             value = getattr(self, f.name)
-            if value is f.default:  # neutral (1.0 or None) is always valid: most controls are, every step
+            if value is f.default:  # neutral (1.0, None, False) is always valid: most controls are, every step
+                continue
+            if f.metadata["kind"] == "flag":
+                if not isinstance(value, bool):
+                    raise ValueError(f"controls: {f.name} must be True or False; got {value!r}.")
                 continue
             low, strict = f.metadata["low"], f.metadata["strict"]
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -39,7 +39,7 @@ from rlguard.core_losses.batch import (
 )
 from rlguard.core_losses.controls import Controls
 from rlguard.core_losses.kl import KL_ESTIMATORS, KLEstimator, k3_from_log_ratio, kl_estimate
-from rlguard.core_losses.ratios import Surrogate, seq_log_ratio, token_log_ratio
+from rlguard.core_losses.ratios import Surrogate, seq_log_ratio, token_log_ratio, truncated_weight_surrogate
 from rlguard.core_losses.rollout import (
     ROLLOUT_IS_LEVELS,
     ROLLOUT_MASK_LEVELS,
@@ -78,6 +78,11 @@ class Objective:
             behaviour log-probs are ``rollout_logprobs`` when given, else ``old_logprobs``.
         on_nonfinite: ``"raise"`` (default) or ``"mask"``: drop tokens with NaN/Inf inputs and count them in the
             ``nonfinite`` metric so that a guard can skip the step.
+        kept_gradient: replace the objective's hard clip by a detached importance weight truncated at its upper
+            ratio bound, ``-sg[min(r, hi)] A log pi`` (CISPO's form, arXiv 2506.13585; :meth:`kept_gradient_surrogate`),
+            so that no token's gradient is zeroed by a ratio that the engine's numerics, not the update, moved.
+            Ignored by objectives that keep every gradient already (:attr:`keeps_gradient`) or have no upper bound.
+            The guard's mismatch remedy sets it (:mod:`rlguard.guards.remedies`).
     """
 
     name: ClassVar[str] = ""
@@ -98,6 +103,9 @@ class Objective:
     #: each token's term depends on statistics of the whole (micro-)batch (Clip-Cov's and KL-Cov's covariance), which
     #: the fused path, evaluating the objective chunk by chunk, cannot reproduce
     needs_whole_batch: ClassVar[bool] = False
+    #: no token's gradient is zeroed by a bound on its ratio (CISPO's truncated weight, SAPO's soft gate): the
+    #: ``kept_gradient`` remedy leaves it as it is
+    keeps_gradient: ClassVar[bool] = False
     #: the fields of its lower and upper clip bound, on which the guard's clip controls act (:meth:`with_controls`)
     clip_bounds: ClassVar[tuple[str, str] | None] = None
     #: how TRL's ``GRPOConfig`` and verl's actor config set its fields (common settings such as ``beta`` and the
@@ -118,6 +126,7 @@ class Objective:
     rollout_mask_high: float = 2.0
     off_policy_mask_delta: float | None = None
     on_nonfinite: NonFinitePolicy = "raise"
+    kept_gradient: bool = False
 
     def __post_init__(self) -> None:
         check_aggregation(self.aggregation)
@@ -140,6 +149,8 @@ class Objective:
                 )
         if self.off_policy_mask_delta is not None:
             _check_range("off_policy_mask_delta", self.off_policy_mask_delta, low=0.0)
+        if not isinstance(self.kept_gradient, bool):
+            raise ValueError(f"kept_gradient must be True or False; got {self.kept_gradient!r}.")
 
     # -- to implement -------------------------------------------------------------------------------------
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
@@ -151,6 +162,27 @@ class Objective:
         units (GRPO: ``1 - clip_low``, ``1 + clip_high``); None where it has no such bound. TRL's clip metrics
         count the tokens outside it (``A < 0`` below, ``A > 0`` above)."""
         return None, None
+
+    def weight_log_ratio(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        """The log of the ratio the objective clips: the token's ``(B, T)``, or for a sequence-level objective the
+        sequence's length-normalised one ``(B, 1)`` (GSPO's ``log s_i``). Objectives with another sequence ratio
+        override it."""
+        return log_ratio if self.ratio_level == "token" else seq_log_ratio(log_ratio, mask)
+
+    def applies_kept_gradient(self) -> bool:
+        """Whether ``kept_gradient`` changes this objective: it zeroes gradients at an upper ratio bound."""
+        return not self.keeps_gradient and self.ratio_bounds()[1] is not None
+
+    def kept_gradient_surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
+        """The ``kept_gradient`` terms: ``-sg[min(r, hi)] A log pi`` with ``r`` the ratio the objective clips
+        (:meth:`weight_log_ratio`) and ``hi`` its upper bound (:meth:`ratio_bounds`); no lower bound (CISPO,
+        arXiv 2506.13585, eq. 5). ``(B, T)`` in, terms ``(B, T)``."""
+        high = self.ratio_bounds()[1]
+        if high is None:
+            raise ValueError(f"{self.name}: kept_gradient needs an upper ratio bound; this objective has none.")
+        return truncated_weight_surrogate(
+            self.weight_log_ratio(log_ratio, mask), batch.advantages, batch.logprobs, None, high
+        )
 
     def sequence_weights(self, log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor | None:
         """The detached per-sequence weight of the policy gradient, per token ``(B, T)`` (VESPO's ``phi(W_i)``), or
@@ -170,7 +202,10 @@ class Objective:
 
         On the fields named by :attr:`clip_bounds`: ``clip_scale`` (and ``clip_high_scale`` on the upper bound)
         times the scheduled ``clip_low``/``clip_high`` where given, else this objective's value; the scheduled
-        ``beta`` and ``entropy_coef`` where given. Call it on the configured objective every time, so that the
+        ``beta`` and ``entropy_coef`` where given; the mismatch remedies (:mod:`rlguard.guards.remedies`):
+        ``kept_gradient`` where it changes the objective (:meth:`applies_kept_gradient`), ``rollout_is_cap`` as
+        token-level truncated IS and ``rollout_mask_high`` as a geometric-mean rejection mask ``[1/C, C]`` where the
+        run configured no rollout correction of that kind. Call it on the configured objective every time, so that the
         controls never compound; controls that change nothing return ``self``. Objectives without clip bounds keep
         theirs.
         """
@@ -193,6 +228,13 @@ class Objective:
             changes["beta"] = controls.beta
         if controls.entropy_coef is not None:
             changes["entropy_coef"] = controls.entropy_coef
+        if controls.kept_gradient and self.applies_kept_gradient():
+            changes["kept_gradient"] = True
+        # a rollout correction the run configured itself stays as configured
+        if controls.rollout_is_cap is not None and self.rollout_is is None:
+            changes.update(rollout_is="token", rollout_is_cap=controls.rollout_is_cap)
+        if controls.rollout_mask_high is not None and self.rollout_mask is None:
+            changes.update(rollout_mask="geometric", rollout_mask_high=controls.rollout_mask_high, rollout_mask_low=None)
         if all(getattr(self, k) == v for k, v in changes.items()):
             return self
         return dataclasses.replace(self, **changes)
@@ -221,7 +263,8 @@ class Objective:
         mask = p.mask if keep is None else p.mask * keep.to(p.mask.dtype)  # (B, T)
 
         log_ratio = token_log_ratio(p.logprobs, p.old_logprobs)  # (B, T)
-        terms = self.surrogate(log_ratio, p, mask)
+        kept = self.kept_gradient and self.applies_kept_gradient()
+        terms = self.kept_gradient_surrogate(log_ratio, p, mask) if kept else self.surrogate(log_ratio, p, mask)
         policy = terms.loss if p.token_weights is None else terms.loss * p.token_weights  # (B, T)
         per_token = policy if is_weights is None else policy * is_weights  # (B, T)
         kl = None

@@ -71,3 +71,19 @@ def clipped_surrogate(
         loss = torch.where(advantages < 0, torch.minimum(loss, loss_dual), loss)
         clipped_high = clipped_high | dual.detach()
     return Surrogate(loss=loss, clipped_low=clipped_low.expand_as(loss), clipped_high=clipped_high.expand_as(loss))
+
+
+def truncated_weight_surrogate(
+    log_ratio: Tensor, advantages: Tensor, logprobs: Tensor, low: float | None, high: float
+) -> Surrogate:
+    """A detached, truncated importance weight times the log-prob: ``l = -sg[clip(r, low, high)] A log pi``
+    (CISPO, MiniMax-M1, arXiv 2506.13585, eqs. 4-5). Unlike a clipped ratio, every token keeps its gradient; the
+    clip marks count the tokens whose weight was truncated. ``low=None``: no lower bound (the paper's choice).
+    log_ratio ``(B, T)`` or ``(B, 1)`` (a sequence's), advantages and logprobs ``(B, T)``; terms ``(B, T)``."""
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(min=low, max=high).detach()
+    loss = -advantages * weight * logprobs
+    with torch.no_grad():
+        clipped_low = ratio < low if low is not None else torch.zeros_like(ratio, dtype=torch.bool)
+        clipped_high = ratio > high
+    return Surrogate(loss=loss, clipped_low=clipped_low.expand_as(loss), clipped_high=clipped_high.expand_as(loss))

@@ -59,7 +59,17 @@ EVENTS_FILE = "events.jsonl"
 SEVERITY_CODE: dict[str, float] = {"warn": 1.0, "critical": 2.0}
 
 Capability = Literal[
-    "snapshot", "restore", "drop_update", "lr_scale", "clip", "beta", "entropy_coef", "stop", "update_ratio"
+    "snapshot",
+    "restore",
+    "drop_update",
+    "lr_scale",
+    "clip",
+    "beta",
+    "entropy_coef",
+    "stop",
+    "update_ratio",
+    "kept_gradient",
+    "rollout_correction",
 ]
 #: every capability: what an actuator may declare
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
@@ -182,6 +192,7 @@ def bind_guard(guard: Guard, actuator: Actuator, *, where: str) -> None:
     unable: dict[str, str] = {o: c for o, c in OUTCOME_CAPABILITY.items() if c in missing}
     unable.update({name: c for name, c in Controls.capabilities().items() if c in missing})
     guard.set_record_only(unable, where=where)
+    guard.capabilities = frozenset(actuator.capabilities)
     cost = getattr(actuator, "snapshot_cost", None)
     if not guard.config.observe_only and "snapshot" in actuator.capabilities and cost is not None:
         check_snapshot_budget(cost(), guard.config.snapshot_budget, where=where)
@@ -220,6 +231,9 @@ class TorchActuator:
         measure_update: record ``update_ratio`` = ||theta_after - theta_before|| / ||theta_before|| of each
             applied step, read with :meth:`take_update_ratio` (:class:`~rlguard.guards.update_norm.UpdateMeter`:
             a host copy of the trainable parameters, a bounded chunk on the device).
+        rollout_correction: the loop passes the engine's log-probs as ``rollout_logprobs`` beside a pi_old the
+            trainer recomputed, so a rollout correction (``rollout_is_cap``, ``rollout_mask_high``) can act. False
+            where pi_old is the engine's own (then ``kept_gradient`` is the mismatch remedy).
 
     Attributes:
         current: the objective with the latest controls.
@@ -233,6 +247,7 @@ class TorchActuator:
     snapshot_path: str | None = None
     replicas: Any = "auto"
     measure_update: bool = False
+    rollout_correction: bool = False
     current: Objective | None = field(init=False, default=None)
     stopped: bool = field(init=False, default=False)
     snapshot_step: int | None = field(init=False, default=None)
@@ -250,10 +265,16 @@ class TorchActuator:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        """Everything; the objective's controls only with an objective; ``update_ratio`` when measured."""
+        """Everything; the objective's controls only with an objective (``kept_gradient`` where it changes the
+        objective, a rollout correction where the loop passes the engine's log-probs); ``update_ratio`` when
+        measured."""
         can = {"snapshot", "restore", "drop_update", "lr_scale", "stop"}
         if self.objective is not None:
             can |= {"clip", "beta", "entropy_coef"}
+            if self.objective.applies_kept_gradient():
+                can.add("kept_gradient")
+            if self.rollout_correction:
+                can.add("rollout_correction")
         if self.measure_update:
             can.add("update_ratio")
         return frozenset(can)

@@ -9,7 +9,7 @@ from typing import Any
 
 from rlguard.guards.alerts import AlertConfig
 from rlguard.guards.fields import FieldError, check_fields, check_value
-from rlguard.guards.interventions import Rollback
+from rlguard.guards.interventions import LRBackoff, Rollback
 from rlguard.guards.recovery import Recovery
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
 
@@ -141,11 +141,13 @@ def _strict() -> GuardConfig:
 
 def _stable() -> GuardConfig:
     """``default`` plus the controllers that keep a run going instead of stopping it: the trust region
-    on the step size, clip-higher on entropy collapse, and rollbacks that learn (``recovery`` replaces
-    ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the run halts only after
-    repeated failed recoveries)."""
+    on the step size, clip-higher on entropy collapse, the remedy of a train-inference gap (``mismatch_remedy``:
+    a rollout correction or a kept gradient, the LR back-off only as its last rung), and rollbacks that learn
+    (``recovery`` replaces ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the
+    run halts only after repeated failed recoveries)."""
     # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # (lr_backoff slows what it does), and its alarm leaves the steps healthy (snapshots go on). An entropy far
+    # and an LR cut only slows what it does; mismatch_remedy answers it, lr_backoff no longer reacts to it, and its
+    # alarm leaves the steps healthy (snapshots go on). An entropy far
     # below its start with the reward above its early level is a policy that converged on what it learned (a task
     # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
     recovery = {
@@ -157,6 +159,8 @@ def _stable() -> GuardConfig:
         interventions={
             "trust_region": {},
             "entropy_control": {},
+            "mismatch_remedy": {},
+            "lr_backoff": {"on": tuple(n for n in LRBackoff.on if n != "mismatch_growth")},
             "recovery": recovery,
             "rollback": None,
             "halt": None,

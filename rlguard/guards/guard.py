@@ -66,6 +66,8 @@ class Guard:
         self._last_step: int | None = None
         self._unable: dict[str, str] = {}
         self._actuator_name = ""
+        #: what the bound actuator can do (:func:`~rlguard.guards.actuator.bind_guard`); None while unbound
+        self.capabilities: frozenset[str] | None = None
         self._restored = False  # load_state_dict was called: a resumed run
         self._events_log: EventsLog | None = None
         self._events_opened = False
@@ -103,6 +105,7 @@ class Guard:
             alarm_age={n: a.critical_age for n, a in self._alarms.items() if a.critical_age},
             consecutive_skips=self._consecutive_skips,
             last_healthy_step=self._last_healthy_step,
+            capabilities=self.capabilities,
         )
         proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)

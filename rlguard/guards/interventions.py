@@ -42,6 +42,7 @@ class StepContext:
         alarm_age: steps each raised alarm has been at ``critical`` (0 if only ``warn``).
         consecutive_skips: steps skipped in a row before this one.
         last_healthy_step: the last step with no finding and no alarm, or None.
+        capabilities: what the bound actuator can do (``Actuator.capabilities``); None for a guard bound to none.
     """
 
     step: int
@@ -51,6 +52,7 @@ class StepContext:
     alarm_age: Mapping[str, int]
     consecutive_skips: int
     last_healthy_step: int | None
+    capabilities: frozenset[str] | None = None
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,7 @@ from rlguard.guards.detectors import BUILTIN_DETECTORS, Detector
 from rlguard.guards.entropy_control import EntropyControl
 from rlguard.guards.interventions import BUILTIN_INTERVENTIONS, Intervention
 from rlguard.guards.recovery import Recovery
+from rlguard.guards.remedies import MismatchRemedy
 from rlguard.guards.trust_region import TrustRegion
 from rlguard.hookspecs import hookimpl
 from rlguard.plugins import collect, ensure_registered, plugin_manager
@@ -37,7 +38,7 @@ class _BuiltinGuards:
 
     @hookimpl
     def rlguard_add_interventions(self) -> tuple[type[Intervention], ...]:
-        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, Recovery)  # the last three are opt-in
+        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, Recovery, MismatchRemedy)  # the last four: opt-in
 
 
 def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type[Detector]]:

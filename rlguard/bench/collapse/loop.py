@@ -195,7 +195,13 @@ def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] 
     objective = get_objective(config.objective)
     guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
     # the guard's decisions act through it; it measures each update's relative size for the trust region
-    actuator = TorchActuator(model, optimizer, objective=objective, measure_update=measures_update(guard))
+    actuator = TorchActuator(
+        model,
+        optimizer,
+        objective=objective,
+        measure_update=measures_update(guard),
+        rollout_correction=config.old_logprobs == "trainer",  # the engine's log-probs are rollout_logprobs then
+    )
     if guard is not None:
         bind_guard(guard, actuator, where=f"the collapse benchmark's loop ({config.task} task)")
     tally = GuardTally()

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from rlguard.core_losses.aggregation import Aggregation
 from rlguard.core_losses.batch import PreparedBatch
 from rlguard.core_losses.objective import Objective, _check_choice, _check_range
-from rlguard.core_losses.ratios import Surrogate
+from rlguard.core_losses.ratios import Surrogate, truncated_weight_surrogate
 from rlguard.core_losses.translation import Translation
 
 CISPOBounds = Literal["relative", "absolute"]
@@ -36,6 +35,7 @@ class CISPO(Objective):
     paper = "arXiv 2506.13585"
     summary = "clipped, detached IS weight times log-prob"
     token_local = True
+    keeps_gradient = True
     clip_bounds = ("clip_low", "clip_high")
     trl = Translation(
         fields={"clip_high": "epsilon_high"},
@@ -73,8 +73,4 @@ class CISPO(Objective):
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:
         lo, hi = self.weight_bounds()
-        ratio = torch.exp(log_ratio)
-        weight = ratio.clamp(min=lo, max=hi).detach()
-        loss = -batch.advantages * weight * batch.logprobs
-        clipped_low = (ratio < lo) if lo is not None else torch.zeros_like(ratio, dtype=torch.bool)
-        return Surrogate(loss=loss, clipped_low=clipped_low.detach(), clipped_high=(ratio > hi).detach())
+        return truncated_weight_surrogate(log_ratio, batch.advantages, batch.logprobs, lo, hi)

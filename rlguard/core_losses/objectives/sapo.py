@@ -28,6 +28,7 @@ class SAPO(Objective):
     paper = "arXiv 2511.20347"
     summary = "soft sigmoid gate 4/tau * sigmoid(tau (r - 1))"
     token_local = True
+    keeps_gradient = True
     trl = Translation(fields={"tau_pos": "sapo_temperature_pos", "tau_neg": "sapo_temperature_neg"})
     # verl's sapo ignores loss_agg_mode: SAPO keeps its seq-mean-token-mean
     verl = Translation(fields={"tau_pos": "tau_pos", "tau_neg": "tau_neg"})

@@ -1,0 +1,185 @@
+"""Remedies chosen by cause: the guard cures a train-inference gap instead of slowing the run down.
+
+The cause-to-remedy table (:data:`REMEDY_TABLE`, shown by ``rlguard detectors``) is the one place that says which
+intervention answers which diagnosis. For a train-inference gap (``mismatch_growth``: the engine's log-probs drift
+from the trainer's, through its numerics, a MoE router, or a policy that sampled several updates ago)
+:class:`MismatchRemedy` switches on, one rung at a time, the corrections the library already implements:
+
+1. where the loop passes the engine's log-probs beside a pi_old the trainer recomputed (capability
+   ``rollout_correction``): token-level truncated importance sampling against the engine, ``min(pi_old / mu, C)``
+   with ``C = 2`` (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"),
+   then a geometric-mean rejection mask ``[1 / C, C]`` (MIS / IcePop, arXiv 2510.18855);
+2. where pi_old *is* the engine's (no recomputation; capability ``kept_gradient``): the ratio ``pi / mu`` carries
+   the gap itself, and a hard clip zeroes the gradient of every token the engine's numerics pushed outside the
+   clip range; the remedy replaces the clip by a detached weight truncated at the same upper bound,
+   ``-sg[min(r, 1 + eps_high)] A log pi`` (CISPO, arXiv 2506.13585), so every token keeps its gradient;
+3. the LR back-off, last: ``x0.5`` per further failure, down to ``x0.05``.
+
+The first rung switches on at the gap's finding; every later rung only when the one before did not help: a
+critical finding of a consequence detector (``escalate_on``: reward, entropy or KL control lost, the ratio or the
+gradient exploding) at least ``trial_steps`` after the last switch. An objective whose clip zeroes no gradient
+(CISPO, SAPO: ``Objective.keeps_gradient``) has nothing to switch in rung 2, so a run that learns through the gap
+is left alone until it shows trouble. A user forbids a remedy by leaving it out of ``remedies``
+(``GuardConfig(interventions={"mismatch_remedy": {"remedies": ("rollout_is",)}})``) or switches the intervention
+off with ``None``. A switched remedy stays on (the gap is the engine's and comes back with every rollout); every
+switch is an ``action:set_clip`` (or ``action:scale_lr``) event whose reason names the cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlguard.guards.events import SEVERITY_LEVEL, Severity
+from rlguard.guards.interventions import Intervention, Proposal, StepContext
+
+__all__ = ["REMEDIES", "REMEDY_TABLE", "MismatchRemedy"]
+
+#: each remedy of :class:`MismatchRemedy`: the actuator capability it needs and what it is
+REMEDIES: dict[str, tuple[str, str]] = {
+    "rollout_is": ("rollout_correction", "token-level truncated IS against the engine's log-probs, cap 2 (TIS)"),
+    "rollout_mask": ("rollout_correction", "geometric-mean rejection mask [1/2, 2] against the engine (IcePop MIS)"),
+    "kept_gradient": ("kept_gradient", "the hard clip becomes a weight truncated at its upper bound (CISPO's form)"),
+    "lr_backoff": ("lr_scale", "LR x0.5 per further failure, down to x0.05"),
+}
+
+#: cause -> (detectors that diagnose it, the remedies in the order they are tried, the intervention that applies
+#: them): the one table of remedies by cause (``rlguard detectors`` prints it)
+REMEDY_TABLE: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "train-inference gap, pi_old recomputed by the trainer",
+        "mismatch_growth",
+        "rollout_is, then rollout_mask, then lr_backoff",
+        "mismatch_remedy",
+    ),
+    (
+        "train-inference gap or stale sampler, pi_old = the engine's log-probs",
+        "mismatch_growth",
+        "kept_gradient, then lr_backoff",
+        "mismatch_remedy",
+    ),
+    ("too large a step", "update_ratio, kl_old_blowup", "trust region on the LR", "trust_region"),
+    ("entropy collapse", "entropy_collapse", "clip-higher (upper clip bound x1.2, up to x1.44)", "entropy_control"),
+    ("poisoned batch", "nonfinite, grad_norm_spike, ratio_explosion", "skip the step", "skip_step"),
+    ("slow collapse", "reward/entropy collapse, KL blow-up, repetition", "rollback that learns", "recovery"),
+)
+
+
+@dataclass(kw_only=True)
+class MismatchRemedy(Intervention):
+    """Cure a train-inference gap with the correction its shape calls for, escalating only when it does not help
+    (module docstring).
+
+    Attributes:
+        on: the detector that diagnoses the gap.
+        severity: the least severity of its finding that switches the first remedy on.
+        remedies: the remedies allowed, in the order they are tried (:data:`REMEDIES`); those the actuator cannot
+            carry out are passed over.
+        escalate_on: consequence detectors whose critical finding, ``trial_steps`` or more after the last switch,
+            means the remedy did not help.
+        trial_steps: steps a remedy is given before a consequence counts against it.
+        rollout_is_cap: the cap ``C`` of truncated IS (TIS uses 2).
+        rollout_mask_high: ``C`` of the geometric mask ``[1 / C, C]``.
+        lr_factor: the LR multiplier of each back-off on the last rung.
+        lr_min_scale: the LR scale never goes below this.
+    """
+
+    name = "mismatch_remedy"
+    enabled_by_default = False
+    summary = (
+        "on mismatch_growth: TIS then geometric MIS (pi_old recomputed) or kept gradient (pi_old = engine's); "
+        "next rung only on a critical consequence >= 10 steps later; LR x0.5 last"
+    )
+
+    on: str = "mismatch_growth"
+    severity: Severity = "warn"
+    remedies: tuple[str, ...] = ("rollout_is", "rollout_mask", "kept_gradient", "lr_backoff")
+    escalate_on: tuple[str, ...] = (
+        "reward_collapse",
+        "entropy_collapse",
+        "kl_ref_blowup",
+        "kl_old_blowup",
+        "ratio_explosion",
+        "grad_norm_explosion",
+    )
+    trial_steps: int = 10
+    rollout_is_cap: float = 2.0
+    rollout_mask_high: float = 2.0
+    lr_factor: float = 0.5
+    lr_min_scale: float = 0.05
+
+    def __post_init__(self) -> None:
+        unknown = [r for r in self.remedies if r not in REMEDIES]
+        if unknown:
+            raise ValueError(f"mismatch_remedy.remedies: unknown {unknown}; known: {list(REMEDIES)}.")
+        if len(set(self.remedies)) != len(self.remedies):
+            raise ValueError(f"mismatch_remedy.remedies names a remedy twice: {list(self.remedies)}.")
+        if self.trial_steps < 1 or self.rollout_is_cap < 1 or self.rollout_mask_high < 1:
+            raise ValueError("mismatch_remedy needs trial_steps >= 1, rollout_is_cap >= 1 and rollout_mask_high >= 1.")
+        if not (0 < self.lr_factor < 1 and 0 < self.lr_min_scale <= 1):
+            raise ValueError("mismatch_remedy needs 0 < lr_factor < 1 and 0 < lr_min_scale <= 1.")
+        self._s_active: list[str] = []
+        self._s_last_switch: int | None = None
+        self._s_lr_scale = 1.0
+
+    def ladder(self, capabilities: frozenset[str] | None) -> list[str]:
+        """The remedies this actuator can carry out, in order (all of them for a guard bound to none)."""
+        return [r for r in self.remedies if capabilities is None or REMEDIES[r][0] in capabilities]
+
+    @property
+    def active(self) -> tuple[str, ...]:
+        """The remedies switched on so far, in order."""
+        return tuple(self._s_active)
+
+    def controls(self) -> dict[str, Any]:
+        """The controls of the remedies switched on."""
+        out: dict[str, Any] = {}
+        if "kept_gradient" in self._s_active:
+            out["kept_gradient"] = True
+        if "rollout_is" in self._s_active:
+            out["rollout_is_cap"] = self.rollout_is_cap
+        if "rollout_mask" in self._s_active:
+            out["rollout_mask_high"] = self.rollout_mask_high
+        if "lr_backoff" in self._s_active:
+            out["lr_scale"] = self._s_lr_scale
+        return out
+
+    def propose(self, ctx: StepContext) -> Proposal | None:
+        ladder = [r for r in self.ladder(ctx.capabilities) if r not in self._s_active]
+        if not self._s_active:
+            finding = ctx.findings.get(self.on)
+            if finding is None or SEVERITY_LEVEL[finding.severity] < SEVERITY_LEVEL[self.severity] or not ladder:
+                return None
+            cause = f"train-inference gap ({self.on}: {finding.message.split('. ')[0]})"
+            return self._switch(ctx.step, ladder[0], cause)
+        proposal = Proposal(controls=self.controls())
+        trouble = _critical(ctx.findings, self.escalate_on)
+        waited = self._s_last_switch is None or ctx.step - self._s_last_switch >= self.trial_steps
+        if not (trouble and waited):
+            return proposal
+        cause = f"{', '.join(self._s_active)} did not help ({', '.join(trouble)})"
+        if ladder:
+            return self._switch(ctx.step, ladder[0], cause)
+        if "lr_backoff" in self._s_active and self._s_lr_scale > self.lr_min_scale:
+            self._s_lr_scale = max(self._s_lr_scale * self.lr_factor, self.lr_min_scale)
+            self._s_last_switch = ctx.step
+            return Proposal("step", f"{cause}: LR x{self._s_lr_scale:.3g}", self.controls())
+        return proposal
+
+    def _switch(self, step: int, remedy: str, cause: str) -> Proposal:
+        self._s_active.append(remedy)
+        self._s_last_switch = step
+        if remedy == "lr_backoff":
+            self._s_lr_scale = self.lr_factor
+        what = REMEDIES[remedy][1] if remedy != "lr_backoff" else f"LR x{self._s_lr_scale:.3g}"
+        return Proposal("step", f"{cause}: {remedy} on ({what})", self.controls())
+
+    def on_rollback(self, step: int) -> None:
+        # the gap is the engine's, not the weights': the remedies stay on after a rollback
+        self._s_last_switch = step
+
+
+def _critical(findings: Mapping[str, Any], on: tuple[str, ...]) -> list[str]:
+    level = SEVERITY_LEVEL["critical"]
+    return [n for n in on if n in findings and SEVERITY_LEVEL[findings[n].severity] >= level]

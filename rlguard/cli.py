@@ -101,10 +101,11 @@ def detectors(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
     """List the guard's detectors and interventions with their default thresholds and sources, and which presets
-    run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse and rollbacks that
-    learn)."""
+    run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the remedy of a
+    train-inference gap and rollbacks that learn), and which remedy answers which cause."""
     from rlguard.guards import PRESETS, Guard, GuardConfig
     from rlguard.guards.registry import detector_registry, intervention_registry
+    from rlguard.guards.remedies import REMEDY_TABLE
 
     dets, acts = detector_registry(), intervention_registry()
     running = {p: set(Guard(GuardConfig.preset(p)).interventions) for p in PRESETS}
@@ -119,6 +120,9 @@ def detectors(
                 for n, c in acts.items()
             ],
             "presets": list(PRESETS),
+            "remedies": [
+                {"cause": c, "diagnosed_by": d, "remedies": r, "intervention": i} for c, d, r, i in REMEDY_TABLE
+            ],
         }
         typer.echo(json.dumps(data, indent=2, default=str))
         return
@@ -134,6 +138,12 @@ def detectors(
     table.add_column("presets")
     for n, act in acts.items():
         table.add_row(n, escape(act.summary), ", ".join(in_presets[n]) or "opt-in")
+    console.print(table)
+    table = Table(title="remedies by cause", caption="each next remedy only when the one before did not help")
+    for col in ("cause", "diagnosed by", "remedies, in order", "intervention"):
+        table.add_column(col)
+    for row in REMEDY_TABLE:
+        table.add_row(*map(escape, row))
     console.print(table)
 
 

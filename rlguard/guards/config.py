@@ -146,8 +146,9 @@ def _stable() -> GuardConfig:
     (``recovery`` replaces ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the
     run halts only after repeated failed recoveries)."""
     # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # and an LR cut only slows what it does; mismatch_remedy answers it, lr_backoff no longer reacts to it, and its
-    # alarm leaves the steps healthy (snapshots go on). An entropy far
+    # and an LR cut only slows what it does; mismatch_remedy answers it, lr_backoff no longer reacts to it, the clip
+    # controller holds while it is found (kl_old then measures the gap, not the step), and its alarm leaves the
+    # steps healthy (snapshots go on). An entropy far
     # below its start with the reward above its early level is a policy that converged on what it learned (a task
     # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
     recovery = {
@@ -161,6 +162,7 @@ def _stable() -> GuardConfig:
             "entropy_control": {},
             "mismatch_remedy": {},
             "lr_backoff": {"on": tuple(n for n in LRBackoff.on if n != "mismatch_growth")},
+            "clip_controller": {"hold_on": ("mismatch_growth",)},
             "recovery": recovery,
             "rollback": None,
             "halt": None,

@@ -178,6 +178,9 @@ class ClipController(Intervention):
         max_scale: widest scale; 1.0 never widens beyond the configured range.
         floor: values at or below it leave the scale alone: the on-policy first optimizer step of each batch has
             ``kl_old = 0`` whatever the update size, and would otherwise relax the range every other step.
+        hold_on: detectors whose finding this step holds the scale where it is: a divergence they explain is not
+            the step's (``stable``: ``mismatch_growth``, since where pi_old is the engine's, ``kl_old`` measures
+            the gap to the engine, not the update).
     """
 
     name = "clip_controller"
@@ -190,6 +193,7 @@ class ClipController(Intervention):
     min_scale: float = 0.25
     max_scale: float = 1.0
     floor: float = 1e-8
+    hold_on: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.target <= 0 or self.tolerance <= 1 or self.factor <= 1 or not 0 < self.min_scale <= self.max_scale:
@@ -198,7 +202,8 @@ class ClipController(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         value = ctx.stats.get(self.metric)
-        if value is None or value != value or value <= self.floor:
+        held = any(n in ctx.findings for n in self.hold_on)
+        if value is None or value != value or value <= self.floor or held:
             return Proposal(controls={"clip_scale": self._s_scale})
         old = self._s_scale
         if value > self.target * self.tolerance:

@@ -15,7 +15,8 @@ from the trainer's, through its numerics, a MoE router, or a policy that sampled
    ``-sg[min(r, 1 + eps_high)] A log pi`` (CISPO, arXiv 2506.13585), so every token keeps its gradient;
 3. the LR back-off, last: ``x0.5`` per further failure, down to ``x0.05``.
 
-The first rung switches on at the gap's finding; every later rung only when the one before did not help: a
+The first correction switches on at the gap's finding (never the LR back-off: with no correction to switch,
+the gap alone changes nothing); every later rung only when the one before did not help: a
 critical finding of a consequence detector (``escalate_on``: reward, entropy or KL control lost, the ratio or the
 gradient exploding) at least ``trial_steps`` after the last switch. An objective whose clip zeroes no gradient
 (CISPO, SAPO: ``Objective.keeps_gradient``) has nothing to switch in rung 2, so a run that learns through the gap
@@ -50,7 +51,7 @@ REMEDY_TABLE: tuple[tuple[str, str, str, str], ...] = (
     (
         "train-inference gap, pi_old recomputed by the trainer",
         "mismatch_growth",
-        "rollout_is, then rollout_mask, then lr_backoff",
+        "rollout_is, then rollout_mask, then kept_gradient, then lr_backoff",
         "mismatch_remedy",
     ),
     (
@@ -59,7 +60,7 @@ REMEDY_TABLE: tuple[tuple[str, str, str, str], ...] = (
         "kept_gradient, then lr_backoff",
         "mismatch_remedy",
     ),
-    ("too large a step", "update_ratio, kl_old_blowup", "trust region on the LR", "trust_region"),
+    ("too large a step", "update_ratio (the update's relative size)", "trust region on the LR", "trust_region"),
     ("entropy collapse", "entropy_collapse", "clip-higher (upper clip bound x1.2, up to x1.44)", "entropy_control"),
     ("poisoned batch", "nonfinite, grad_norm_spike, ratio_explosion", "skip the step", "skip_step"),
     ("slow collapse", "reward/entropy collapse, KL blow-up, repetition", "rollback that learns", "recovery"),
@@ -149,8 +150,11 @@ class MismatchRemedy(Intervention):
         ladder = [r for r in self.ladder(ctx.capabilities) if r not in self._s_active]
         if not self._s_active:
             finding = ctx.findings.get(self.on)
-            if finding is None or SEVERITY_LEVEL[finding.severity] < SEVERITY_LEVEL[self.severity] or not ladder:
+            # the LR back-off is never the answer to the gap itself: only to a remedy that did not help
+            cures = [r for r in ladder if r != "lr_backoff"]
+            if finding is None or SEVERITY_LEVEL[finding.severity] < SEVERITY_LEVEL[self.severity] or not cures:
                 return None
+            ladder = cures
             cause = f"train-inference gap ({self.on}: {finding.message.split('. ')[0]})"
             return self._switch(ctx.step, ladder[0], cause)
         proposal = Proposal(controls=self.controls())

@@ -68,7 +68,7 @@ from rlguard.core_losses import Controls
 from rlguard.guards.actuator import TorchActuator
 from rlguard.guards.snapshot import SnapshotCost
 
-__all__ = ["ControlledTrainer", "TrainerActuator", "ZeroActuator", "trainer_capabilities"]
+__all__ = ["ControlledTrainer", "TrainerActuator", "ZeroActuator", "set_trl_rollout_correction", "trainer_capabilities"]
 
 #: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
 _ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
@@ -87,13 +87,38 @@ class ControlledTrainer(Protocol):
 
 def trainer_capabilities(trainer: object) -> frozenset[str]:
     """What the guard can do to ``trainer``: everything, the objective's controls only on a
-    :class:`ControlledTrainer`."""
-    return _BASE | (_OBJECTIVE if isinstance(trainer, ControlledTrainer) else frozenset())
+    :class:`ControlledTrainer` (``kept_gradient`` where it changes its objective); a rollout correction against
+    vLLM's log-probs where TRL samples with vLLM (on a stock ``GRPOTrainer`` through TRL's own
+    ``vllm_importance_sampling_*`` settings, which TRL reads at its next generation)."""
+    can = set(_BASE)
+    if isinstance(trainer, ControlledTrainer):
+        can |= _OBJECTIVE
+        objective = getattr(trainer, "rlguard_configured_objective", None)
+        if objective is not None and objective.applies_kept_gradient():
+            can.add("kept_gradient")
+    if getattr(trainer, "use_vllm", False) and hasattr(trainer, "vllm_importance_sampling_correction"):
+        can.add("rollout_correction")
+    return frozenset(can)
 
 
 def _set_controls(trainer: object, controls: Controls) -> None:
     if isinstance(trainer, ControlledTrainer):  # capabilities declare the objective's controls only then
         trainer.rlguard_set_controls(controls)
+    elif controls.rollout_is_cap is not None and getattr(trainer, "use_vllm", False):
+        set_trl_rollout_correction(trainer, controls)
+
+
+def set_trl_rollout_correction(trainer: Any, controls: Controls) -> None:
+    """A stock ``GRPOTrainer`` with vLLM: the guard's rollout correction as TRL's own ``token_truncate``
+    importance sampling, ``min(pi_old / mu, rollout_is_cap)`` (TIS, the core's ``rollout_is="token"``); a
+    correction the user configured stays as configured. The geometric mask has no TRL counterpart and is not
+    carried out on a stock trainer."""
+    if trainer.vllm_importance_sampling_correction:
+        return
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = "token_truncate"
+    trainer.vllm_importance_sampling_clip_min = None
+    trainer.vllm_importance_sampling_clip_max = controls.rollout_is_cap
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import Any
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.adapters.verl.state import driver_state, read_driver_state
+from rlguard.core_losses import Objective, get_objective
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuator import (
     EVENTS_FILE,
@@ -124,6 +125,8 @@ class VerlGuardDriver:
             can.add("beta")
         if actor.get("calculate_entropy", False) or actor.get("entropy_coeff", 0.0) != 0.0:
             can.add("entropy_coef")  # verl computes entropies only then (ray_trainer / v1 trainer_base)
+        if _loss_objective(actor.policy_loss.get("loss_mode", "")).applies_kept_gradient():
+            can.add("kept_gradient")  # the workers' loss applies it (with_controls), like the clip range
         return frozenset(can)
 
     def snapshot(self, step: int) -> None:
@@ -343,6 +346,11 @@ def sets_actor_lr(trainer: Any) -> bool:
     if mapping is None:
         return bool(getattr(trainer, "rlguard_lr_worker", False))
     return worker_sets_lr(mapping)
+
+
+def _loss_objective(loss_mode: str) -> Objective:
+    """The objective of ``rlguard.<name>`` with its defaults (what it declares about itself)."""
+    return get_objective(str(loss_mode).removeprefix("rlguard."))
 
 
 def _check_trainer_config(config: Any) -> None:

@@ -242,7 +242,8 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     config.actor_rollout_ref.actor.entropy_coeff = 0.001
     trainer = FakeTrainer(config, [])
     driver = VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT}))
-    assert driver.capabilities == CAPABILITIES - {"drop_update", "lr_scale", "update_ratio"}
+    # verl computes its rollout correction itself (algorithm.rollout_correction), which the driver does not set
+    assert driver.capabilities == CAPABILITIES - {"drop_update", "lr_scale", "update_ratio", "rollout_correction"}
     applied = []
     for d in SCRIPT:
         trainer.global_steps = d.step

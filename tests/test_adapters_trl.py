@@ -855,3 +855,79 @@ def test_callback_records_training_logs_only_and_asks_for_one_log_per_step() -> 
     cb.on_log(None, state, control, logs={"train_runtime": 1.0, "train_loss": 0.5})  # type: ignore[arg-type]
     assert cb.history == [{"step": 3.0, "loss": 1.0, "reward_mean": 0.5}] and cb.last == cb.history[0]
     assert not StabilityCallback(every_step=False).on_step_end(None, state, TrainerControl()).should_log  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the guard's mismatch remedies in TRL
+def test_kept_gradient_remedy_is_trls_own_cispo_at_the_same_upper_bound(model_dir: Path) -> None:
+    """The guard's kept_gradient control on a DAPO run (clip 0.2 / 0.28) gives TRL's own CISPO loss with the cap
+    1 + 0.28 (TRL's absolute convention): loss and gradient."""
+    from rlguard.core_losses import Controls
+
+    ours = trainer_for(model_dir, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0)
+    cispo = trainer_for(model_dir, loss_type="cispo", epsilon_high=1.28, beta=0.0)
+    theta, inputs, policy = make_inputs(3, ref=False)
+    trl_loss, trl_grad = run(cispo, GRPOTrainer._compute_loss, theta, inputs, policy)
+    plain_loss, _ = run(ours, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    ours.rlguard_set_controls(Controls(kept_gradient=True))
+    try:
+        assert ours.rlguard_objective.kept_gradient
+        loss, grad = run(ours, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    finally:
+        ours.rlguard_set_controls(Controls())
+    assert not torch.allclose(plain_loss, trl_loss), "degenerate case: the hard clip must bind somewhere"
+    torch.testing.assert_close(loss, trl_loss.to(loss.dtype), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(grad, trl_grad, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("vllm_trainer", ["token"], indirect=True)
+def test_rollout_is_remedy_is_trls_token_truncate_correction(vllm_trainer: GuardedGRPOTrainer) -> None:
+    """The guard's rollout_is_cap control on a run configured without a correction gives TRL's own
+    ``token_truncate`` vLLM importance sampling with that cap: loss and gradient."""
+    import dataclasses
+
+    from rlguard.core_losses import Controls
+
+    inputs, changed = vllm_case(vllm_trainer, "token_truncate", None, 2.0)
+    assert changed.any() and not changed.all(), "the cap must bind on some tokens and not on others"
+    theta, _, policy = make_inputs(10, ref=False, sampling=True)
+    trl_loss, trl_grad = run(vllm_trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
+    configured = vllm_trainer.rlguard_configured_objective
+    vllm_trainer.rlguard_configured_objective = dataclasses.replace(vllm_trainer.rlguard_objective, rollout_is=None)
+    try:
+        vllm_trainer.rlguard_set_controls(Controls(rollout_is_cap=2.0))
+        assert (vllm_trainer.rlguard_objective.rollout_is, vllm_trainer.rlguard_objective.rollout_is_cap) == (
+            "token",
+            2.0,
+        )
+        loss, grad = run(vllm_trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
+    finally:
+        vllm_trainer.rlguard_configured_objective = configured
+    torch.testing.assert_close(loss, trl_loss, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(grad, trl_grad, rtol=RTOL, atol=ATOL)
+
+
+def test_remedy_capabilities_follow_the_trainer_and_its_objective() -> None:
+    """kept_gradient only where the configured objective zeroes gradients at a bound; a rollout correction only
+    with vLLM; a stock trainer gets TRL's own token_truncate settings, and a correction the user set stays."""
+    from types import SimpleNamespace
+
+    from rlguard.adapters.trl.actuators import set_trl_rollout_correction, trainer_capabilities
+    from rlguard.core_losses import Controls, get_objective
+
+    class Controlled(SimpleNamespace):
+        def rlguard_set_controls(self, controls: Controls) -> None:
+            self.controls = controls
+
+    assert "kept_gradient" in trainer_capabilities(Controlled(rlguard_configured_objective=get_objective("grpo")))
+    for name in ("cispo", "sapo"):
+        assert "kept_gradient" not in trainer_capabilities(Controlled(rlguard_configured_objective=get_objective(name)))
+    vllm = {name: None for name in VLLM_FIELDS} | {"use_vllm": True, "vllm_importance_sampling_correction": False}
+    stock = SimpleNamespace(**vllm)
+    assert trainer_capabilities(stock) & {"rollout_correction", "kept_gradient", "clip"} == {"rollout_correction"}
+    assert "rollout_correction" not in trainer_capabilities(SimpleNamespace(**{**vllm, "use_vllm": False}))
+    set_trl_rollout_correction(stock, Controls(rollout_is_cap=2.0))
+    assert (stock.vllm_importance_sampling_correction, stock.vllm_importance_sampling_mode) == (True, "token_truncate")
+    assert (stock.vllm_importance_sampling_clip_min, stock.vllm_importance_sampling_clip_max) == (None, 2.0)
+    users = SimpleNamespace(**{**vllm, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "m"})
+    set_trl_rollout_correction(users, Controls(rollout_is_cap=2.0))
+    assert users.vllm_importance_sampling_mode == "m"

@@ -497,19 +497,28 @@ def one_thread() -> Iterator[None]:
 
 # the long task's rows predate the numerics fingerprint; they were recorded where the short task's were (its dense
 # rows reproduce bit for bit there)
-_SHORT_ROWS_NUMERICS = json.loads((RESULTS["short"] / "runs.jsonl").read_text().splitlines()[0])["numerics"]
+def _short_rows_numerics() -> dict[str, object]:
+    """The numerics the committed short-task rows were recorded on; skips where the results are not shipped (the
+    sdist holds no benchmark results)."""
+    log = RESULTS["short"] / "runs.jsonl"
+    if not log.is_file():
+        pytest.skip(f"{log} is not here (an sdist ships no benchmark results)")
+    return dict(json.loads(log.read_text().splitlines()[0])["numerics"])
 
 
 @pytest.mark.parametrize(
     ("task", "cell"),
     [
         ("short", ("grpo", "default", "high_lr", 2)),  # the guard skips once and rolls back twice
-        pytest.param("long", ("grpo", "stable", "mismatch", 1), marks=pytest.mark.slow),  # 4 rollbacks, 9 backoffs
+        # a skip, 3 LR back-offs, 9 clip changes; no train-inference gap, so the preset's mismatch remedy (added after
+        # this run was recorded) must leave it bit for bit as it was
+        pytest.param("long", ("grpo", "stable", "high_lr", 2), marks=pytest.mark.slow),
     ],
 )
 def test_a_committed_run_reproduces_bit_for_bit(task: str, cell: tuple[str, str, str, int], one_thread: None) -> None:
-    if not same_numerics(_SHORT_ROWS_NUMERICS, numerics()):
-        pytest.skip(f"the committed runs were recorded on other numerics ({_SHORT_ROWS_NUMERICS}; here {numerics()})")
+    recorded = _short_rows_numerics()
+    if not same_numerics(recorded, numerics()):
+        pytest.skip(f"the committed runs were recorded on other numerics ({recorded}; here {numerics()})")
     spec = task_specs()[task]
     rows = [json.loads(line) for line in (RESULTS[task] / "runs.jsonl").read_text().splitlines()]
     [row] = [
@@ -519,6 +528,6 @@ def test_a_committed_run_reproduces_bit_for_bit(task: str, cell: tuple[str, str,
         == cell
     ]
     committed = _as_recorded(row)
-    assert committed["interventions"]["rollbacks"] > 0  # the cell exercises the guard
+    assert sum(committed["interventions"].values()) > 0  # the cell exercises the guard
     rerun = _as_recorded(json.loads(json.dumps(run_one(spec.read_row(row).config).to_json())))
     assert {k: rerun[k] for k in committed} == committed  # every recorded float, bit for bit

@@ -567,3 +567,30 @@ def test_legacy_task_runner_builds_the_class_bound_in_its_own_globals() -> None:
         bind_legacy_trainer(run, Marker)
     with pytest.raises(RuntimeError, match="cannot find the class behind Ray actor"):
         task_runner_class(object())
+
+
+# -- the guard's mismatch remedies in verl ------------------------------------------------------------------
+def test_kept_gradient_remedy_is_verls_own_cispo_at_the_same_upper_bound() -> None:
+    """The driver's kept_gradient control on ``rlguard.grpo`` (verl's clip 0.2 / 0.28) gives verl's own ``cispo``
+    loss with no lower bound (``clip_ratio_low=1``) and the same upper one: loss and gradient."""
+    data = inputs(1)
+    grpo = lambda **kw: actor(GuardedPolicyLossConfig(loss_mode="rlguard.grpo", **kw))  # noqa: E731
+    plain, _, _ = run("rlguard.grpo", data, grpo())
+    loss, grad, _ = run("rlguard.grpo", data, grpo(controls={"kept_gradient": True}))
+    ref_loss, ref_grad, _ = run("cispo", data, actor(clip_ratio_low=1.0))
+    assert not torch.allclose(plain, ref_loss), "degenerate case: the hard clip must bind somewhere"
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=0)
+
+
+def test_the_driver_offers_kept_gradient_where_the_objective_zeroes_gradients(tmp_path: Path) -> None:
+    """``kept_gradient`` is a driver capability for ``rlguard.grpo``, not for ``rlguard.cispo``; a rollout
+    correction never (verl computes its own, from ``algorithm.rollout_correction``)."""
+    from test_actuators import ScriptedGuard
+
+    for mode, expected in (("rlguard.grpo", True), ("rlguard.cispo", False)):
+        config = trainer_config(tmp_path)
+        config.actor_rollout_ref.actor.policy_loss.loss_mode = mode
+        driver = verl_guard.VerlGuardDriver(FakeTrainer(config, []), ScriptedGuard({}))
+        assert ("kept_gradient" in driver.capabilities) is expected
+        assert "rollout_correction" not in driver.capabilities

@@ -120,7 +120,7 @@ class MismatchRemedy(Intervention):
             raise ValueError("mismatch_remedy needs trial_steps >= 1, rollout_is_cap >= 1 and rollout_mask_high >= 1.")
         if not (0 < self.lr_factor < 1 and 0 < self.lr_min_scale <= 1):
             raise ValueError("mismatch_remedy needs 0 < lr_factor < 1 and 0 < lr_min_scale <= 1.")
-        self._s_active: list[str] = []
+        self._s_active = ""  # the remedies switched on, comma-separated (state is numbers and strings)
         self._s_last_switch: int | None = None
         self._s_lr_scale = 1.0
 
@@ -131,24 +131,26 @@ class MismatchRemedy(Intervention):
     @property
     def active(self) -> tuple[str, ...]:
         """The remedies switched on so far, in order."""
-        return tuple(self._s_active)
+        return tuple(self._s_active.split(",")) if self._s_active else ()
 
     def controls(self) -> dict[str, Any]:
         """The controls of the remedies switched on."""
         out: dict[str, Any] = {}
-        if "kept_gradient" in self._s_active:
+        active = self.active
+        if "kept_gradient" in active:
             out["kept_gradient"] = True
-        if "rollout_is" in self._s_active:
+        if "rollout_is" in active:
             out["rollout_is_cap"] = self.rollout_is_cap
-        if "rollout_mask" in self._s_active:
+        if "rollout_mask" in active:
             out["rollout_mask_high"] = self.rollout_mask_high
-        if "lr_backoff" in self._s_active:
+        if "lr_backoff" in active:
             out["lr_scale"] = self._s_lr_scale
         return out
 
     def propose(self, ctx: StepContext) -> Proposal | None:
-        ladder = [r for r in self.ladder(ctx.capabilities) if r not in self._s_active]
-        if not self._s_active:
+        active = self.active
+        ladder = [r for r in self.ladder(ctx.capabilities) if r not in active]
+        if not active:
             finding = ctx.findings.get(self.on)
             # the LR back-off is never the answer to the gap itself: only to a remedy that did not help
             cures = [r for r in ladder if r != "lr_backoff"]
@@ -162,17 +164,17 @@ class MismatchRemedy(Intervention):
         waited = self._s_last_switch is None or ctx.step - self._s_last_switch >= self.trial_steps
         if not (trouble and waited):
             return proposal
-        cause = f"{', '.join(self._s_active)} did not help ({', '.join(trouble)})"
+        cause = f"{', '.join(active)} did not help ({', '.join(trouble)})"
         if ladder:
             return self._switch(ctx.step, ladder[0], cause)
-        if "lr_backoff" in self._s_active and self._s_lr_scale > self.lr_min_scale:
+        if "lr_backoff" in active and self._s_lr_scale > self.lr_min_scale:
             self._s_lr_scale = max(self._s_lr_scale * self.lr_factor, self.lr_min_scale)
             self._s_last_switch = ctx.step
             return Proposal("step", f"{cause}: LR x{self._s_lr_scale:.3g}", self.controls())
         return proposal
 
     def _switch(self, step: int, remedy: str, cause: str) -> Proposal:
-        self._s_active.append(remedy)
+        self._s_active = ",".join((*self.active, remedy))
         self._s_last_switch = step
         if remedy == "lr_backoff":
             self._s_lr_scale = self.lr_factor

@@ -928,6 +928,7 @@ def test_remedy_capabilities_follow_the_trainer_and_its_objective() -> None:
     set_trl_rollout_correction(stock, Controls(rollout_is_cap=2.0))
     assert (stock.vllm_importance_sampling_correction, stock.vllm_importance_sampling_mode) == (True, "token_truncate")
     assert (stock.vllm_importance_sampling_clip_min, stock.vllm_importance_sampling_clip_max) == (None, 2.0)
-    users = SimpleNamespace(**{**vllm, "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "m"})
+    users = SimpleNamespace(**vllm)
+    users.vllm_importance_sampling_correction, users.vllm_importance_sampling_mode = True, "m"
     set_trl_rollout_correction(users, Controls(rollout_is_cap=2.0))
     assert users.vllm_importance_sampling_mode == "m"

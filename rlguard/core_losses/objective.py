@@ -234,8 +234,8 @@ class Objective:
         if controls.rollout_is_cap is not None and self.rollout_is is None:
             changes.update(rollout_is="token", rollout_is_cap=controls.rollout_is_cap)
         if controls.rollout_mask_high is not None and self.rollout_mask is None:
-            high = controls.rollout_mask_high
-            changes.update(rollout_mask="geometric", rollout_mask_high=high, rollout_mask_low=None)
+            mask_high = controls.rollout_mask_high
+            changes.update(rollout_mask="geometric", rollout_mask_high=mask_high, rollout_mask_low=None)
         if all(getattr(self, k) == v for k, v in changes.items()):
             return self
         return dataclasses.replace(self, **changes)

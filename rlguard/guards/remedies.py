@@ -28,12 +28,11 @@ switch is an ``action:set_clip`` (or ``action:scale_lr``) event whose reason nam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rlguard.guards.events import SEVERITY_LEVEL, Severity
-from rlguard.guards.interventions import Intervention, Proposal, StepContext
+from rlguard.guards.interventions import Intervention, Proposal, StepContext, _hits
 
 __all__ = ["REMEDIES", "REMEDY_TABLE", "MismatchRemedy"]
 
@@ -160,7 +159,7 @@ class MismatchRemedy(Intervention):
             cause = f"train-inference gap ({self.on}: {finding.message.split('. ')[0]})"
             return self._switch(ctx.step, ladder[0], cause)
         proposal = Proposal(controls=self.controls())
-        trouble = _critical(ctx.findings, self.escalate_on)
+        trouble = _hits(ctx.findings, self.escalate_on, "critical")
         waited = self._s_last_switch is None or ctx.step - self._s_last_switch >= self.trial_steps
         if not (trouble and waited):
             return proposal
@@ -184,8 +183,3 @@ class MismatchRemedy(Intervention):
     def on_rollback(self, step: int) -> None:
         # the gap is the engine's, not the weights': the remedies stay on after a rollback
         self._s_last_switch = step
-
-
-def _critical(findings: Mapping[str, Any], on: tuple[str, ...]) -> list[str]:
-    level = SEVERITY_LEVEL["critical"]
-    return [n for n in on if n in findings and SEVERITY_LEVEL[findings[n].severity] >= level]

@@ -3,9 +3,11 @@
     python benchmarks/guard_detection.py            # 10 seeds per failure, 20 per healthy shape
     python benchmarks/guard_detection.py --quick    # 2 and 3
     python benchmarks/guard_detection.py --every 4  # generation stats (reward, lengths, ...) on every 4th step only
+    python benchmarks/guard_detection.py --consequence online  # severity by consequence, live (GuardConfig)
 
 Prints, for each failure mode, the steps from onset to the expected detector's first event (min/median/max over
-seeds) and how often it reached critical; then the events raised on healthy runs by the `default` preset.
+seeds), how often it reached critical and how often the `default` preset skipped a step; then the events raised on
+healthy runs by the `default` preset.
 """
 
 from __future__ import annotations
@@ -27,30 +29,42 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few seeds, for CI")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=1, help="generation stats on every N-th step only (TRL)")
+    parser.add_argument(
+        "--consequence", choices=("step", "online"), default="step", help="GuardConfig.consequence of every guard"
+    )
     args = parser.parse_args()
     failure_seeds, healthy_seeds = (2, 3) if args.quick else (10, 20)
     onset = args.steps // 2
     console = Console(width=150)
 
     sparse = f", generation stats every {args.every} steps" if args.every > 1 else ""
+    sparse += f", consequence={args.consequence!r}"
     table = Table(title=f"detection delay (steps after onset {onset}), {failure_seeds} seeds, preset 'monitor'{sparse}")
-    for col in ("failure", "detector", "missed", "min", "median", "max", "reached critical"):
+    for col in ("failure", "detector", "missed", "min", "median", "max", "reached critical", "skipped (default)"):
         table.add_column(col)
     for mode, (_, detector) in FAILURES.items():
-        delays, critical = [], 0
+        delays, critical, skipped = [], 0, 0
         for seed in range(failure_seeds):
-            guard = Guard(GuardConfig.preset("monitor"))
-            first = None
+            guard = Guard(GuardConfig.preset("monitor", consequence=args.consequence))
+            acting = Guard(GuardConfig.preset("default", consequence=args.consequence))
+            first, skips = None, 0
             for step, stats in enumerate(sparse_stream(failing_stream(mode, args.steps, onset, seed), args.every)):
                 for event in guard.observe(step, stats).events:
                     if event.detector == detector and first is None:
                         first = step - onset
+                skips += acting.observe(step, dict(stats)).outcome == "skip"
+            skipped += skips > 0
             if first is not None:
                 delays.append(first)
             critical += any(e.detector == detector and e.severity == "critical" for e in guard.events)
         stats_ = (min(delays), statistics.median(delays), max(delays)) if delays else ("-", "-", "-")
         table.add_row(
-            mode, detector, str(failure_seeds - len(delays)), *map(str, stats_), f"{critical}/{failure_seeds}"
+            mode,
+            detector,
+            str(failure_seeds - len(delays)),
+            *map(str, stats_),
+            f"{critical}/{failure_seeds}",
+            f"{skipped}/{failure_seeds}",
         )
     console.print(table)
 
@@ -58,7 +72,7 @@ def main() -> None:
     actions: Counter[str] = Counter()
     for shape in SHAPES:
         for seed in range(healthy_seeds):
-            guard = Guard(GuardConfig.preset("default"))
+            guard = Guard(GuardConfig.preset("default", consequence=args.consequence))
             for step, stats in enumerate(sparse_stream(healthy_stream(args.steps, seed, shape), args.every)):
                 actions[decision_action(guard.observe(step, stats))] += 1
             counts.update((e.detector, e.severity) for e in guard.events)

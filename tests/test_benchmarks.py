@@ -34,6 +34,17 @@ def test_guard_detection_quick() -> None:
     assert "missed" in stdout
 
 
+def test_guard_detection_online_consequence_keeps_skipping_lone_spikes() -> None:
+    """consequence="online": a lone gradient or ratio spike the stream recovers from is not critical (a warning by
+    consequence) and the default preset still skips its step; a sustained failure is still critical."""
+    stdout = run_benchmark("guard_detection.py", "--quick", "--steps", "200", "--consequence", "online")
+    rows = {cells[0]: cells for line in stdout.splitlines() if (cells := [c.strip() for c in line.split("│")[1:-1]])}
+    for mode in ("grad_spike", "ratio_explosion"):
+        assert rows[mode][6:8] == ["0/2", "2/2"], rows[mode]  # reached critical, skipped (default)
+    for mode in ("entropy_collapse", "kl_ref_blowup", "nonfinite"):
+        assert rows[mode][6] == "2/2", rows[mode]
+
+
 @pytest.mark.slow
 def test_logprobs_memory_quick(tmp_path: Path) -> None:
     stdout = run_benchmark("logprobs_memory.py", "--json", str(tmp_path / "out.json"))

@@ -54,6 +54,9 @@ class Finding:
             from is a warning (:mod:`rlguard.guards.detectors.consequence`).
         unrecoverable: a state training cannot come back from by itself (non-finite values, one-token
             completions): critical whatever follows.
+        observed: the detector's own severity where the live consequence rule (``GuardConfig.consequence =
+            "online"``) labelled the finding otherwise, None where it did not: what acts on the step itself
+            (``skip_step``) reads it, since a lone spike is a warning by consequence and still a poisoned step.
     """
 
     severity: Severity
@@ -62,6 +65,7 @@ class Finding:
     message: str
     transient: bool = False
     unrecoverable: bool = False
+    observed: Severity | None = None
 
 
 def _severity(value: Any) -> Severity:

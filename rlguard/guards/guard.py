@@ -16,11 +16,12 @@ from rlguard.guards.alerts import register_alerts
 from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
+from rlguard.guards.detectors.consequence import OnlineConsequence
 from rlguard.guards.events import SEVERITY_LEVEL, Event, EventsLog, Finding, Severity
 from rlguard.guards.fields import check_fields
 from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
-from rlguard.guards.state import STATE_VERSION, GuardStateError
+from rlguard.guards.state import STATE_VERSION, GuardStateError, state_count, state_list, state_object
 
 __all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset"]
 
@@ -57,8 +58,11 @@ class Guard:
         )
         self.events: list[Event] = []
         self._alarms = {name: _AlarmState() for name in self.detectors}
-        #: the findings of the last observed step, by detector (the doctor reads them to judge consequences)
+        #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
+        #: to judge consequences with hindsight)
         self.last_findings: dict[str, Finding] = {}
+        #: the consequence rule applied live (``config.consequence == "online"``), or None
+        self.consequence = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
         self._seen = dict.fromkeys(self.detectors, 0)
         self._consecutive_skips = 0
         self._last_healthy_step: int | None = None
@@ -114,31 +118,56 @@ class Guard:
         return decision
 
     def _run_detectors(self, step: int, stats: Mapping[str, float]) -> tuple[dict[str, Finding], list[Event]]:
-        findings: dict[str, Finding] = {}
-        events: list[Event] = []
+        """This step's findings (with severity by consequence where ``config.consequence`` is ``"online"``) and
+        the alarm events they raise."""
+        found: dict[str, Finding] = {}
+        observed: list[str] = []
         for name, det in self.detectors.items():
             if not det.observes(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            armed = self._seen[name] >= det.warmup
-            finding = det.check(step, stats, armed)
+            finding = det.check(step, stats, self._seen[name] >= det.warmup)
             self._seen[name] += 1
+            observed.append(name)
+            if finding is not None:
+                found[name] = finding
+        self.last_findings = found
+        findings, raised = found, {}
+        if self.consequence is not None:
+            patient = [n for n in found if self._alarms[n].streak + 1 >= self.detectors[n].patience]
+            verdict = self.consequence.judge(step, stats, observed, found, patient)
+            findings, raised = verdict.findings, verdict.raised
+        events: list[Event] = []
+        for name in observed:
+            self._update_alarm(step, name, findings.get(name), events)
+            if name in raised:
+                self._raise(step, name, raised.pop(name), events)
             alarm = self._alarms[name]
-            if finding is None:
-                alarm.streak, alarm.clean = 0, alarm.clean + 1
-                if alarm.level and alarm.clean >= det.clear_after:
-                    alarm.level = 0
-            else:
-                findings[name] = finding
-                alarm.streak, alarm.clean = alarm.streak + 1, 0
-                level = SEVERITY_LEVEL[finding.severity]
-                if alarm.streak >= det.patience and level > alarm.level:
-                    alarm.level = level
-                    events.append(
-                        Event(step, name, finding.severity, finding.value, finding.message, finding.threshold)
-                    )
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
-        self.last_findings = findings
+        for name, finding in raised.items():  # raised at a step that did not carry the detector's stats
+            self._raise(step, name, finding, events)
         return findings, events
+
+    def _update_alarm(self, step: int, name: str, finding: Finding | None, events: list[Event]) -> None:
+        """Patience and hysteresis: the alarm rises with ``patience`` findings in a row, clears after
+        ``clear_after`` clean observations."""
+        det, alarm = self.detectors[name], self._alarms[name]
+        if finding is None:
+            alarm.streak, alarm.clean = 0, alarm.clean + 1
+            if alarm.level and alarm.clean >= det.clear_after:
+                alarm.level = 0
+            return
+        alarm.streak, alarm.clean = alarm.streak + 1, 0
+        level = SEVERITY_LEVEL[finding.severity]
+        if alarm.streak >= det.patience and level > alarm.level:
+            alarm.level = level
+            events.append(Event(step, name, finding.severity, finding.value, finding.message, finding.threshold))
+
+    def _raise(self, step: int, name: str, finding: Finding, events: list[Event]) -> None:
+        """An earlier lone critical finding whose consequence showed at this step: the alarm goes critical."""
+        alarm = self._alarms[name]
+        if alarm.level < 2:
+            alarm.level = 2
+            events.append(Event(step, name, "critical", finding.value, finding.message, finding.threshold))
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
         """Mark the events of proposals ``where`` (the training loop's actuator) cannot carry out as
@@ -207,6 +236,8 @@ class Guard:
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh
             for alarm in self._alarms.values():
                 alarm.level = alarm.streak = alarm.critical_age = 0
+            if self.consequence is not None:
+                self.consequence.reset()
             for iv in self.interventions.values():
                 iv.on_rollback(decision.step)
 
@@ -245,8 +276,10 @@ class Guard:
 
     # -- checkpointing -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue with the same baselines and history (JSON-ready)."""
-        return {
+        """Everything a resumed run needs to continue with the same baselines and history (JSON-ready); the live
+        consequence rule's state (``consequence``) only where ``config.consequence`` is ``"online"``."""
+        online = {} if self.consequence is None else {"consequence": self.consequence.state_dict()}
+        return online | {
             "version": STATE_VERSION,
             "events": [e.to_dict() for e in self.events],
             "alarms": {n: vars(a).copy() for n, a in self._alarms.items()},
@@ -271,37 +304,46 @@ class Guard:
                 f"{source}: unsupported guard state version {state.get('version')!r}; this rlguard reads version "
                 f"{STATE_VERSION}."
             )
-        template = self.state_dict()
-        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state))
+        # the live consequence rule's state is optional: a guard that does not apply it ignores it, one that does
+        # starts it afresh without it (a state saved with consequence="step")
+        template = self.state_dict() | {"consequence": None}
+        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state) - {"consequence"})
         if unknown or missing:
             raise GuardStateError(
                 f"{source}: not a guard state: unknown key(s) {unknown}, missing key(s) {missing}; a guard state has "
                 f"{sorted(template)}."
             )
         try:
-            events = [Event.from_dict(e) for e in _listed(state["events"], f"{source}: events")]
+            events = [Event.from_dict(e) for e in state_list(state["events"], f"{source}: events")]
         except (TypeError, ValueError) as err:
             raise GuardStateError(f"{source}: events: {err}") from None
         alarms = {
             n: _AlarmState(**_alarm(a, f"{source}: alarms.{n}"))
-            for n, a in _mapping(state["alarms"], f"{source}: alarms").items()
+            for n, a in state_object(state["alarms"], f"{source}: alarms").items()
             if n in self._alarms
         }
-        seen = {n: _count(v, f"{source}: seen.{n}") for n, v in _mapping(state["seen"], f"{source}: seen").items()}
+        seen = {
+            n: state_count(v, f"{source}: seen.{n}") for n, v in state_object(state["seen"], f"{source}: seen").items()
+        }
         counters = {k: _step(state[k], f"{source}: {k}") for k in _COUNTERS}
         if counters["consecutive_skips"] is None:
             raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
         # private states last: each validates all of its keys before it changes anything
         owners: dict[str, Mapping[str, Any]] = {"detectors": self.detectors, "interventions": self.interventions}
-        private = {kind: _mapping(state[kind], f"{source}: {kind}") for kind in owners}
+        private = {kind: state_object(state[kind], f"{source}: {kind}") for kind in owners}
         for kind, parts in private.items():
             for n, s in parts.items():
                 if n in owners[kind]:
                     _probe(owners[kind][n], s, f"{source}: {kind}.{n}")
+        online = state.get("consequence")
+        if self.consequence is not None and online is not None:
+            copy.deepcopy(self.consequence).load_state_dict(online, where=f"{source}: consequence")
         for kind, parts in private.items():
             for n, s in parts.items():
                 if n in owners[kind]:
                     owners[kind][n].load_state_dict(s, where=f"{source}: {kind}.{n}")
+        if self.consequence is not None and online is not None:
+            self.consequence.load_state_dict(online, where=f"{source}: consequence")
         self.events = events
         self._alarms.update(alarms)
         self._seen.update({n: v for n, v in seen.items() if n in self._seen})
@@ -316,33 +358,15 @@ _COUNTERS = ("consecutive_skips", "last_healthy_step", "last_snapshot_step", "la
 _ALARM_FIELDS = ("level", "streak", "clean", "critical_age")
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise GuardStateError(f"{where}: expected a JSON object; got {type(value).__name__}")
-    return value
-
-
-def _listed(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise GuardStateError(f"{where}: expected a list; got {type(value).__name__}")
-    return value
-
-
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise GuardStateError(f"{where}: expected an integer >= 0; got {type(value).__name__} {value!r:.80}")
-    return value
-
-
 def _step(value: Any, where: str) -> int | None:
-    return None if value is None else _count(value, where)
+    return None if value is None else state_count(value, where)
 
 
 def _alarm(value: Any, where: str) -> dict[str, int]:
-    fields = _mapping(value, where)
+    fields = state_object(value, where)
     if set(fields) != set(_ALARM_FIELDS):
         raise GuardStateError(f"{where}: expected the keys {list(_ALARM_FIELDS)}; got {sorted(fields)}")
-    alarm = {k: _count(fields[k], f"{where}.{k}") for k in _ALARM_FIELDS}
+    alarm = {k: state_count(fields[k], f"{where}.{k}") for k in _ALARM_FIELDS}
     if alarm["level"] > 2:
         raise GuardStateError(f"{where}.level: expected 0 (none), 1 (warn) or 2 (critical); got {alarm['level']}")
     return alarm

@@ -45,6 +45,31 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def state_object(value: Any, where: str, keys: tuple[str, ...] | None = None) -> Mapping[str, Any]:
+    """``value`` read from a state file as a JSON object, with exactly ``keys`` (any keys when None);
+    :class:`GuardStateError` naming ``where`` otherwise."""
+    if not isinstance(value, Mapping):
+        raise GuardStateError(f"{where}: expected a JSON object; got {type(value).__name__}")
+    if keys is not None and set(value) != set(keys):
+        raise GuardStateError(f"{where}: expected the keys {sorted(keys)}; got {sorted(map(str, value))}")
+    return value
+
+
+def state_list(value: Any, where: str) -> list[Any]:
+    """``value`` read from a state file as a JSON list; :class:`GuardStateError` naming ``where`` otherwise."""
+    if not isinstance(value, list):
+        raise GuardStateError(f"{where}: expected a list; got {type(value).__name__}")
+    return value
+
+
+def state_count(value: Any, where: str, least: int = 0) -> int:
+    """``value`` read from a state file as an integer ``>= least``; :class:`GuardStateError` naming ``where``
+    otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise GuardStateError(f"{where}: expected an integer >= {least}; got {type(value).__name__} {value!r:.80}")
+    return value
+
+
 def check_state_value(current: Any, value: Any, where: str) -> Any:
     """``value`` read for an attribute whose value is now ``current``, if of the same kind: a list of numbers for a
     rolling window or a list, a number for a float, an integer for an int, a string for a string; for an attribute

@@ -164,6 +164,8 @@ def trainer_stand_in(guarded_trainer: type) -> type:
         def __init__(self) -> None:
             self.rlguard_configured_objective = self.rlguard_objective = base_objective()
             self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
+            self._entropy_bonus_enabled = False  # TRL's entropy bonus off, no adaptive entropy controller
+            self._rlguard_adaptive_entropy = None
 
     return StandIn
 
@@ -242,8 +244,9 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     config.actor_rollout_ref.actor.entropy_coeff = 0.001
     trainer = FakeTrainer(config, [])
     driver = VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT}))
-    # verl computes its rollout correction itself (algorithm.rollout_correction), which the driver does not set
-    assert driver.capabilities == CAPABILITIES - {"drop_update", "lr_scale", "update_ratio", "rollout_correction"}
+    # rollout_correction: verl's algorithm.rollout_correction, set by the driver (verl's yaml returns the engine's
+    # log-probs; tests/test_verl_rollout_correction.py); not rollout_mask (verl has no exact geometric mask)
+    assert driver.capabilities == CAPABILITIES - {"drop_update", "lr_scale", "update_ratio", "rollout_mask"}
     applied = []
     for d in SCRIPT:
         trainer.global_steps = d.step

@@ -757,7 +757,11 @@ def test_other_warnings() -> None:
         ({"loss_type": "grpo", "delta": 1.1}, ValueError, "delta=1.1 is below 1 \\+ epsilon_high"),
         ({"loss_type": "cispo", "importance_sampling_level": "sequence"}, NotImplementedError, "token-level ratio"),
         ({"objective": "sapo", "importance_sampling_level": "sequence"}, NotImplementedError, "token-level ratio"),
-        ({"use_adaptive_entropy": True}, NotImplementedError, "use_adaptive_entropy=True .*controller"),
+        (
+            {"use_adaptive_entropy": True, "top_entropy_quantile": 0.5},
+            NotImplementedError,
+            "use_adaptive_entropy=True with top_entropy_quantile=0.5",
+        ),
         (
             {
                 "use_vllm": True,
@@ -923,7 +927,11 @@ def test_remedy_capabilities_follow_the_trainer_and_its_objective() -> None:
         assert "kept_gradient" not in trainer_capabilities(Controlled(rlguard_configured_objective=get_objective(name)))
     vllm = {name: None for name in VLLM_FIELDS} | {"use_vllm": True, "vllm_importance_sampling_correction": False}
     stock = SimpleNamespace(**vllm)
-    assert trainer_capabilities(stock) & {"rollout_correction", "kept_gradient", "clip"} == {"rollout_correction"}
+    assert trainer_capabilities(stock) & {"rollout_correction", "rollout_mask", "kept_gradient", "clip"} == {
+        "rollout_correction"
+    }  # no geometric mask in TRL's settings
+    controlled = Controlled(rlguard_configured_objective=get_objective("grpo"), **vllm)
+    assert {"rollout_correction", "rollout_mask"} <= trainer_capabilities(controlled)
     assert "rollout_correction" not in trainer_capabilities(SimpleNamespace(**{**vllm, "use_vllm": False}))
     set_trl_rollout_correction(stock, Controls(rollout_is_cap=2.0))
     assert (stock.vllm_importance_sampling_correction, stock.vllm_importance_sampling_mode) == (True, "token_truncate")

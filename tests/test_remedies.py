@@ -136,39 +136,42 @@ def test_grpo_with_kept_gradient_control_and_capabilities() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert {"kept_gradient", "clip"} <= TorchActuator(model, opt, objective=grpo).capabilities
     assert "rollout_correction" not in TorchActuator(model, opt, objective=grpo).capabilities
-    assert "rollout_correction" in TorchActuator(model, opt, objective=grpo, rollout_correction=True).capabilities
+    assert {"rollout_correction", "rollout_mask"} <= TorchActuator(
+        model, opt, objective=grpo, rollout_correction=True
+    ).capabilities
     bare = TorchActuator(model, opt, rollout_correction=True).capabilities
     assert not bare & {"kept_gradient", "rollout_correction", "clip"}
 
 
 # ---------------------------------------------------------------- 2. the rollout corrections as controls
-def test_rollout_is_cap_control_is_token_tis() -> None:
-    """Controls(rollout_is_cap=1.5) on GRPO == GRPO(rollout_is="token", rollout_is_cap=1.5): loss and gradient."""
+@pytest.mark.parametrize(
+    ("control", "configured", "different"),
+    [
+        # token TIS: its cap acts on this batch (the default cap 2 gives another loss)
+        ({"rollout_is_cap": 1.5}, {"rollout_is": "token", "rollout_is_cap": 1.5}, {"rollout_is": "token"}),
+        # geometric mask [1/1.5, 1.5]: rejects row 2 (its mean log rho is -0.65)
+        ({"rollout_mask_high": 1.5}, {"rollout_mask": "geometric", "rollout_mask_high": 1.5}, None),
+    ],
+)
+def test_rollout_controls_equal_the_configured_corrections(
+    control: dict[str, float], configured: dict[str, object], different: dict[str, object] | None
+) -> None:
+    """Controls(rollout_is_cap=C) == GRPO(rollout_is="token", rollout_is_cap=C) and Controls(rollout_mask_high=C)
+    == GRPO(rollout_mask="geometric", rollout_mask_high=C): equal objectives, losses and gradients, and the
+    correction acts on this batch (the plain loss differs)."""
     grpo = get_objective("grpo")
-    controlled = grpo.with_controls(Controls(rollout_is_cap=1.5))
-    configured = get_objective("grpo", rollout_is="token", rollout_is_cap=1.5)
-    assert controlled == configured
+    controlled = grpo.with_controls(Controls(**control))  # type: ignore[arg-type]
+    reference = get_objective("grpo", **configured)
+    assert controlled == reference
     loss, grad = loss_and_grad(controlled, rollout=True)
-    ref_loss, ref_grad = loss_and_grad(configured, rollout=True)
+    ref_loss, ref_grad = loss_and_grad(reference, rollout=True)
     close(loss, ref_loss)
     close(grad, ref_grad)
-    # the correction acts on this batch (and its cap too): neither the plain loss nor the default cap's
-    for other in (grpo, get_objective("grpo", rollout_is="token", rollout_is_cap=2.0)):
+    others = [grpo] + ([get_objective("grpo", **different)] if different else [])
+    for other in others:
         assert abs(float(loss_and_grad(other, rollout=True)[0] - loss)) > 1e-4
-
-
-def test_rollout_mask_high_control_is_a_geometric_mask() -> None:
-    """Controls(rollout_mask_high=1.5) == GRPO(rollout_mask="geometric", rollout_mask_high=1.5): rejects row 2."""
-    grpo = get_objective("grpo")
-    controlled = grpo.with_controls(Controls(rollout_mask_high=1.5))
-    configured = get_objective("grpo", rollout_mask="geometric", rollout_mask_high=1.5)
-    assert controlled == configured
-    loss, grad = loss_and_grad(controlled, rollout=True)
-    ref_loss, ref_grad = loss_and_grad(configured, rollout=True)
-    close(loss, ref_loss)
-    close(grad, ref_grad)
-    assert bool((grad[2] == 0).all()) and bool((grad[0] != 0).any())
-    assert abs(float(loss_and_grad(grpo, rollout=True)[0] - loss)) > 1e-4
+    if "rollout_mask_high" in control:
+        assert bool((grad[2] == 0).all()) and bool((grad[0] != 0).any())
 
 
 def test_a_configured_rollout_correction_stays_as_configured() -> None:
@@ -185,7 +188,9 @@ def test_a_configured_rollout_correction_stays_as_configured() -> None:
 
 # ---------------------------------------------------------------- 3. MismatchRemedy on synthetic contexts
 NO_ROLLOUT = frozenset({"snapshot", "restore", "drop_update", "lr_scale", "stop", "clip", "kept_gradient"})
-WITH_ROLLOUT = NO_ROLLOUT | {"rollout_correction"}
+WITH_ROLLOUT = NO_ROLLOUT | {"rollout_correction", "rollout_mask"}
+#: a framework that computes the rollout correction itself and has no geometric mask (verl, a stock TRL trainer)
+TIS_ONLY = NO_ROLLOUT | {"rollout_correction"}
 
 
 def ctx(
@@ -225,6 +230,8 @@ def test_remedy_first_rung_depends_on_the_capabilities() -> None:
     unbound = MismatchRemedy()
     unbound.propose(ctx(0, gap(), None))
     assert unbound.active == ("rollout_is",)
+    assert MismatchRemedy().ladder(TIS_ONLY) == ["rollout_is", "kept_gradient", "lr_backoff"]
+    assert MismatchRemedy().ladder(WITH_ROLLOUT) == ["rollout_is", "rollout_mask", "kept_gradient", "lr_backoff"]
 
 
 def test_remedy_escalates_only_after_trial_steps_then_backs_the_lr_off() -> None:
@@ -375,12 +382,49 @@ def test_stable_lr_backoff_no_longer_answers_the_gap() -> None:
     assert "grad_norm_spike" in stable["lr_backoff"].on  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("caps", "signal", "backs_off"),
+    [
+        (NO_ROLLOUT, "ratio_explosion", False),  # pi_old = engine: the gap explains the ratio
+        (NO_ROLLOUT, "kl_old_blowup", False),
+        (NO_ROLLOUT, "clip_frac_burst", False),
+        (None, "ratio_explosion", False),  # unbound: nothing says pi_old is recomputed
+        (WITH_ROLLOUT, "ratio_explosion", True),  # pi_old recomputed: the ratio is the update's
+        (NO_ROLLOUT, "grad_norm_spike", True),  # not a ratio signal
+    ],
+)
+def test_stable_lr_backoff_ignores_ratio_signals_the_gap_explains(
+    caps: frozenset[str] | None, signal: str, backs_off: bool
+) -> None:
+    """stable's lr_backoff: a ratio signal on a step with a mismatch_growth finding backs the LR off only where pi_old
+    is recomputed; without the gap finding the same signal backs it off everywhere."""
+    backoff = Guard(GuardConfig.preset("stable")).interventions["lr_backoff"]
+    with_gap = backoff.propose(ctx(0, {**gap(), **trouble(signal, "warn")}, caps))
+    assert with_gap is not None and (with_gap.controls["lr_scale"] == 0.5) is backs_off
+    alone = (
+        Guard(GuardConfig.preset("stable")).interventions["lr_backoff"].propose(ctx(0, trouble(signal, "warn"), caps))
+    )
+    assert alone is not None and alone.controls["lr_scale"] == 0.5
+
+
+@pytest.mark.parametrize(("caps", "holds"), [(NO_ROLLOUT, True), (None, True), (WITH_ROLLOUT, False)])
+def test_stable_clip_controller_holds_on_the_gap_only_where_pi_old_is_the_engines(
+    caps: frozenset[str] | None, holds: bool
+) -> None:
+    """kl_old 0.1 (5x the target) with a gap finding: the clip range stays where pi_old is the engine's (kl_old
+    measures the gap) and tightens where pi_old is recomputed (kl_old measures the update)."""
+    controller = Guard(GuardConfig.preset("stable")).interventions["clip_controller"]
+    proposal = controller.propose(StepContext(0, {"kl_old": 0.1}, gap(), {}, {}, 0, None, capabilities=caps))
+    assert proposal is not None
+    assert proposal.controls["clip_scale"] == (1.0 if holds else 1 / 1.5)
+
+
 def test_capabilities_are_known_to_the_actuator_contract() -> None:
     """The new capabilities are declared, and the controls map onto them."""
-    assert {"kept_gradient", "rollout_correction"} <= CAPABILITIES
+    assert {"kept_gradient", "rollout_correction", "rollout_mask"} <= CAPABILITIES
     caps = Controls.capabilities()
     assert caps["kept_gradient"] == "kept_gradient"
-    assert caps["rollout_is_cap"] == caps["rollout_mask_high"] == "rollout_correction"
+    assert (caps["rollout_is_cap"], caps["rollout_mask_high"]) == ("rollout_correction", "rollout_mask")
     assert Controls(kept_gradient=True, rollout_is_cap=2.0).capabilities_needed() == {
         "kept_gradient",
         "rollout_correction",

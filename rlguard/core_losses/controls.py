@@ -69,7 +69,8 @@ class Controls:
         rollout_is_cap: token-level truncated importance sampling against the engine's log-probs with this cap
             (TIS), where the run configured none; needs the engine's log-probs beside the trainer's pi_old.
         rollout_mask_high: a geometric-mean rejection mask ``[1 / C, C]`` against the engine's log-probs
-            (IcePop-style MIS), where the run configured none; likewise.
+            (IcePop-style MIS), where the run configured none; likewise, and an actuator whose framework computes
+            the correction itself declares ``rollout_mask`` only where it applies this very mask.
     """
 
     lr_scale: float = _control(1.0, "lr_scale", combine="product", logged_as="scale_lr")
@@ -81,7 +82,7 @@ class Controls:
     entropy_coef: float | None = _control(None, "entropy_coef")
     kept_gradient: bool = _control(False, "kept_gradient", kind="flag")
     rollout_is_cap: float | None = _control(None, "rollout_correction", low=1.0)
-    rollout_mask_high: float | None = _control(None, "rollout_correction", low=1.0)
+    rollout_mask_high: float | None = _control(None, "rollout_mask", low=1.0)
 
     def __post_init__(self) -> None:
         for f in _FIELDS:

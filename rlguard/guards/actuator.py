@@ -70,6 +70,7 @@ Capability = Literal[
     "update_ratio",
     "kept_gradient",
     "rollout_correction",
+    "rollout_mask",
 ]
 #: every capability: what an actuator may declare
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
@@ -274,7 +275,7 @@ class TorchActuator:
             if self.objective.applies_kept_gradient():
                 can.add("kept_gradient")
             if self.rollout_correction:
-                can.add("rollout_correction")
+                can |= {"rollout_correction", "rollout_mask"}
         if self.measure_update:
             can.add("update_ratio")
         return frozenset(can)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from rlguard.guards.alerts import AlertConfig
 from rlguard.guards.fields import FieldError, check_fields, check_value
@@ -24,8 +24,9 @@ class GuardConfig:
         detectors: detector name -> keyword overrides of its defaults, or None to switch it off. Registered
             detectors not named here run with their defaults.
         interventions: intervention name -> overrides, or None to switch it off; likewise, except that the opt-in
-            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``recovery``) run only
-            when named. An empty guard (``monitor`` preset) switches all of them off and only observes.
+            ones (``enabled_by_default = False``: ``trust_region``, ``entropy_control``, ``mismatch_remedy``,
+            ``adaptive_entropy``, ``recovery``) run only when named. An empty guard (``monitor`` preset) switches
+            all of them off and only observes.
         schedules: ``clip_low``, ``clip_high``, ``beta``, ``entropy_coef`` or ``lr_scale`` -> a schedule by step
             (:mod:`rlguard.guards.schedules`); the decision carries their values.
         snapshot_interval: a healthy step at least this many steps after the last snapshot asks for a new one.
@@ -38,13 +39,20 @@ class GuardConfig:
         events_path: if set, events are written to this JSONL file: a run that starts afresh moves an existing
             file aside (``events.jsonl.<time>``), a resumed one continues it
             (:class:`~rlguard.guards.events.EventsLog`).
-        observe_only: never act (the outcome is always ``step``, no intervention runs); schedules still apply.
+        observe_only: never act (the outcome is always ``step``, no intervention runs); schedules still apply, and
+            so does the entropy controller that ``GuardedGRPOTrainer(use_adaptive_entropy=True)`` adds (TRL's flag
+            asks for it whatever the guard does).
         healthy_despite: detectors whose findings and alarms do not make a step unhealthy: conditions of the data
             or of the rollout engine (a train-inference mismatch, groups without variance) that the weights of a
             snapshot do not carry and a rollback does not change. Without this, such a chronic alarm leaves the
             run with no healthy snapshot, and the next real failure halts it instead of rolling back.
         alerts: where the guard's important decisions are sent (a webhook, W&B), as an :class:`AlertConfig` or
             a mapping of its fields (:mod:`rlguard.guards.alerts`); None sends none.
+        consequence: how a finding's severity is decided live. ``"step"``: the detector's, on the step itself.
+            ``"online"``: by consequence, from the past only
+            (:class:`~rlguard.guards.detectors.consequence.OnlineConsequence`): a lone critical observation is a
+            warning (``skip_step`` still skips its step) until what follows makes it critical, a sustained or
+            unrecoverable one is critical at once, a reward drawdown needs an established level.
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -57,6 +65,7 @@ class GuardConfig:
     observe_only: bool = False
     healthy_despite: tuple[str, ...] = ()
     alerts: AlertConfig | None = None
+    consequence: Literal["step", "online"] = "step"
 
     def __post_init__(self) -> None:
         # the field types, strictly (a mapping given for alerts becomes an AlertConfig, a list a tuple)
@@ -146,11 +155,12 @@ def _stable() -> GuardConfig:
     (``recovery`` replaces ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the
     run halts only after repeated failed recoveries)."""
     # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # and an LR cut only slows what it does; mismatch_remedy answers it, lr_backoff no longer reacts to it, the clip
-    # controller holds while it is found (kl_old then measures the gap, not the step), and its alarm leaves the
-    # steps healthy (snapshots go on). An entropy far
-    # below its start with the reward above its early level is a policy that converged on what it learned (a task
-    # with one right answer ends near zero entropy): no floor that is critical whatever the reward does.
+    # and an LR cut only slows what it does; mismatch_remedy answers it and lr_backoff does not react to it. Where
+    # pi_old is the engine's, the ratios to pi_old carry the gap while it is found: the clip controller holds and
+    # lr_backoff ignores the ratio signals then (StepContext.gap_in_ratio); the alarm leaves the steps healthy
+    # (snapshots go on). An entropy far below its start with the reward above its early level is a policy that
+    # converged on what it learned (a task with one right answer ends near zero entropy): no floor that is critical
+    # whatever the reward does.
     recovery = {
         "on": tuple(n for n in Rollback.on if n != "mismatch_growth"),
         "ignore": (*Recovery.ignore, "mismatch_growth"),
@@ -161,7 +171,10 @@ def _stable() -> GuardConfig:
             "trust_region": {},
             "entropy_control": {},
             "mismatch_remedy": {},
-            "lr_backoff": {"on": tuple(n for n in LRBackoff.on if n != "mismatch_growth")},
+            "lr_backoff": {
+                "on": tuple(n for n in LRBackoff.on if n != "mismatch_growth"),
+                "hold_on": ("mismatch_growth",),
+            },
             "clip_controller": {"hold_on": ("mismatch_growth",)},
             "recovery": recovery,
             "rollback": None,

@@ -54,6 +54,14 @@ class StepContext:
     last_healthy_step: int | None
     capabilities: frozenset[str] | None = None
 
+    def gap_in_ratio(self, explained_by: tuple[str, ...]) -> bool:
+        """Whether a finding of ``explained_by`` (``mismatch_growth``) this step means the ratios to pi_old carry
+        the train-inference gap: true unless pi_old is recomputed by the trainer, which the capability
+        ``rollout_correction`` declares (the engine's log-probs then arrive beside pi_old, not as pi_old, and the
+        ratio measures the update alone)."""
+        recomputed = self.capabilities is not None and "rollout_correction" in self.capabilities
+        return not recomputed and any(n in self.findings for n in explained_by)
+
 
 @dataclass(kw_only=True)
 class Intervention(PrivateState):
@@ -97,7 +105,14 @@ class SkipStep(Intervention):
     severity: Severity = "critical"
 
     def propose(self, ctx: StepContext) -> Proposal | None:
-        hits = _hits(ctx.findings, self.on, self.severity)
+        # the step itself decides: the severity the detector observed (``Finding.observed``), not its label by
+        # consequence (a lone spike is a warning by consequence, and still a poisoned step)
+        level = SEVERITY_LEVEL[self.severity]
+        hits = [
+            n
+            for n in self.on
+            if n in ctx.findings and SEVERITY_LEVEL[ctx.findings[n].observed or ctx.findings[n].severity] >= level
+        ]
         return Proposal("skip", f"poisoned step ({', '.join(hits)})") if hits else None
 
 
@@ -113,6 +128,10 @@ class LRBackoff(Intervention):
         cooldown: steps between two back-offs.
         quiet_steps: steps without trouble before each recovery step.
         recover_factor: multiplier per recovery step (capped at 1).
+        hold_on: detectors whose finding this step explains the ratio signals (``stable``: ``mismatch_growth``):
+            where pi_old is the engine's (:meth:`StepContext.gap_in_ratio`), the ratio to pi_old is the gap times
+            the update, so an exploding ratio, KL to pi_old or clip fraction then says nothing about the step size.
+        ratio_signals: the detectors of ``on`` that read the ratio to pi_old, which ``hold_on`` explains.
     """
 
     name = "lr_backoff"
@@ -134,6 +153,8 @@ class LRBackoff(Intervention):
     cooldown: int = 10
     quiet_steps: int = 20
     recover_factor: float = 2.0
+    hold_on: tuple[str, ...] = ()
+    ratio_signals: tuple[str, ...] = ("ratio_explosion", "kl_old_blowup", "clip_frac_burst")
 
     def __post_init__(self) -> None:
         if not 0 < self.factor < 1 or not 0 < self.min_scale <= 1 or self.recover_factor <= 1:
@@ -145,6 +166,8 @@ class LRBackoff(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         hits = _hits(ctx.findings, self.on, self.severity)
+        if hits and ctx.gap_in_ratio(self.hold_on):
+            hits = [n for n in hits if n not in self.ratio_signals]
         if hits:
             self._s_last_trouble = ctx.step
             ready = self._s_last_backoff is None or ctx.step - self._s_last_backoff >= self.cooldown
@@ -179,8 +202,8 @@ class ClipController(Intervention):
         floor: values at or below it leave the scale alone: the on-policy first optimizer step of each batch has
             ``kl_old = 0`` whatever the update size, and would otherwise relax the range every other step.
         hold_on: detectors whose finding this step holds the scale where it is: a divergence they explain is not
-            the step's (``stable``: ``mismatch_growth``, since where pi_old is the engine's, ``kl_old`` measures
-            the gap to the engine, not the update).
+            the step's (``stable``: ``mismatch_growth``: where pi_old is the engine's, ``kl_old`` measures the gap
+            to the engine, not the update; :meth:`StepContext.gap_in_ratio`).
     """
 
     name = "clip_controller"
@@ -202,7 +225,7 @@ class ClipController(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         value = ctx.stats.get(self.metric)
-        held = any(n in ctx.findings for n in self.hold_on)
+        held = ctx.gap_in_ratio(self.hold_on)
         if value is None or value != value or value <= self.floor or held:
             return Proposal(controls={"clip_scale": self._s_scale})
         old = self._s_scale

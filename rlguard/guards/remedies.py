@@ -39,7 +39,7 @@ __all__ = ["REMEDIES", "REMEDY_TABLE", "MismatchRemedy"]
 #: each remedy of :class:`MismatchRemedy`: the actuator capability it needs and what it is
 REMEDIES: dict[str, tuple[str, str]] = {
     "rollout_is": ("rollout_correction", "token-level truncated IS against the engine's log-probs, cap 2 (TIS)"),
-    "rollout_mask": ("rollout_correction", "geometric-mean rejection mask [1/2, 2] against the engine (IcePop MIS)"),
+    "rollout_mask": ("rollout_mask", "geometric-mean rejection mask [1/2, 2] against the engine (IcePop MIS)"),
     "kept_gradient": ("kept_gradient", "the hard clip becomes a weight truncated at its upper bound (CISPO's form)"),
     "lr_backoff": ("lr_scale", "LR x0.5 per further failure, down to x0.05"),
 }
@@ -50,7 +50,7 @@ REMEDY_TABLE: tuple[tuple[str, str, str, str], ...] = (
     (
         "train-inference gap, pi_old recomputed by the trainer",
         "mismatch_growth",
-        "rollout_is, then rollout_mask, then kept_gradient, then lr_backoff",
+        "rollout_is, then rollout_mask (where the loop applies it), then kept_gradient, then lr_backoff",
         "mismatch_remedy",
     ),
     (
@@ -61,6 +61,7 @@ REMEDY_TABLE: tuple[tuple[str, str, str, str], ...] = (
     ),
     ("too large a step", "update_ratio (the update's relative size)", "trust region on the LR", "trust_region"),
     ("entropy collapse", "entropy_collapse", "clip-higher (upper clip bound x1.2, up to x1.44)", "entropy_control"),
+    ("entropy below a set target", "entropy (no detector)", "adaptive entropy bonus (Skywork-OR1)", "adaptive_entropy"),
     ("poisoned batch", "nonfinite, grad_norm_spike, ratio_explosion", "skip the step", "skip_step"),
     ("slow collapse", "reward/entropy collapse, KL blow-up, repetition", "rollback that learns", "recovery"),
 )

@@ -98,6 +98,8 @@ def trainer_capabilities(trainer: object) -> frozenset[str]:
             can.add("kept_gradient")
     if getattr(trainer, "use_vllm", False) and hasattr(trainer, "vllm_importance_sampling_correction"):
         can.add("rollout_correction")
+        if isinstance(trainer, ControlledTrainer):  # the geometric mask has no TRL setting: our objective applies it
+            can.add("rollout_mask")
     return frozenset(can)
 
 

@@ -585,7 +585,7 @@ def test_kept_gradient_remedy_is_verls_own_cispo_at_the_same_upper_bound() -> No
 
 def test_the_driver_offers_kept_gradient_where_the_objective_zeroes_gradients(tmp_path: Path) -> None:
     """``kept_gradient`` is a driver capability for ``rlguard.grpo``, not for ``rlguard.cispo``; a rollout
-    correction never (verl computes its own, from ``algorithm.rollout_correction``)."""
+    correction only through verl's ``algorithm.rollout_correction`` (tests/test_verl_rollout_correction.py)."""
     from test_actuators import ScriptedGuard
 
     for mode, expected in (("rlguard.grpo", True), ("rlguard.cispo", False)):
@@ -593,4 +593,3 @@ def test_the_driver_offers_kept_gradient_where_the_objective_zeroes_gradients(tm
         config.actor_rollout_ref.actor.policy_loss.loss_mode = mode
         driver = verl_guard.VerlGuardDriver(FakeTrainer(config, []), ScriptedGuard({}))
         assert ("kept_gradient" in driver.capabilities) is expected
-        assert "rollout_correction" not in driver.capabilities

@@ -8,11 +8,12 @@ for V1, TransferQueue) and take ``guard=`` (default: ``+trainer.rlguard_guard`` 
 The driver wraps the ``Tracking`` logger ``fit`` creates (a V1 ``fit``'s ``self.logger`` in ``on_train_begin``; for
 the legacy ``fit``, a ``Tracking`` subclass for the length of ``fit``), so the guard sees what the loggers see, once
 per step, after that step's update (:func:`driver_stats`). It carries out each decision: the objective's controls
-through verl's ``set_loss_fn``, ``lr_scale`` through
-:class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, snapshots and rollbacks as verl checkpoints,
-a halt by returning from ``fit``. What each does, what verl 0.9.1 does not allow and why: ``docs/guides/verl.md``,
-"What each decision does on the driver". Tested on stand-in trainers (tests/test_verl_guard.py) and end to end
-with Ray on CPU (integration_tests/test_verl_main_ppo.py).
+through verl's ``set_loss_fn``, the rollout correction as verl's own ``algorithm.rollout_correction``, ``lr_scale``
+through :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, snapshots and rollbacks as verl
+checkpoints, a halt by returning from ``fit``. What each does, what verl 0.9.1 does not allow and why:
+``docs/guides/verl.md``, "What each decision does on the driver". Tested on stand-in trainers
+(tests/test_verl_guard.py, tests/test_verl_rollout_correction.py) and end to end with Ray on CPU
+(integration_tests/test_verl_main_ppo.py).
 """
 
 from __future__ import annotations
@@ -28,8 +29,16 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf, open_dict
+
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
+from rlguard.adapters.verl.mapping import (
+    NO_GEOMETRIC_MASK,
+    config_get,
+    engine_log_probs_beside_pi_old,
+    rollout_correction_fields,
+)
 from rlguard.adapters.verl.state import driver_state, read_driver_state
 from rlguard.core_losses import Objective, get_objective
 from rlguard.guards import Decision, Guard, GuardConfig
@@ -58,9 +67,11 @@ __all__ = [
 #: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
 GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
 _GUARDED_TARGETS = (GUARDED_TARGET, f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}")
-#: the capabilities of the controls verl applies outside the policy loss, through its own actor keys (the rest go to
-#: the workers' loss, which applies them to the objective), and of the LR scale (sent by its own call)
-_VERL_KEYS = ("beta", "entropy_coef")
+#: the capabilities of the controls verl applies outside the policy loss, through its own keys (the actor's
+#: ``kl_loss_coef``, ``entropy_coeff``; ``algorithm.rollout_correction``, whose weights the loss receives: never also
+#: the objective's own ``rollout_is``), the rest go to the workers' loss, which applies them to the objective; and of
+#: the LR scale (sent by its own call)
+_VERL_KEYS = ("beta", "entropy_coef", "rollout_correction", "rollout_mask")
 _OWN_CALL = ("lr_scale",)
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
 
@@ -109,6 +120,10 @@ class VerlGuardDriver:
         self._step = 0
         self._rollback_to: int | None = None
         self._restored_from: Path | None = None
+        #: the run's own ``algorithm.rollout_correction`` (None: none), and the fields the driver set over it
+        self.configured_rollout_correction = _plain(trainer.config.algorithm.get("rollout_correction", None))
+        self._rollout_fields: dict[str, Any] = {}
+        self._warned_mask = False
         bind_guard(self.guard, self, where="verl's driver")
 
     # -- the actuator (rlguard.guards.actuator.Actuator) ---------------------------------------------------------
@@ -116,7 +131,9 @@ class VerlGuardDriver:
     def capabilities(self) -> frozenset[str]:
         """Snapshot (a verl checkpoint), restore (rollback), stop, the clip range; ``beta`` with ``use_kl_loss``
         and ``entropy_coef`` where verl computes entropies; ``lr_scale`` where the actor's worker is rlguard's
-        (:func:`sets_actor_lr`). Not ``drop_update`` (verl logs a step after its update): recorded only."""
+        (:func:`sets_actor_lr`); ``rollout_correction`` where the engine's log-probs arrive beside a recomputed
+        pi_old (:func:`~rlguard.adapters.verl.mapping.engine_log_probs_beside_pi_old`). Not ``drop_update`` (verl
+        logs a step after its update): recorded only."""
         actor = self.trainer.config.actor_rollout_ref.actor
         can = {"snapshot", "restore", "stop", "clip"}
         if sets_actor_lr(self.trainer):
@@ -127,6 +144,8 @@ class VerlGuardDriver:
             can.add("entropy_coef")  # verl computes entropies only then (ray_trainer / v1 trainer_base)
         if _loss_objective(actor.policy_loss.get("loss_mode", "")).applies_kept_gradient():
             can.add("kept_gradient")  # the workers' loss applies it (with_controls), like the clip range
+        if engine_log_probs_beside_pi_old(self.trainer.config):
+            can.add("rollout_correction")  # verl's algorithm.rollout_correction (push_rollout_correction)
         return frozenset(can)
 
     def snapshot(self, step: int) -> None:
@@ -159,6 +178,7 @@ class VerlGuardDriver:
         if values != self.controls:
             self.controls = values
             self.push_controls()
+            self.push_rollout_correction()
 
     def stop(self) -> None:
         """``fit`` returns after logging this step (see :func:`rlguard.adapters.verl.trainers.guarded_tracking_for`)."""
@@ -224,6 +244,26 @@ class VerlGuardDriver:
 
         self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss, config=self.actor_config()))
 
+    def push_rollout_correction(self) -> None:
+        """Set verl's ``algorithm.rollout_correction`` to the run's own with the guard's rollout correction over it
+        (:func:`~rlguard.adapters.verl.mapping.rollout_correction_fields`), or back to the run's own; unchanged
+        fields are not written. verl's trainers read it afresh for every batch (``_compute_advantage``;
+        ``compute_rollout_correction_and_add_to_batch`` on ``old_log_probs`` and ``rollout_log_probs``), so it applies
+        from the next step, as the loss's controls do."""
+        configured = self.configured_rollout_correction
+        fields = rollout_correction_fields(self.controls, configured)
+        rs_configured = config_get(configured, "rollout_rs") is not None
+        if self.controls.rollout_mask_high is not None and not rs_configured and not self._warned_mask:
+            self._warned_mask = True
+            warnings.warn(NO_GEOMETRIC_MASK.format(self.controls.rollout_mask_high), UserWarning, stacklevel=2)
+        if fields == self._rollout_fields:
+            return
+        algorithm = self.trainer.config.algorithm
+        node = None if configured is None and not fields else OmegaConf.create({**(configured or {}), **fields})
+        with open_dict(algorithm):
+            algorithm.rollout_correction = node
+        self._rollout_fields = fields
+
     def push_lr_scale(self) -> None:
         """Send the actor workers :attr:`lr_scale` (``rlguard_set_lr_scale``) unless they hold it already."""
         if self._workers_lr_scale != self.lr_scale:
@@ -284,6 +324,7 @@ class VerlGuardDriver:
         self.controls = controls
         self.discarded = discarded
         self.push_controls()
+        self.push_rollout_correction()
         self.lr_scale = lr_scale
         if "lr_scale" in self.capabilities:
             self.push_lr_scale()
@@ -365,6 +406,13 @@ def _check_trainer_config(config: Any) -> None:
     distillation = config.get("distillation")
     if distillation is not None and distillation.get("enabled", False):
         raise ValueError("the verl guard does not support distillation (distillation_ppo_loss); set enabled=false.")
+
+
+def _plain(node: Any) -> dict[str, Any] | None:
+    """A config node (a DictConfig or a mapping: verl's dataclass configs are mappings) as a plain dict, or None."""
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return None if node is None else dict(node)
 
 
 def _step_of(folder: Path) -> int:

@@ -1,4 +1,5 @@
-"""How verl's actor config translates into an rlguard objective and its normalisers: pure, imports no framework.
+"""How verl's actor config translates into an rlguard objective and its normalisers, and the guard's rollout
+correction into verl's ``algorithm.rollout_correction``: pure, imports no framework.
 
 Which of verl's keys set which fields is the objective's own declaration (``Objective.verl``: ``docs/design.md``,
 "Objectives describe themselves"); this module resolves verl's keys as verl does (``clip_ratio`` where
@@ -13,17 +14,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlguard.core_losses.aggregation import AGGREGATIONS, Normaliser
+from rlguard.core_losses.controls import Controls
 from rlguard.core_losses.registry import objective_class
 
 __all__ = [
     "LOSS_MODE_PREFIX",
+    "NO_GEOMETRIC_MASK",
     "ROLLOUT_KEYS",
     "VERL_LOSS_AGG_MODES",
     "Normalisers",
     "config_get",
+    "engine_log_probs_beside_pi_old",
     "loss_mode",
     "normalisers",
     "objective_hyperparameters",
+    "rollout_correction_fields",
 ]
 
 #: verl's loss_mode of objective ``name`` is ``LOSS_MODE_PREFIX + name``.
@@ -142,3 +147,44 @@ def _missing_count(dp_size: int, key: str) -> str:
         f"config.global_batch_info has dp_size={dp_size} but no {key}: with data parallelism the loss needs the "
         "mini-batch's global count to be independent of the split (verl's agg_loss raises too)."
     )
+
+
+# -- the guard's rollout correction as verl's algorithm.rollout_correction ------------------------------------
+#: the driver's warning when the guard sets ``rollout_mask_high`` (see :func:`rollout_correction_fields`)
+NO_GEOMETRIC_MASK = (
+    "the guard set rollout_mask_high={:g} (a geometric-mean mask [1/C, C] against the engine), which verl 0.9.1 "
+    "cannot carry out exactly: its rollout_rs='seq_mean_k1' has the same bounds but drops the rejected tokens from "
+    "the loss's normalisers. It is not applied (token TIS, rollout_is_cap, is). Configure "
+    "algorithm.rollout_correction.rollout_rs yourself, or leave 'rollout_mask' out of mismatch_remedy.remedies."
+)
+
+
+def engine_log_probs_beside_pi_old(config: Any) -> bool:
+    """Whether verl's batches hold the engine's log-probs (``rollout_log_probs``, returned by the rollout where
+    ``actor_rollout_ref.rollout.calculate_log_probs``) beside a pi_old the actor recomputed (verl's default: not
+    ``algorithm.rollout_correction.bypass_mode``, which makes pi_old the engine's). Then, and only then, verl's
+    trainers compute ``algorithm.rollout_correction`` on each batch."""
+    rollout = config_get(config_get(config, "actor_rollout_ref"), "rollout")
+    correction = config_get(config_get(config, "algorithm"), "rollout_correction")
+    return bool(config_get(rollout, "calculate_log_probs", False)) and not config_get(correction, "bypass_mode", False)
+
+
+def rollout_correction_fields(controls: Controls, configured: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields of verl's ``algorithm.rollout_correction`` that carry the guard's ``controls`` over the run's
+    ``configured`` one (None: the run has none); empty where they change nothing.
+
+    ``rollout_is_cap = C`` is verl's token-level TIS, ``rollout_is="token"`` at ``rollout_is_threshold=C``, without
+    batch normalisation: ``min(pi_old / mu, C)`` per token, rlguard's ``truncated_is_weights(..., "token", C)``,
+    reaching the loss as ``rollout_is_weights``. As in :meth:`~rlguard.core_losses.Objective.with_controls`, a run
+    that configured its own ``rollout_is`` keeps it. ``rollout_mask_high`` has no exact counterpart in verl 0.9.1:
+    ``rollout_rs="seq_mean_k1"`` rejects on the same geometric mean and bounds ``[1/C, C]``, but it removes the
+    rejected tokens from ``response_mask``, hence from the loss's normalisers (``batch_num_tokens``), where
+    rlguard's mask keeps them in the count (and its mean divides by the token count plus 1e-8); it is not mapped.
+    """
+    if controls.rollout_is_cap is None or config_get(configured, "rollout_is") is not None:
+        return {}
+    return {
+        "rollout_is": "token",
+        "rollout_is_threshold": float(controls.rollout_is_cap),
+        "rollout_is_batch_normalize": False,
+    }

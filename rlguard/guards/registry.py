@@ -9,6 +9,7 @@ from typing import cast
 
 import pluggy
 
+from rlguard.guards.adaptive_entropy import AdaptiveEntropy
 from rlguard.guards.detectors import BUILTIN_DETECTORS, Detector
 from rlguard.guards.entropy_control import EntropyControl
 from rlguard.guards.interventions import BUILTIN_INTERVENTIONS, Intervention
@@ -38,7 +39,8 @@ class _BuiltinGuards:
 
     @hookimpl
     def rlguard_add_interventions(self) -> tuple[type[Intervention], ...]:
-        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, Recovery, MismatchRemedy)  # the last four: opt-in
+        # the last five: opt-in
+        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, AdaptiveEntropy, Recovery, MismatchRemedy)
 
 
 def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type[Detector]]:

@@ -21,7 +21,10 @@ themselves"), so a plugin objective is translated like a built-in:
 - ``off_policy_mask_threshold`` -> ``off_policy_mask_delta``;
 - ``top_entropy_quantile < 1``: TRL's own ``get_high_entropy_mask`` weights the objective's policy term (not the
   KL term, not the normalisers) and the entropy bonus, as in TRL (in the trainer, per micro-batch);
-- ``use_adaptive_entropy`` is refused (TRL's controller is trainer state updated inside its loss);
+- ``use_adaptive_entropy``: the guard's ``adaptive_entropy`` intervention (Skywork-OR1's controller, TRL's own:
+  :func:`adaptive_entropy_settings` maps ``entropy_coef``, ``entropy_coef_min``/``_max``/``_delta`` and
+  ``entropy_target`` onto it), which ``GuardedGRPOTrainer`` runs in place of TRL's; refused with
+  ``top_entropy_quantile < 1`` (TRL measures the entropy of the masked tokens only, the guard of all);
 - vLLM's ``*_truncate`` modes -> ``rollout_is``; ``*_mask`` modes -> ``rollout_mask`` plus ``rollout_is``;
 - ``loss_type``, unless ``objective_kwargs`` names an ``aggregation``: grpo, sapo -> ``seq-mean-token-mean``;
   bnpo, dapo, cispo, vespo -> ``token-mean``; luspo -> ``seq-mean-token-sum``; dr_grpo ->
@@ -55,6 +58,7 @@ __all__ = [
     "LOSS_TYPE_AGGREGATION",
     "LOSS_TYPE_OBJECTIVE",
     "TRLLossMapping",
+    "adaptive_entropy_settings",
     "map_trl_config",
     "needs_rollout_logprobs",
     "paper_trl_settings",
@@ -155,6 +159,22 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
     return mapping
 
 
+def adaptive_entropy_settings(args: GRPOConfig) -> dict[str, Any] | None:
+    """The fields of the guard's ``adaptive_entropy`` intervention (:class:`~rlguard.guards.adaptive_entropy.
+    AdaptiveEntropy`) that TRL's ``use_adaptive_entropy=True`` means, or None when it is off: TRL's ``entropy_coef``
+    is the initial coefficient, ``entropy_coef_min``/``_max`` its bounds, ``entropy_coef_delta`` its step and
+    ``entropy_target`` the target."""
+    if not args.use_adaptive_entropy:
+        return None
+    return {
+        "target": args.entropy_target,
+        "delta": args.entropy_coef_delta,
+        "coef_min": args.entropy_coef_min,
+        "coef_max": args.entropy_coef_max,
+        "initial_coef": args.entropy_coef,
+    }
+
+
 def paper_trl_settings(objective: str) -> dict[str, Any]:
     """The TRL settings under which :func:`map_trl_config` gives ``objective`` its own (its paper's) clip range and
     aggregation: ``epsilon``/``epsilon_high`` from the objective's default bounds (GRPO family; CISPO's absolute
@@ -200,13 +220,12 @@ def _check_rollout_logprobs(args: GRPOConfig, kwargs: dict[str, Any]) -> None:
 
 
 def _reject_unsupported(args: GRPOConfig) -> None:
-    if args.use_adaptive_entropy:
+    if args.use_adaptive_entropy and args.top_entropy_quantile < 1.0:
         raise NotImplementedError(
-            "use_adaptive_entropy=True is not supported by GuardedGRPOTrainer: TRL's controller is trainer state that "
-            "its _compute_loss updates at each accumulation boundary (a window-global entropy reduced across "
-            "processes, saved with checkpoints), not a loss; rlguard's loss path does not run it, and copying it "
-            "would be a second controller to keep in sync. Use a fixed entropy_coef, or schedule entropy_coef with "
-            "the guard (GuardConfig(schedules={'entropy_coef': ...}))."
+            f"use_adaptive_entropy=True with top_entropy_quantile={args.top_entropy_quantile}: TRL's controller then "
+            "measures the entropy of the high-entropy tokens only, while the guard's adaptive_entropy reads the "
+            "step's entropy over all completion tokens, so the coefficient would follow another entropy. Use "
+            "top_entropy_quantile=1.0, or a fixed entropy_coef."
         )
     if args.importance_sampling_level not in ("token", "sequence"):
         raise ValueError(

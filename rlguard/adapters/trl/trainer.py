@@ -16,6 +16,11 @@ With ``GuardedGRPOConfig(guard="default")`` (or another preset of :data:`~rlguar
 LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl.callback`), and the objective drops and counts
 non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
 
+``use_adaptive_entropy=True`` (TRL's Skywork-OR1 controller of ``entropy_coef``) runs as the guard's
+``adaptive_entropy`` intervention (:class:`~rlguard.guards.adaptive_entropy.AdaptiveEntropy`, fields from TRL's
+settings: :func:`~rlguard.adapters.trl.mapping.adaptive_entropy_settings`), added to the configured guard, or, with
+none, to a guard that runs only it (no detector, no snapshot); TRL's copy in its ``_compute_loss`` does not run.
+
 ``GuardedGRPOConfig(logprobs_from_hidden=True)`` computes the policy's log-probs and entropies with
 :func:`rlguard.core_losses.logprobs_from_hidden` instead of TRL's fused LM head (:mod:`rlguard.adapters.trl.logprobs`).
 """
@@ -46,12 +51,14 @@ from rlguard.adapters.trl.logprobs import (
     check_hidden_logprobs_supported,
     use_hidden_logprobs,
 )
-from rlguard.adapters.trl.mapping import map_trl_config
+from rlguard.adapters.trl.mapping import adaptive_entropy_settings, map_trl_config
 from rlguard.adapters.trl.trl_metrics import trl_metric_parts
 from rlguard.core_losses import Controls, LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuator import make_guard
+from rlguard.guards.adaptive_entropy import AdaptiveEntropy
 from rlguard.guards.reduction import reduce_rows
+from rlguard.guards.registry import detector_registry
 from rlguard.guards.stats import add_metric_values
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
@@ -70,6 +77,11 @@ class GuardedGRPOTrainer(GRPOTrainer):
     Every ``StabilityCallback`` among the callbacks is attached to the trainer; ``args.guard`` gives one a guard
     (adding a callback if there is none), which then also sees the objective's metrics of every micro-batch.
 
+    Where TRL's entropy bonus is on (``entropy_coef != 0`` or ``use_adaptive_entropy``), the guard's
+    ``entropy_coef`` control is the bonus's coefficient (TRL's token mean of the entropy, whatever the
+    ``loss_type``), as verl's driver sends it to verl's ``entropy_coeff``; otherwise it is the objective's own.
+    With ``use_adaptive_entropy`` the guard's ``adaptive_entropy`` sets it (module docstring).
+
     Attributes:
         rlguard_mapping: how the config was translated (:class:`TRLLossMapping`; ``GuardedGRPOConfig``'s own).
         rlguard_configured_objective: the objective as configured.
@@ -84,14 +96,22 @@ class GuardedGRPOTrainer(GRPOTrainer):
         config = cast(GRPOConfig, self.args)
         # a GuardedGRPOConfig mapped itself when it was built; a plain GRPOConfig is mapped here, once
         mapping = config.rlguard_mapping if isinstance(config, GuardedGRPOConfig) else map_trl_config(config)
-        guard = self._attach_stability_callbacks(getattr(config, "guard", None))
+        settings = adaptive_entropy_settings(config)
+        adaptive = None if settings is None else AdaptiveEntropy(**settings)
+        # TRL's controller lives in its _compute_loss, which this class replaces, and in its checkpoint file
+        # (entropy_ctrl_state.json, which would hold the initial coefficient): the guard's runs and is checkpointed
+        self.use_adaptive_entropy = False
+        self._rlguard_adaptive_entropy = adaptive
+        #: the coefficient of TRL's entropy bonus in the next loss (the guard's entropy_coef where it sets one)
+        self._rlguard_entropy_coef = self.entropy_coef if adaptive is None else adaptive.applied_coef
+        guard, user_guard = self._attach_stability_callbacks(getattr(config, "guard", None), adaptive)
         if guard is not None and "beta" in guard.config.schedules and config.beta == 0.0:
             raise ValueError(
                 "the guard schedules beta, but GuardedGRPOConfig(beta=0.0) makes TRL load no reference model: set "
                 "beta > 0 (the schedule then replaces it) or drop the beta schedule."
             )
         objective = mapping.build()
-        if guard is not None and "on_nonfinite" not in mapping.kwargs:
+        if user_guard and "on_nonfinite" not in mapping.kwargs:
             # NaN/Inf log-probs are dropped and counted, so that the guard sees them and skips the step
             objective = dataclasses.replace(objective, on_nonfinite="mask")
         self.rlguard_mapping = mapping
@@ -104,7 +124,7 @@ class GuardedGRPOTrainer(GRPOTrainer):
         if fused and self._entropy_bonus_enabled:
             raise ValueError(
                 f"fused_objective=True cannot add TRL's entropy bonus (entropy_coef={self.entropy_coef}, "
-                f"use_adaptive_entropy={self.use_adaptive_entropy}): it needs gradients through the entropies "
+                f"use_adaptive_entropy={config.use_adaptive_entropy}): it needs gradients through the entropies "
                 "outside the objective. Use objective_kwargs={'entropy_coef': ...} (the objective's own bonus, "
                 "aggregated like its loss) or fused_objective=False."
             )
@@ -126,18 +146,28 @@ class GuardedGRPOTrainer(GRPOTrainer):
         use_hidden_logprobs(model, self.temperature)
         return model
 
-    def _attach_stability_callbacks(self, spec: str | GuardConfig | None) -> Guard | None:
+    def _attach_stability_callbacks(
+        self, spec: str | GuardConfig | None, adaptive: AdaptiveEntropy | None
+    ) -> tuple[Guard | None, bool]:
         """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback
-        is added if there is none). Returns the acting guard, if any."""
+        is added if there is none). ``adaptive`` (``use_adaptive_entropy``) joins the acting guard's interventions;
+        without one, a guard that runs only it. Returns the acting guard, if any, and whether the user configured
+        it."""
         callbacks = [cb for cb in self.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
-        if spec is not None and not any(cb.guard is not None for cb in callbacks):
+        configured = spec is not None or any(cb.guard is not None for cb in callbacks)
+        if (spec is not None or adaptive is not None) and not any(cb.guard is not None for cb in callbacks):
             if not callbacks:
                 callbacks.append(StabilityCallback())
                 self.add_callback(callbacks[0])
-            callbacks[0].guard = make_guard(spec)
+            # with no guard configured: no detector, and observe-only, so no snapshot (only adaptive_entropy acts)
+            only_adaptive = GuardConfig(detectors=dict.fromkeys(detector_registry()), observe_only=True)
+            callbacks[0].guard = make_guard(only_adaptive if spec is None else spec)
         for cb in callbacks:
             cb.attach(self)
-        return next((cb.guard for cb in callbacks if cb.guard is not None), None)
+        guard = next((cb.guard for cb in callbacks if cb.guard is not None), None)
+        if guard is not None and adaptive is not None:
+            _add_adaptive_entropy(guard, adaptive)
+        return guard, configured
 
     def rlguard_take_step_stats(self) -> StepStats:
         """The objective's stats of the micro-batches since the last call (this rank's share; not reduced)."""
@@ -146,8 +176,15 @@ class GuardedGRPOTrainer(GRPOTrainer):
 
     def rlguard_set_controls(self, controls: Controls) -> None:
         """The guard's controls for the objective from the next loss on: clip range, ``beta``, ``entropy_coef``
-        (:meth:`~rlguard.core_losses.Objective.with_controls` of the configured objective)."""
+        (:meth:`~rlguard.core_losses.Objective.with_controls` of the configured objective; ``entropy_coef`` is TRL's
+        bonus's where that is on, see the class)."""
+        if self._entropy_bonus_enabled:
+            self._rlguard_entropy_coef = self.entropy_coef if controls.entropy_coef is None else controls.entropy_coef
+            controls = dataclasses.replace(controls, entropy_coef=None)
         self.rlguard_objective = self.rlguard_configured_objective.with_controls(controls)
+        if self._rlguard_adaptive_entropy is not None:
+            # TRL logs its controller's coefficient after each optimizer step's update, before the gate
+            logged_metrics(self, "train")["entropy_coef"].append(self._rlguard_adaptive_entropy.coef)
 
     def _compute_loss(self, model: nn.Module, inputs: dict[str, Any]) -> Tensor:
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
@@ -186,13 +223,13 @@ class GuardedGRPOTrainer(GRPOTrainer):
             # TRL's bonus: coef * (token mean of the entropy over this micro-batch) / GA, whatever the loss_type
             fmask = (mask if entropy_mask is None else mask * entropy_mask).to(entropies.dtype)
             mean_entropy = aggregate(entropies, fmask, "token-mean", num_tokens=fmask.sum().clamp(min=1) * accumulation)
-            loss = loss - self.entropy_coef * mean_entropy
+            loss = loss - self._rlguard_entropy_coef * mean_entropy
             # TRL logs the loss before its division by GA where it divides by GA (grpo, bnpo, dr_grpo), else as is
             scale = 1 if self.rlguard_mapping.normaliser == "global_tokens" else accumulation
             policy_loss = self.accelerator.gather(out.loss.detach() * scale).nanmean().item()
             metrics["policy_loss"].append(policy_loss)
-            if training and self.accelerator.sync_gradients:
-                metrics["entropy_coef"].append(self.entropy_coef)
+            if training and self.accelerator.sync_gradients and self._rlguard_adaptive_entropy is None:
+                metrics["entropy_coef"].append(self._rlguard_entropy_coef)  # adaptive: rlguard_set_controls logs it
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
@@ -303,3 +340,20 @@ class GuardedGRPOTrainer(GRPOTrainer):
             add_metric_values(stats, names, row[:k], tokens=row[k], sequences=row[k + 1], loss=row[k + 2])
             if batch.rollout_logprobs is not None:  # the trainer-vs-engine probability moments
                 collect_step_stats(batch=batch, stats=stats)
+
+
+def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:
+    """``use_adaptive_entropy``'s controller joins ``guard``'s interventions (an observe-only guard's too: TRL's flag
+    asks for it), refused where the guard already sets ``entropy_coef`` another way."""
+    if adaptive.name in guard.interventions:
+        raise ValueError(
+            "use_adaptive_entropy=True and the guard's own adaptive_entropy intervention are one controller "
+            "configured twice: keep TRL's use_adaptive_entropy (with entropy_coef, entropy_coef_min/max/delta, "
+            "entropy_target) or the guard's, not both."
+        )
+    if "entropy_coef" in guard.config.schedules:
+        raise ValueError(
+            "use_adaptive_entropy=True sets entropy_coef each step, and the guard schedules entropy_coef too: drop "
+            "one of them (GuardConfig.schedules['entropy_coef'] or use_adaptive_entropy)."
+        )
+    guard.interventions[adaptive.name] = adaptive

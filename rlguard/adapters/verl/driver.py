@@ -24,7 +24,7 @@ import os
 import re
 import warnings
 from collections.abc import Mapping
-from functools import partial
+from functools import cache, partial
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -389,8 +389,10 @@ def sets_actor_lr(trainer: Any) -> bool:
     return worker_sets_lr(mapping)
 
 
+@cache
 def _loss_objective(loss_mode: str) -> Objective:
-    """The objective of ``rlguard.<name>`` with its defaults (what it declares about itself)."""
+    """The objective of ``rlguard.<name>`` with its defaults (what it declares about itself; an objective is
+    frozen, so one per loss mode serves every call: ``capabilities`` reads it at every logged step)."""
     return get_objective(str(loss_mode).removeprefix("rlguard."))
 
 

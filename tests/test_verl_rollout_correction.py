@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from rlguard.adapters.verl import driver as verl_guard
 from rlguard.adapters.verl import guarded_trainer_class
 from rlguard.adapters.verl.loss import verl_objective
-from rlguard.adapters.verl.mapping import NO_GEOMETRIC_MASK, rollout_correction_fields
+from rlguard.adapters.verl.mapping import rollout_correction_fields
 from rlguard.core_losses import Controls, PolicyBatch
 from rlguard.core_losses.rollout import rejection_keep, rollout_log_ratio, truncated_is_weights
 from rlguard.guards import Decision, Guard, GuardConfig
@@ -316,18 +315,19 @@ def test_the_correction_is_saved_with_the_guard_and_set_again_on_resume(tmp_path
     assert correction_of(resumed)["rollout_is_threshold"] == CAP  # type: ignore[index]
 
 
-def test_the_geometric_mask_is_not_mapped_and_says_so(tmp_path: Path) -> None:
+def test_the_geometric_mask_is_not_mapped_and_is_recorded_only(tmp_path: Path) -> None:
+    """The driver does not declare ``rollout_mask`` (verl has no exact geometric mask): a decision carrying
+    ``rollout_mask_high`` is recorded only for it, and verl's config gets the TIS beside the run's own rejection."""
     driver = driver_for(grpo_config(tmp_path))
+    assert "rollout_mask" not in driver.capabilities
     before = correction_of(driver)
-    with pytest.warns(UserWarning, match=r"rollout_mask_high=2 .* cannot carry out exactly") as caught:
-        driver.set_controls(Controls(rollout_is_cap=CAP, rollout_mask_high=2.0))
-    assert str(caught[0].message) == NO_GEOMETRIC_MASK.format(2.0)
+    applied = apply_decision(Decision(1, controls=Controls(rollout_is_cap=CAP, rollout_mask_high=2.0)), driver)
+    assert "rollout_mask" in applied.record_only and "rollout_correction" not in applied.record_only
+    assert driver.controls.rollout_mask_high is None
     after = correction_of(driver)
     assert after is not None and before is not None
     assert (after["rollout_is"], after["rollout_rs"]) == ("token", before["rollout_rs"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per run
-        driver.set_controls(Controls(rollout_mask_high=2.0))
+    apply_decision(Decision(2, controls=Controls(rollout_mask_high=2.0)), driver)
     assert correction_of(driver) == before
 
 

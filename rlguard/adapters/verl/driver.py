@@ -34,8 +34,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.adapters.verl.mapping import (
-    NO_GEOMETRIC_MASK,
-    config_get,
     engine_log_probs_beside_pi_old,
     rollout_correction_fields,
 )
@@ -123,7 +121,6 @@ class VerlGuardDriver:
         #: the run's own ``algorithm.rollout_correction`` (None: none), and the fields the driver set over it
         self.configured_rollout_correction = _plain(trainer.config.algorithm.get("rollout_correction", None))
         self._rollout_fields: dict[str, Any] = {}
-        self._warned_mask = False
         bind_guard(self.guard, self, where="verl's driver")
 
     # -- the actuator (rlguard.guards.actuator.Actuator) ---------------------------------------------------------
@@ -252,10 +249,6 @@ class VerlGuardDriver:
         from the next step, as the loss's controls do."""
         configured = self.configured_rollout_correction
         fields = rollout_correction_fields(self.controls, configured)
-        rs_configured = config_get(configured, "rollout_rs") is not None
-        if self.controls.rollout_mask_high is not None and not rs_configured and not self._warned_mask:
-            self._warned_mask = True
-            warnings.warn(NO_GEOMETRIC_MASK.format(self.controls.rollout_mask_high), UserWarning, stacklevel=2)
         if fields == self._rollout_fields:
             return
         algorithm = self.trainer.config.algorithm

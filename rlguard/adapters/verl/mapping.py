@@ -19,7 +19,6 @@ from rlguard.core_losses.registry import objective_class
 
 __all__ = [
     "LOSS_MODE_PREFIX",
-    "NO_GEOMETRIC_MASK",
     "ROLLOUT_KEYS",
     "VERL_LOSS_AGG_MODES",
     "Normalisers",
@@ -150,15 +149,6 @@ def _missing_count(dp_size: int, key: str) -> str:
 
 
 # -- the guard's rollout correction as verl's algorithm.rollout_correction ------------------------------------
-#: the driver's warning when the guard sets ``rollout_mask_high`` (see :func:`rollout_correction_fields`)
-NO_GEOMETRIC_MASK = (
-    "the guard set rollout_mask_high={:g} (a geometric-mean mask [1/C, C] against the engine), which verl 0.9.1 "
-    "cannot carry out exactly: its rollout_rs='seq_mean_k1' has the same bounds but drops the rejected tokens from "
-    "the loss's normalisers. It is not applied (token TIS, rollout_is_cap, is). Configure "
-    "algorithm.rollout_correction.rollout_rs yourself, or leave 'rollout_mask' out of mismatch_remedy.remedies."
-)
-
-
 def engine_log_probs_beside_pi_old(config: Any) -> bool:
     """Whether verl's batches hold the engine's log-probs (``rollout_log_probs``, returned by the rollout where
     ``actor_rollout_ref.rollout.calculate_log_probs``) beside a pi_old the actor recomputed (verl's default: not

@@ -246,7 +246,13 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     driver = VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT}))
     # rollout_correction: verl's algorithm.rollout_correction, set by the driver (verl's yaml returns the engine's
     # log-probs; tests/test_verl_rollout_correction.py); not rollout_mask (verl has no exact geometric mask)
-    assert driver.capabilities == CAPABILITIES - {"drop_update", "lr_scale", "update_ratio", "rollout_mask"}
+    assert driver.capabilities == CAPABILITIES - {
+        "drop_update",
+        "lr_scale",
+        "update_ratio",
+        "rollout_mask",
+        "off_policy_mask",
+    }
     applied = []
     for d in SCRIPT:
         trainer.global_steps = d.step

@@ -71,6 +71,10 @@ class Controls:
         rollout_mask_high: a geometric-mean rejection mask ``[1 / C, C]`` against the engine's log-probs
             (IcePop-style MIS), where the run configured none; likewise, and an actuator whose framework computes
             the correction itself declares ``rollout_mask`` only where it applies this very mask.
+        off_policy_mask_delta: DeepSeek-V3.2's off-policy sequence mask with this ``delta`` (arXiv 2512.02556,
+            eq. 9: a negative-advantage sequence whose token mean of ``log pi_behaviour - log pi`` exceeds ``delta``
+            is dropped; the behaviour log-probs are the engine's where the loop passes them, else pi_old's), where
+            the run configured none.
     """
 
     lr_scale: float = _control(1.0, "lr_scale", combine="product", logged_as="scale_lr")
@@ -83,6 +87,7 @@ class Controls:
     kept_gradient: bool = _control(False, "kept_gradient", kind="flag")
     rollout_is_cap: float | None = _control(None, "rollout_correction", low=1.0)
     rollout_mask_high: float | None = _control(None, "rollout_mask", low=1.0)
+    off_policy_mask_delta: float | None = _control(None, "off_policy_mask")
 
     def __post_init__(self) -> None:
         for f in _FIELDS:

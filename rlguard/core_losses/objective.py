@@ -205,9 +205,9 @@ class Objective:
         ``beta`` and ``entropy_coef`` where given; the mismatch remedies (:mod:`rlguard.guards.remedies`):
         ``kept_gradient`` where it changes the objective (:meth:`applies_kept_gradient`), ``rollout_is_cap`` as
         token-level truncated IS and ``rollout_mask_high`` as a geometric-mean rejection mask ``[1/C, C]`` where the
-        run configured no rollout correction of that kind. Call it on the configured objective every time, so that the
-        controls never compound; controls that change nothing return ``self``. Objectives without clip bounds keep
-        theirs.
+        run configured no rollout correction of that kind, and ``off_policy_mask_delta`` (DeepSeek-V3.2's mask)
+        where it configured no off-policy mask. Call it on the configured objective every time, so that the controls
+        never compound; controls that change nothing return ``self``. Objectives without clip bounds keep theirs.
         """
         changes: dict[str, Any] = {}
         if self.clip_bounds is not None:
@@ -230,12 +230,14 @@ class Objective:
             changes["entropy_coef"] = controls.entropy_coef
         if controls.kept_gradient and self.applies_kept_gradient():
             changes["kept_gradient"] = True
-        # a rollout correction the run configured itself stays as configured
+        # a rollout correction or off-policy mask the run configured itself stays as configured
         if controls.rollout_is_cap is not None and self.rollout_is is None:
             changes.update(rollout_is="token", rollout_is_cap=controls.rollout_is_cap)
         if controls.rollout_mask_high is not None and self.rollout_mask is None:
             mask_high = controls.rollout_mask_high
             changes.update(rollout_mask="geometric", rollout_mask_high=mask_high, rollout_mask_low=None)
+        if controls.off_policy_mask_delta is not None and self.off_policy_mask_delta is None:
+            changes["off_policy_mask_delta"] = controls.off_policy_mask_delta
         if all(getattr(self, k) == v for k, v in changes.items()):
             return self
         return dataclasses.replace(self, **changes)

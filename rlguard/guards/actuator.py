@@ -71,6 +71,7 @@ Capability = Literal[
     "kept_gradient",
     "rollout_correction",
     "rollout_mask",
+    "off_policy_mask",
 ]
 #: every capability: what an actuator may declare
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))
@@ -267,11 +268,11 @@ class TorchActuator:
     @property
     def capabilities(self) -> frozenset[str]:
         """Everything; the objective's controls only with an objective (``kept_gradient`` where it changes the
-        objective, a rollout correction where the loop passes the engine's log-probs); ``update_ratio`` when
-        measured."""
+        objective, a rollout correction where the loop passes the engine's log-probs, the off-policy mask always: its
+        behaviour log-probs are the engine's where passed, else pi_old's); ``update_ratio`` when measured."""
         can = {"snapshot", "restore", "drop_update", "lr_scale", "stop"}
         if self.objective is not None:
-            can |= {"clip", "beta", "entropy_coef"}
+            can |= {"clip", "beta", "entropy_coef", "off_policy_mask"}
             if self.objective.applies_kept_gradient():
                 can.add("kept_gradient")
             if self.rollout_correction:

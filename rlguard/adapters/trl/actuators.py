@@ -68,7 +68,14 @@ from rlguard.core_losses import Controls
 from rlguard.guards.actuator import TorchActuator
 from rlguard.guards.snapshot import SnapshotCost
 
-__all__ = ["ControlledTrainer", "TrainerActuator", "ZeroActuator", "set_trl_rollout_correction", "trainer_capabilities"]
+__all__ = [
+    "ControlledTrainer",
+    "TrainerActuator",
+    "ZeroActuator",
+    "set_trl_off_policy_mask",
+    "set_trl_rollout_correction",
+    "trainer_capabilities",
+]
 
 #: the DeepSpeed engine's step counters, kept across a rollback (the schedule follows the trainer's global_step)
 _ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")
@@ -89,13 +96,18 @@ def trainer_capabilities(trainer: object) -> frozenset[str]:
     """What the guard can do to ``trainer``: everything, the objective's controls only on a
     :class:`ControlledTrainer` (``kept_gradient`` where it changes its objective); a rollout correction against
     vLLM's log-probs where TRL samples with vLLM (on a stock ``GRPOTrainer`` through TRL's own
-    ``vllm_importance_sampling_*`` settings, which TRL reads at its next generation)."""
+    ``vllm_importance_sampling_*`` settings, which TRL reads at its next generation); the off-policy mask on a
+    ``ControlledTrainer`` (its objective applies it) and on a stock ``GRPOTrainer`` through TRL's own
+    ``off_policy_mask_threshold``, which TRL 1.16's ``_compute_loss`` reads at every loss
+    (:func:`set_trl_off_policy_mask`)."""
     can = set(_BASE)
     if isinstance(trainer, ControlledTrainer):
-        can |= _OBJECTIVE
+        can |= _OBJECTIVE | {"off_policy_mask"}
         objective = getattr(trainer, "rlguard_configured_objective", None)
         if objective is not None and objective.applies_kept_gradient():
             can.add("kept_gradient")
+    elif hasattr(trainer, "off_policy_mask_threshold"):
+        can.add("off_policy_mask")
     if getattr(trainer, "use_vllm", False) and hasattr(trainer, "vllm_importance_sampling_correction"):
         can.add("rollout_correction")
         if isinstance(trainer, ControlledTrainer):  # the geometric mask has no TRL setting: our objective applies it
@@ -106,8 +118,11 @@ def trainer_capabilities(trainer: object) -> frozenset[str]:
 def _set_controls(trainer: object, controls: Controls) -> None:
     if isinstance(trainer, ControlledTrainer):  # capabilities declare the objective's controls only then
         trainer.rlguard_set_controls(controls)
-    elif controls.rollout_is_cap is not None and getattr(trainer, "use_vllm", False):
+        return
+    if controls.rollout_is_cap is not None and getattr(trainer, "use_vllm", False):
         set_trl_rollout_correction(trainer, controls)
+    if hasattr(trainer, "off_policy_mask_threshold"):
+        set_trl_off_policy_mask(trainer, controls)
 
 
 def set_trl_rollout_correction(trainer: Any, controls: Controls) -> None:
@@ -121,6 +136,16 @@ def set_trl_rollout_correction(trainer: Any, controls: Controls) -> None:
     trainer.vllm_importance_sampling_mode = "token_truncate"
     trainer.vllm_importance_sampling_clip_min = None
     trainer.vllm_importance_sampling_clip_max = controls.rollout_is_cap
+
+
+def set_trl_off_policy_mask(trainer: Any, controls: Controls) -> None:
+    """A stock ``GRPOTrainer``: the guard's ``off_policy_mask_delta`` as TRL's own ``off_policy_mask_threshold``
+    (DeepSeek-V3.2's mask, arXiv 2512.02556, eq. 9; TRL 1.16's ``_compute_loss`` reads the attribute at every loss
+    and takes vLLM's log-probs as the behaviour's where it has them, else pi_old's, as the core does). A threshold
+    the user configured (``args.off_policy_mask_threshold``) stays as configured; neutral controls restore it.
+    TRL keeps the KL term of a masked sequence, which the core drops: the two agree with ``beta=0``."""
+    configured = trainer.args.off_policy_mask_threshold
+    trainer.off_policy_mask_threshold = configured if configured is not None else controls.off_policy_mask_delta
 
 
 @dataclass

@@ -187,10 +187,12 @@ def test_a_configured_rollout_correction_stays_as_configured() -> None:
 
 
 # ---------------------------------------------------------------- 3. MismatchRemedy on synthetic contexts
-NO_ROLLOUT = frozenset({"snapshot", "restore", "drop_update", "lr_scale", "stop", "clip", "kept_gradient"})
+NO_ROLLOUT = frozenset(
+    {"snapshot", "restore", "drop_update", "lr_scale", "stop", "clip", "kept_gradient", "off_policy_mask"}
+)
 WITH_ROLLOUT = NO_ROLLOUT | {"rollout_correction", "rollout_mask"}
-#: a framework that computes the rollout correction itself and has no geometric mask (verl, a stock TRL trainer)
-TIS_ONLY = NO_ROLLOUT | {"rollout_correction"}
+#: a framework that computes the rollout correction itself and has no geometric or off-policy mask (verl)
+TIS_ONLY = NO_ROLLOUT - {"off_policy_mask"} | {"rollout_correction"}
 
 
 def ctx(
@@ -208,35 +210,71 @@ def trouble(name: str = "reward_collapse", severity: str = "critical") -> dict[s
     return {name: Finding(severity, 5.0, 3.0, f"{name} fired")}  # type: ignore[arg-type]
 
 
-def test_remedy_switches_on_only_for_the_gap() -> None:
-    """Other detectors' findings (even critical) propose nothing; a warn mismatch_growth finding switches a rung."""
-    remedy = MismatchRemedy()
+@pytest.mark.parametrize("first_on", ["auto", "gap"])
+def test_remedy_switches_on_only_for_the_gap(first_on: str) -> None:
+    """pi_old = engine's (no rollout_correction): other detectors' findings (even critical) propose nothing; a
+    warn mismatch_growth finding switches the first rung at once."""
+    remedy = MismatchRemedy(first_on=first_on)  # type: ignore[arg-type]
     for step, name in enumerate(("reward_collapse", "kl_old_blowup", "clip_frac_burst")):
-        assert remedy.propose(ctx(step, trouble(name))) is None
+        assert remedy.propose(ctx(step, trouble(name), NO_ROLLOUT)) is None
     assert remedy.active == ()
-    p = remedy.propose(ctx(5, gap("warn")))
+    p = remedy.propose(ctx(5, gap("warn"), NO_ROLLOUT))
     assert p is not None and p.outcome == "step" and "mismatch_growth" in p.reason
-    assert remedy.active == ("rollout_is",) and dict(p.controls) == {"rollout_is_cap": 2.0}
+    assert remedy.active == ("kept_gradient",) and dict(p.controls) == {"kept_gradient": True}
     # a higher severity bar: a warn finding is not enough
-    assert MismatchRemedy(severity="critical").propose(ctx(0, gap("warn"))) is None
+    assert MismatchRemedy(severity="critical").propose(ctx(0, gap("warn"), NO_ROLLOUT)) is None
+
+
+def test_remedy_waits_for_a_consequence_where_pi_old_is_recomputed() -> None:
+    """pi_old recomputed (rollout_correction): the gap arms the remedy; TIS switches on at the first critical
+    consequence after it, not at the gap, not on a warn, not on a consequence before any gap."""
+    remedy = MismatchRemedy()
+    assert remedy.propose(ctx(0, trouble("reward_collapse"))) is None  # no gap yet: nothing to cure
+    assert remedy.propose(ctx(1, gap("warn"))) is None
+    for step in range(2, 30):  # the gap comes and goes; warnings and critical non-consequences do not count
+        findings = {**trouble("entropy_collapse", "warn"), **trouble("clip_frac_burst", "critical")}
+        assert remedy.propose(ctx(step, {**findings, **(gap() if step % 2 else {})})) is None
+    assert remedy.active == ()
+    p = remedy.propose(ctx(30, trouble("kl_ref_blowup")))  # no gap finding this step: armed at step 1
+    assert p is not None and p.outcome == "step"
+    assert "diagnosed at step 1" in p.reason and "kl_ref_blowup" in p.reason and "rollout_is on" in p.reason
+    assert remedy.active == ("rollout_is",) and dict(p.controls) == {"rollout_is_cap": 2.0}
+    # the next rung waits trial_steps after this switch, as everywhere
+    later = remedy.propose(ctx(35, trouble()))
+    assert later is not None and not later.reason and remedy.active == ("rollout_is",)
+    # first_on="gap" switches TIS at the gap here too; "consequence" waits even where pi_old is the engine's
+    eager = MismatchRemedy(first_on="gap")
+    assert eager.propose(ctx(0, gap())) is not None and eager.active == ("rollout_is",)
+    patient = MismatchRemedy(first_on="consequence")
+    assert patient.propose(ctx(0, gap(), NO_ROLLOUT)) is None
+    assert patient.propose(ctx(1, trouble(), NO_ROLLOUT)) is not None and patient.active == ("kept_gradient",)
+    with pytest.raises(ValueError, match=r"mismatch_remedy\.first_on"):
+        MismatchRemedy(first_on="always")  # type: ignore[arg-type]
 
 
 def test_remedy_first_rung_depends_on_the_capabilities() -> None:
-    """Without rollout_correction the first rung is kept_gradient; without either, the gap alone proposes nothing."""
+    """Without rollout_correction the first rung is kept_gradient; without either, the gap alone proposes nothing
+    (neither the off-policy mask nor the LR is a first answer)."""
     p = MismatchRemedy().propose(ctx(0, gap(), NO_ROLLOUT))
     assert p is not None and dict(p.controls) == {"kept_gradient": True}
-    assert MismatchRemedy().propose(ctx(0, gap(), NO_ROLLOUT - {"kept_gradient"})) is None  # never the LR first
+    assert MismatchRemedy().propose(ctx(0, gap(), NO_ROLLOUT - {"kept_gradient"})) is None  # never mask/LR first
     assert MismatchRemedy().active == ()
     unbound = MismatchRemedy()
     unbound.propose(ctx(0, gap(), None))
     assert unbound.active == ("rollout_is",)
     assert MismatchRemedy().ladder(TIS_ONLY) == ["rollout_is", "kept_gradient", "lr_backoff"]
-    assert MismatchRemedy().ladder(WITH_ROLLOUT) == ["rollout_is", "rollout_mask", "kept_gradient", "lr_backoff"]
+    assert MismatchRemedy().ladder(WITH_ROLLOUT) == [
+        "rollout_is",
+        "rollout_mask",
+        "kept_gradient",
+        "off_policy_mask",
+        "lr_backoff",
+    ]
 
 
 def test_remedy_escalates_only_after_trial_steps_then_backs_the_lr_off() -> None:
     """A critical consequence every step: a rung every 10 steps, then LR x0.5 per failure down to 0.05."""
-    remedy = MismatchRemedy()
+    remedy = MismatchRemedy(first_on="gap")
     remedy.propose(ctx(0, gap()))
     switches = {}
     for step in range(1, 100):
@@ -245,28 +283,30 @@ def test_remedy_escalates_only_after_trial_steps_then_backs_the_lr_off() -> None
         if p.reason:
             assert "did not help (reward_collapse)" in p.reason
             switches[step] = (remedy.active, p.controls.get("lr_scale"))
-    rungs = ("rollout_is", "rollout_mask", "kept_gradient", "lr_backoff")
+    rungs = ("rollout_is", "rollout_mask", "kept_gradient", "off_policy_mask", "lr_backoff")
     assert switches == {
         10: (rungs[:2], None),
         20: (rungs[:3], None),
-        30: (rungs, 0.5),
-        40: (rungs, 0.25),
-        50: (rungs, 0.125),
-        60: (rungs, 0.0625),
-        70: (rungs, 0.05),
+        30: (rungs[:4], None),
+        40: (rungs, 0.5),
+        50: (rungs, 0.25),
+        60: (rungs, 0.125),
+        70: (rungs, 0.0625),
+        80: (rungs, 0.05),
     }
     final = remedy.propose(ctx(100, trouble()))
     assert final is not None and dict(final.controls) == {
         "kept_gradient": True,
         "rollout_is_cap": 2.0,
         "rollout_mask_high": 2.0,
+        "off_policy_mask_delta": 0.5,
         "lr_scale": 0.05,
     }
 
 
 def test_remedy_does_not_escalate_on_warnings_or_other_detectors() -> None:
     """Warn-level consequences and critical findings outside escalate_on leave the first rung alone."""
-    remedy = MismatchRemedy()
+    remedy = MismatchRemedy(first_on="gap")
     remedy.propose(ctx(0, gap()))
     for step in range(10, 40):
         findings = {**trouble("entropy_collapse", "warn"), **trouble("clip_frac_burst", "critical")}
@@ -279,7 +319,7 @@ def test_remedy_does_not_escalate_on_warnings_or_other_detectors() -> None:
 
 def test_remedies_field_forbids_the_others() -> None:
     """remedies=("kept_gradient",): that rung first even with rollout correction, and nothing after it."""
-    remedy = MismatchRemedy(remedies=("kept_gradient",))
+    remedy = MismatchRemedy(remedies=("kept_gradient",), first_on="gap")
     p = remedy.propose(ctx(0, gap()))
     assert p is not None and dict(p.controls) == {"kept_gradient": True}
     for step in (10, 20, 35):
@@ -299,11 +339,11 @@ def test_unknown_or_repeated_remedies_raise(remedies: tuple[str, ...]) -> None:
 
 def test_remedy_state_round_trips_the_active_rungs() -> None:
     """state_dict -> JSON -> load_state_dict restores the active rungs, the last switch and the LR scale."""
-    remedy = MismatchRemedy()
+    remedy = MismatchRemedy(first_on="gap")
     remedy.propose(ctx(0, gap()))
     remedy.propose(ctx(10, trouble()))
     state = json.loads(json.dumps(remedy.state_dict()))
-    resumed = MismatchRemedy()
+    resumed = MismatchRemedy(first_on="gap")
     resumed.load_state_dict(state)
     assert resumed.active == ("rollout_is", "rollout_mask")
     assert resumed.controls() == remedy.controls()
@@ -315,8 +355,11 @@ def test_remedy_state_round_trips_the_active_rungs() -> None:
 
 
 # ---------------------------------------------------------------- 4. through a real guard (the stable preset)
-def run_stable(rollout_correction: bool, mismatch: bool, steps: int = 45) -> tuple[TorchActuator, Guard, list]:  # type: ignore[type-arg]
-    """The stable guard bound to a tiny torch loop; mismatch_kl jumps to 0.01 (> 0.005) from step 40."""
+def run_stable(
+    rollout_correction: bool, mismatch: bool, steps: int = 45, explode_at: int | None = None
+) -> tuple[TorchActuator, Guard, list]:  # type: ignore[type-arg]
+    """The stable guard bound to a tiny torch loop; mismatch_kl jumps to 0.01 (> 0.005) from step 40; at
+    ``explode_at`` the max ratio is 1000 (a critical ratio_explosion)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -328,6 +371,8 @@ def run_stable(rollout_correction: bool, mismatch: bool, steps: int = 45) -> tup
     for step, stats in enumerate(healthy_stream(steps, seed=0)):
         if mismatch and step >= 40:
             stats["mismatch_kl"] = 0.01
+        if step == explode_at:
+            stats["ratio_max"] = 1000.0
         decision = guard.observe(step, stats)
         apply_decision(decision, actuator)
         decisions.append(decision)
@@ -354,11 +399,15 @@ def test_stable_guard_keeps_the_gradient_on_a_gap() -> None:
 
 
 def test_stable_guard_corrects_the_rollout_where_it_can() -> None:
-    """With rollout_correction the first remedy is token TIS with cap 2, not the kept gradient."""
-    actuator, _, decisions = run_stable(rollout_correction=True, mismatch=True)
-    assert all(d.controls.rollout_is_cap == 2.0 and not d.controls.kept_gradient for d in decisions[40:])
-    events = remedy_events(decisions)
-    assert [e.step for e in events] == [40] and "rollout_is on" in events[0].message
+    """With rollout_correction the first remedy is token TIS with cap 2, not the kept gradient, from the gap's
+    first critical consequence (step 43); the gap alone switches nothing."""
+    _, _, quiet = run_stable(rollout_correction=True, mismatch=True)
+    assert not any(d.controls.rollout_is_cap or d.controls.kept_gradient for d in quiet)
+    actuator, _, decisions = run_stable(rollout_correction=True, mismatch=True, explode_at=43)
+    assert not any(d.controls.rollout_is_cap for d in decisions[:43])
+    assert all(d.controls.rollout_is_cap == 2.0 and not d.controls.kept_gradient for d in decisions[43:])
+    events = [e for d in decisions for e in d.events if e.detector == "action:set_clip" and "rollout_is" in e.message]
+    assert [e.step for e in events] == [43] and "ratio_explosion" in events[0].message
     used = actuator.objective_in_use
     assert (used.rollout_is, used.rollout_is_cap, used.kept_gradient) == ("token", 2.0, False)
 
@@ -382,29 +431,23 @@ def test_stable_lr_backoff_no_longer_answers_the_gap() -> None:
     assert "grad_norm_spike" in stable["lr_backoff"].on  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(
-    ("caps", "signal", "backs_off"),
-    [
-        (NO_ROLLOUT, "ratio_explosion", False),  # pi_old = engine: the gap explains the ratio
-        (NO_ROLLOUT, "kl_old_blowup", False),
-        (NO_ROLLOUT, "clip_frac_burst", False),
-        (None, "ratio_explosion", False),  # unbound: nothing says pi_old is recomputed
-        (WITH_ROLLOUT, "ratio_explosion", True),  # pi_old recomputed: the ratio is the update's
-        (NO_ROLLOUT, "grad_norm_spike", True),  # not a ratio signal
-    ],
-)
-def test_stable_lr_backoff_ignores_ratio_signals_the_gap_explains(
-    caps: frozenset[str] | None, signal: str, backs_off: bool
+@pytest.mark.parametrize("caps", [NO_ROLLOUT, None, WITH_ROLLOUT])
+@pytest.mark.parametrize("signal", ["ratio_explosion", "kl_old_blowup", "grad_norm_spike", "kl_ref_blowup"])
+def test_stable_lr_backoff_leaves_the_lr_to_the_remedy_while_the_gap_is_found(
+    caps: frozenset[str] | None, signal: str
 ) -> None:
-    """stable's lr_backoff: a ratio signal on a step with a mismatch_growth finding backs the LR off only where pi_old
-    is recomputed; without the gap finding the same signal backs it off everywhere."""
+    """stable's lr_backoff: a signal (even critical) on a step with a mismatch_growth finding does not back the LR
+    off, whoever computes pi_old; without the gap finding the same signal backs it off."""
     backoff = Guard(GuardConfig.preset("stable")).interventions["lr_backoff"]
-    with_gap = backoff.propose(ctx(0, {**gap(), **trouble(signal, "warn")}, caps))
-    assert with_gap is not None and (with_gap.controls["lr_scale"] == 0.5) is backs_off
-    alone = (
-        Guard(GuardConfig.preset("stable")).interventions["lr_backoff"].propose(ctx(0, trouble(signal, "warn"), caps))
-    )
-    assert alone is not None and alone.controls["lr_scale"] == 0.5
+    for step in range(0, 40, 10):
+        with_gap = backoff.propose(ctx(step, {**gap(), **trouble(signal, "critical")}, caps))
+        assert with_gap is not None and not with_gap.reason and with_gap.controls["lr_scale"] == 1.0
+    alone = backoff.propose(ctx(40, trouble(signal, "warn"), caps))
+    assert alone is not None and alone.controls["lr_scale"] == 0.5 and signal in alone.reason
+    # default has no hold: the gap finding is itself one of its signals
+    plain = Guard(GuardConfig.preset("default")).interventions["lr_backoff"]
+    first = plain.propose(ctx(0, {**gap(), **trouble(signal, "warn")}, caps))
+    assert first is not None and first.controls["lr_scale"] == 0.5
 
 
 @pytest.mark.parametrize(("caps", "holds"), [(NO_ROLLOUT, True), (None, True), (WITH_ROLLOUT, False)])

@@ -342,7 +342,11 @@ def test_the_remedy_picks_rollout_is_first_under_the_verl_driver(tmp_path: Path)
     assert "rollout_mask" not in guard.capabilities
     assert MismatchRemedy().ladder(guard.capabilities)[:2] == ["rollout_is", "kept_gradient"]
     gap = {"mismatch_growth": Finding("warn", 0.01, 0.005, "mismatch_kl=0.01 is above 0.005")}
-    proposal = MismatchRemedy().propose(StepContext(1, {}, gap, {}, {}, 0, None, capabilities=guard.capabilities))
+    remedy = MismatchRemedy()
+    # pi_old recomputed by verl: the gap arms the remedy, its first critical consequence switches TIS on
+    assert remedy.propose(StepContext(1, {}, gap, {}, {}, 0, None, capabilities=guard.capabilities)) is None
+    explosion = {"ratio_explosion": Finding("critical", 1000.0, 50.0, "ratio_max=1000")}
+    proposal = remedy.propose(StepContext(2, {}, explosion, {}, {}, 0, None, capabilities=guard.capabilities))
     assert proposal is not None and dict(proposal.controls) == {"rollout_is_cap": 2.0}
     without = driver_for(grpo_config(tmp_path / "off", calculate_log_probs=False), Guard(GuardConfig.preset("stable")))
     caps = without.guard.capabilities
@@ -351,9 +355,10 @@ def test_the_remedy_picks_rollout_is_first_under_the_verl_driver(tmp_path: Path)
     assert driver.controls == Controls()
 
 
-def test_the_stable_guard_on_the_driver_switches_verls_tis_on_at_the_gap(tmp_path: Path) -> None:
-    """verl's ``rollout_corr/k3_kl`` (``mismatch_kl``) jumps to 0.01 at step 40: the stable guard's remedy switches
-    token TIS (cap 2) on in verl's config from then on, not the kept gradient."""
+def test_the_stable_guard_on_the_driver_switches_verls_tis_on_at_the_gaps_consequence(tmp_path: Path) -> None:
+    """verl's ``rollout_corr/k3_kl`` (``mismatch_kl``) jumps to 0.01 at step 40 and the max ratio explodes at step
+    43: the stable guard's remedy switches token TIS (cap 2) on in verl's config from then on, not the kept
+    gradient, and not at the gap alone."""
     driver = driver_for(grpo_config(tmp_path), Guard(GuardConfig.preset("stable")))
     read = []
     for step, stats in enumerate(healthy_stream(45, seed=0), start=1):
@@ -361,8 +366,10 @@ def test_the_stable_guard_on_the_driver_switches_verls_tis_on_at_the_gap(tmp_pat
         gap = 0.01 if step >= 40 else stats.pop("mismatch_kl")
         stats.pop("mismatch_kl", None)
         data = {**stats, "rollout_corr/k3_kl": gap, "training/global_step": step}
+        if step == 43:
+            data["ratio_max"] = 1000.0
         driver.on_log(data, step)
         read.append(correction_of(driver))
-    assert all(r is not None and r["rollout_is"] is None for r in read[:39])
-    assert all(r is not None and (r["rollout_is"], r["rollout_is_threshold"]) == ("token", 2.0) for r in read[39:])
+    assert all(r is not None and r["rollout_is"] is None for r in read[:42])
+    assert all(r is not None and (r["rollout_is"], r["rollout_is_threshold"]) == ("token", 2.0) for r in read[42:])
     assert driver.controls.rollout_is_cap == 2.0 and not driver.controls.kept_gradient

@@ -155,9 +155,9 @@ def _stable() -> GuardConfig:
     (``recovery`` replaces ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the
     run halts only after repeated failed recoveries)."""
     # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # and an LR cut only slows what it does; mismatch_remedy answers it and lr_backoff does not react to it. Where
-    # pi_old is the engine's, the ratios to pi_old carry the gap while it is found: the clip controller holds and
-    # lr_backoff ignores the ratio signals then (StepContext.gap_in_ratio); the alarm leaves the steps healthy
+    # and an LR cut only slows what it does; mismatch_remedy answers it, and while the gap is found lr_backoff leaves
+    # the LR to it (its last rung, after the corrections). Where pi_old is the engine's, the ratios to pi_old carry
+    # the gap: the clip controller holds then (StepContext.gap_in_ratio); the alarm leaves the steps healthy
     # (snapshots go on). An entropy far below its start with the reward above its early level is a policy that
     # converged on what it learned (a task with one right answer ends near zero entropy): no floor that is critical
     # whatever the reward does.

@@ -59,8 +59,13 @@ class StepContext:
         the train-inference gap: true unless pi_old is recomputed by the trainer, which the capability
         ``rollout_correction`` declares (the engine's log-probs then arrive beside pi_old, not as pi_old, and the
         ratio measures the update alone)."""
-        recomputed = self.capabilities is not None and "rollout_correction" in self.capabilities
-        return not recomputed and any(n in self.findings for n in explained_by)
+        return not self.pi_old_recomputed and any(n in self.findings for n in explained_by)
+
+    @property
+    def pi_old_recomputed(self) -> bool:
+        """Whether the trainer recomputes pi_old and passes the engine's log-probs beside it (the actuator
+        declares ``rollout_correction``); false for a guard bound to no actuator."""
+        return self.capabilities is not None and "rollout_correction" in self.capabilities
 
 
 @dataclass(kw_only=True)
@@ -128,10 +133,11 @@ class LRBackoff(Intervention):
         cooldown: steps between two back-offs.
         quiet_steps: steps without trouble before each recovery step.
         recover_factor: multiplier per recovery step (capped at 1).
-        hold_on: detectors whose finding this step explains the ratio signals (``stable``: ``mismatch_growth``):
-            where pi_old is the engine's (:meth:`StepContext.gap_in_ratio`), the ratio to pi_old is the gap times
-            the update, so an exploding ratio, KL to pi_old or clip fraction then says nothing about the step size.
-        ratio_signals: the detectors of ``on`` that read the ratio to pi_old, which ``hold_on`` explains.
+        hold_on: detectors whose finding this step hands the LR to the intervention that answers them (``stable``:
+            ``mismatch_growth``, whose remedy, ``mismatch_remedy``, backs the LR off as its last rung, after the
+            corrections, on a critical consequence): no back-off on such a step. The LR back-off is the last
+            answer to a train-inference gap, not the first; a gap also explains the signals themselves (the ratio
+            to the engine's pi_old carries it; a biased gradient grows).
     """
 
     name = "lr_backoff"
@@ -154,7 +160,6 @@ class LRBackoff(Intervention):
     quiet_steps: int = 20
     recover_factor: float = 2.0
     hold_on: tuple[str, ...] = ()
-    ratio_signals: tuple[str, ...] = ("ratio_explosion", "kl_old_blowup", "clip_frac_burst")
 
     def __post_init__(self) -> None:
         if not 0 < self.factor < 1 or not 0 < self.min_scale <= 1 or self.recover_factor <= 1:
@@ -166,8 +171,8 @@ class LRBackoff(Intervention):
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         hits = _hits(ctx.findings, self.on, self.severity)
-        if hits and ctx.gap_in_ratio(self.hold_on):
-            hits = [n for n in hits if n not in self.ratio_signals]
+        if hits and any(n in ctx.findings for n in self.hold_on):
+            return Proposal(controls={"lr_scale": self._s_scale})
         if hits:
             self._s_last_trouble = ctx.step
             ready = self._s_last_backoff is None or ctx.step - self._s_last_backoff >= self.cooldown

@@ -126,6 +126,20 @@ def test_trl_grpo_script_from_a_yaml_config(
     assert json.loads(args.to_json_string())["objective"] == "gspo"
 
 
+def test_trl_grpo_script_with_trls_adaptive_entropy(
+    inputs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's own ``--use_adaptive_entropy`` flags through the script: the guard's controller runs in place of
+    TRL's (an observe-only guard joins where none is configured), with TRL's settings: the entropy (about 2.7 nats
+    on the tiny Llama) stays below the target 2.8, so the coefficient rises by delta at every step."""
+    flags = ["--use_adaptive_entropy", "True", "--entropy_target", "2.8", "--entropy_coef_delta", "0.3"]
+    trainer = run_trl_script([*common_flags(inputs, tmp_path / "ae"), *flags], monkeypatch)
+    assert trainer.rlguard_guard is not None and "adaptive_entropy" in trainer.rlguard_guard.interventions
+    steps = [r for r in trainer.state.log_history if "train_runtime" not in r]
+    assert all(r["entropy"] < 2.8 for r in steps)
+    assert [r["entropy_coef"] for r in steps] == pytest.approx([0.3 * (i + 1) for i in range(STEPS)], abs=1e-12)
+
+
 BLOCKER = """
 import sys
 class Missing:

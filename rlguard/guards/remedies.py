@@ -25,7 +25,7 @@ first step on: the first correction switches on at the gap's finding. Where the 
 and its trust region measure the update alone and the gap only biases the gradient (samples drawn from the engine,
 not from pi_old); TIS removes that bias at the price of variance (truncated weights of up to ``C``), which a run the
 bias does not hurt pays for nothing (on the long-completion benchmark, where no run collapses unguarded with a
-recomputed pi_old, TIS at the gap cost all five objectives 0.01-0.02 final reward under engine noise). There it
+recomputed pi_old, TIS from the gap on cost up to 0.028 final reward; ``benchmarks/README.md``). There it
 switches on at the first critical finding of a consequence detector (``escalate_on``: reward, entropy or KL control
 lost, the ratio or the gradient exploding) once the gap has been diagnosed; ``first_on="gap"`` switches it on at the
 gap's finding in both conventions, as Yao et al. run TIS from the first step. The off-policy mask and the LR

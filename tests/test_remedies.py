@@ -450,6 +450,20 @@ def test_stable_lr_backoff_leaves_the_lr_to_the_remedy_while_the_gap_is_found(
     assert first is not None and first.controls["lr_scale"] == 0.5
 
 
+@pytest.mark.parametrize("caps", [NO_ROLLOUT, WITH_ROLLOUT])
+def test_stable_without_the_remedy_backs_the_lr_off_on_the_gaps_consequences(caps: frozenset[str]) -> None:
+    """``"mismatch_remedy": None`` in stable: nothing answers the gap, so lr_backoff holds nothing and backs off on a
+    critical signal found beside the gap, as it does without it; with the remedy on, the same step is held."""
+    stable = GuardConfig.preset("stable")
+    off = Guard(GuardConfig(**{**stable.__dict__, "interventions": {**stable.interventions, "mismatch_remedy": None}}))
+    assert "mismatch_remedy" not in off.interventions
+    findings = {**gap(), **trouble("grad_norm_spike", "critical")}
+    proposal = off.interventions["lr_backoff"].propose(ctx(0, findings, caps))
+    assert proposal is not None and proposal.controls["lr_scale"] == 0.5 and "grad_norm_spike" in proposal.reason
+    held = Guard(stable).interventions["lr_backoff"].propose(ctx(0, findings, caps))
+    assert held is not None and held.controls["lr_scale"] == 1.0 and not held.reason
+
+
 @pytest.mark.parametrize(("caps", "holds"), [(NO_ROLLOUT, True), (None, True), (WITH_ROLLOUT, False)])
 def test_stable_clip_controller_holds_on_the_gap_only_where_pi_old_is_the_engines(
     caps: frozenset[str] | None, holds: bool

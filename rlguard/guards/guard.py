@@ -56,6 +56,9 @@ class Guard:
             if self.config.observe_only
             else _build(intervention_registry(), self.config.interventions, "intervention")
         )
+        answered = frozenset(d for iv in self.interventions.values() for d in iv.answers())
+        for iv in self.interventions.values():
+            iv.hand_over(answered)
         self.events: list[Event] = []
         self._alarms = {name: _AlarmState() for name in self.detectors}
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them

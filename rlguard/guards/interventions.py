@@ -87,6 +87,15 @@ class Intervention(PrivateState):
     def on_rollback(self, step: int) -> None:
         """Called when the guard decides to roll back (state that must not survive it)."""
 
+    def answers(self) -> tuple[str, ...]:
+        """Detectors whose findings this intervention answers with a cure of their cause (``mismatch_remedy``:
+        ``mismatch_growth``); an intervention that holds back on them (``LRBackoff.hold_on``) hands them to it."""
+        return ()
+
+    def hand_over(self, answered: frozenset[str]) -> None:
+        """Told by the guard which detectors its enabled interventions answer (:meth:`answers`), once, after
+        they are built; an intervention holds back only on what another one answers."""
+
 
 def _hits(findings: Mapping[str, Finding], on: tuple[str, ...], severity: Severity) -> list[str]:
     level = SEVERITY_LEVEL[severity]
@@ -137,7 +146,8 @@ class LRBackoff(Intervention):
             ``mismatch_growth``, whose remedy, ``mismatch_remedy``, backs the LR off as its last rung, after the
             corrections, on a critical consequence): no back-off on such a step. The LR back-off is the last
             answer to a train-inference gap, not the first; a gap also explains the signals themselves (the ratio
-            to the engine's pi_old carries it; a biased gradient grows).
+            to the engine's pi_old carries it; a biased gradient grows). In a guard, a detector that no enabled
+            intervention answers (``"mismatch_remedy": None``) is not held: the back-off acts on it as usual.
     """
 
     name = "lr_backoff"
@@ -168,10 +178,14 @@ class LRBackoff(Intervention):
         self._s_last_backoff: int | None = None
         self._s_last_trouble: int | None = None
         self._s_last_recover: int | None = None
+        self._held = self.hold_on  # narrowed by the guard to what an enabled intervention answers
+
+    def hand_over(self, answered: frozenset[str]) -> None:
+        self._held = tuple(n for n in self.hold_on if n in answered)
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         hits = _hits(ctx.findings, self.on, self.severity)
-        if hits and any(n in ctx.findings for n in self.hold_on):
+        if hits and any(n in ctx.findings for n in self._held):
             return Proposal(controls={"lr_scale": self._s_scale})
         if hits:
             self._s_last_trouble = ctx.step

@@ -227,6 +227,9 @@ class MismatchRemedy(Intervention):
             return Proposal("step", f"{cause}: LR x{self._s_lr_scale:.3g}", self.controls())
         return proposal
 
+    def answers(self) -> tuple[str, ...]:
+        return (self.on,)
+
     def waits_for_consequence(self, ctx: StepContext) -> bool:
         """Whether the first remedy waits for a critical consequence of the gap (``first_on``)."""
         return self.first_on == "consequence" or (self.first_on == "auto" and ctx.pi_old_recomputed)

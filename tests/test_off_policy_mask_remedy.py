@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from test_remedies import ctx, gap, trouble
 
 from rlguard.core_losses import Controls, PolicyBatch, get_objective
 from rlguard.guards.actuator import CAPABILITIES, TorchActuator
-from rlguard.guards.events import Finding
-from rlguard.guards.interventions import StepContext
 from rlguard.guards.remedies import REMEDIES, REMEDY_TABLE, MismatchRemedy
 
 TOL = 1e-10
@@ -164,18 +163,6 @@ def test_the_ladder_follows_the_capabilities(caps: frozenset[str] | None, expect
     assert len(gap_rows) == 2 and all(
         "kept_gradient" in r[2] and "then off_policy_mask, then lr_backoff" in r[2] for r in gap_rows
     )
-
-
-def gap() -> dict[str, Finding]:
-    return {"mismatch_growth": Finding("warn", 0.01, 0.005, "mismatch_kl=0.01 is above 0.005. Enable ...")}
-
-
-def trouble() -> dict[str, Finding]:
-    return {"reward_collapse": Finding("critical", 5.0, 3.0, "reward_collapse fired")}
-
-
-def ctx(step: int, findings: dict[str, Finding], caps: frozenset[str] | None) -> StepContext:
-    return StepContext(step, {}, findings, {}, {}, 0, None, capabilities=caps)
 
 
 def test_the_mask_is_never_the_first_answer() -> None:

@@ -3,7 +3,7 @@
 Each command and the baseline run in turn (A B A B ...), each in a fresh process, so that a drift of the machine's
 speed hits both; the table gives the medians of wall and CPU time (user + system, the kernel's accounting of the
 finished child) and the median of the pairwise wall-time differences. The doctor and the watch read a TRL log of
-200 steps written from :mod:`rlguard.guards.synthetic` into a temporary folder.
+200 steps written from :mod:`tests.helpers.synthetic` into a temporary folder.
 
     python benchmarks/cli_startup.py              # 7 pairs per command (--markdown: as a markdown table)
     python benchmarks/cli_startup.py --quick      # 2 pairs, for tests/test_startup.py
@@ -21,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlguard.guards.synthetic import healthy_stream
+# the synthetic streams are the tests' data (tests/helpers/synthetic.py): the repository root on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.synthetic import healthy_stream
 
 
 def _write_trl_run(folder: Path, steps: int) -> Path:

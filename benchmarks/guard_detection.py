@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections import Counter
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.decision import decision_action
-from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
+
+# the synthetic streams are the tests' data (tests/helpers/synthetic.py): the repository root on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
 
 def main() -> None:

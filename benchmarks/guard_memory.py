@@ -13,14 +13,15 @@ allocated (``RssAnon`` after minus before), with glibc's mmap threshold fixed at
 (:func:`fixed_mmap_threshold`) and free heap memory trimmed before each operation, so that freed tensors leave the
 resident set. Ratios are to the bytes of the model's parameters (``4 N``); each row is the larger of the two ranks.
 
-- ``rlguard snapshot (DDP)``: :class:`rlguard.guards.snapshot.ModelSnapshot` over the world group, as
+- ``rlguard snapshot (DDP)``: :class:`rlguard.guards.actuation.snapshot.ModelSnapshot` over the world group, as
   ``TrainerActuator`` builds it under DDP: the first ``take`` allocates the rank's share of the buffers, the
   second overwrites them in place, ``restore`` broadcasts each tensor from its owner.
 - ``rlguard snapshot (one rank keeps all)``: the same without a group (one process, or FSDP).
 - ``rlguard snapshot on disk``: ``path=`` a safetensors file (what ``GuardConfig(snapshot_to_disk=True)`` does).
 - ``before``: the implementation this replaced (``state_dict()`` of model and optimizer copied to the CPU at each
   snapshot; the new copy built while the old one is still held).
-- ``rlguard update_ratio (DDP)``: :class:`rlguard.guards.update_norm.UpdateMeter` over the world group: ``capture``
+- ``rlguard update_ratio (DDP)``: :class:`rlguard.guards.actuation.update_meter.UpdateMeter` over the world group:
+``capture``
   (the first allocates the host vector) and ``ratio`` after the weights moved. On this CPU run the parameters'
   device *is* the host, so the extra device memory of ``ratio`` is its whole peak here; on an accelerator the host
   vector is in host memory and the device holds at most one chunk in transit (``CHUNK`` elements).
@@ -130,8 +131,8 @@ def plain(params: int, out: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from rlguard.guards.snapshot import ModelSnapshot
-    from rlguard.guards.update_norm import UpdateMeter
+    from rlguard.guards.actuation.snapshot import ModelSnapshot
+    from rlguard.guards.actuation.update_meter import UpdateMeter
 
     model, optimizer = build(params)
     one_step(model, optimizer)

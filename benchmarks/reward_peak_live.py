@@ -1,6 +1,6 @@
 """What the consequence rule's "a reward collapse needs an established peak" does when the live guard applies it.
 
-The doctor applies it with hindsight (:func:`rlguard.guards.detectors.consequence.established_peak`: a peak above
+The doctor applies it with hindsight (:func:`rlguard.guards.consequence.rule.established_peak`: a peak above
 the run's start). This replays the reward curves of the committed unguarded collapse-benchmark runs and reports,
 by the benchmark's own collapse verdict:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.detectors.consequence import ConsequenceRule, established_peak
+from rlguard.guards.consequence.rule import ConsequenceRule, established_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = (ROOT / "benchmarks/collapse/results/runs.jsonl", ROOT / "benchmarks/collapse_long/results/runs.jsonl")

@@ -23,9 +23,9 @@ pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install '
 from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
 from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
 
-from rlguard.guards.actuator import GUARD_STATE_FILE
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
+from rlguard.guards.state import GUARD_STATE_FILE
 from rlguard.verl_cpu.example import write_example
 
 pytestmark = pytest.mark.slow

@@ -104,8 +104,8 @@ def detectors(
     run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the remedy of a
     train-inference gap and rollbacks that learn), and which remedy answers which cause."""
     from rlguard.guards import PRESETS, Guard, GuardConfig
+    from rlguard.guards.interventions.causes import CAUSES
     from rlguard.guards.registry import detector_registry, intervention_registry
-    from rlguard.guards.remedies import REMEDY_TABLE
 
     dets, acts = detector_registry(), intervention_registry()
     running = {p: set(Guard(GuardConfig.preset(p)).interventions) for p in PRESETS}
@@ -121,7 +121,8 @@ def detectors(
             ],
             "presets": list(PRESETS),
             "remedies": [
-                {"cause": c, "diagnosed_by": d, "remedies": r, "intervention": i} for c, d, r, i in REMEDY_TABLE
+                {"cause": c.diagnosis, "diagnosed_by": c.diagnosed_by, "remedies": c.remedies, "intervention": c.answer}
+                for c in CAUSES
             ],
         }
         typer.echo(json.dumps(data, indent=2, default=str))
@@ -142,8 +143,8 @@ def detectors(
     table = Table(title="remedies by cause", caption="each next remedy only when the one before did not help")
     for col in ("cause", "diagnosed by", "remedies, in order", "intervention"):
         table.add_column(col)
-    for row in REMEDY_TABLE:
-        table.add_row(*map(escape, row))
+    for c in CAUSES:
+        table.add_row(*map(escape, (c.diagnosis, c.diagnosed_by, c.remedies, c.answer)))
     console.print(table)
 
 
@@ -155,7 +156,8 @@ def demo(
         str | None,
         typer.Option(
             # the presets are not listed here: importing rlguard.guards for its PRESETS would double the CPU time of
-            # importing the command line (0.10 -> 0.20 s), so of `rlguard --version`; a wrong one gets the list
+            # importing the command line, so of `rlguard --version` (benchmarks/cli_startup.py); a wrong one gets
+            # the list
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
             "(+guard is +default; `rlguard detectors` lists the presets), and @FAULT, a fault injected "
             "into that run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the "
@@ -361,20 +363,6 @@ def bench_collapse(ctx: typer.Context) -> None:
     from rlguard.bench.collapse import main as collapse_main
 
     raise typer.Exit(collapse_main(ctx.args))
-
-
-@bench_app.command(
-    "collapse-long",
-    # kept for scripts that call it; not listed: `rlguard bench collapse --task long` is the one spelling
-    hidden=True,
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
-)
-def bench_collapse_long(ctx: typer.Context) -> None:
-    """``rlguard bench collapse`` with ``--task long`` as the default."""
-    from rlguard.bench.collapse_long.cli import main as collapse_long_main
-
-    raise typer.Exit(collapse_long_main(ctx.args))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -25,7 +25,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from rlguard.core_losses.objective import Objective
-    from rlguard.guards.actuator import Applied
+    from rlguard.guards.actuation import Applied
     from rlguard.guards.decision import Decision
     from rlguard.guards.detectors import Detector
     from rlguard.guards.interventions import Intervention
@@ -80,6 +80,6 @@ def rlguard_step_stats(step: int, stats: Mapping[str, float]) -> Mapping[str, fl
 
 @hookspec
 def rlguard_on_decision(decision: Decision, applied: Applied) -> None:
-    """See ``decision`` after :func:`rlguard.guards.actuator.apply_decision` carried it out: its ``step``,
+    """See ``decision`` after :func:`rlguard.guards.actuation.apply_decision` carried it out: its ``step``,
     ``outcome``, ``controls``, ``events`` and ``reason``; ``applied`` says the outcome taken (a rollback without a
     snapshot is a halt) and what the training loop could only record (``record_only``). Called on every rank."""

@@ -1,4 +1,4 @@
-"""The same scripted decisions through every actuator (``rlguard.guards.actuator``): weights, optimizer state, LR
+"""The same scripted decisions through every actuator (``rlguard.guards.actuation``): weights, optimizer state, LR
 and objective controls after each step, against a reference written out step by step with plain torch.
 
 Actuators here: the plain-torch loop (:class:`TorchActuator`), transformers' ``Trainer`` under DDP
@@ -20,13 +20,7 @@ import torch
 
 from rlguard.core_losses import Objective, get_objective
 from rlguard.guards import Controls, Decision, Guard, GuardConfig
-from rlguard.guards.actuator import (
-    CAPABILITIES,
-    TorchActuator,
-    apply_decision,
-    bind_guard,
-    check_capabilities,
-)
+from rlguard.guards.actuation import CAPABILITIES, TorchActuator, apply_decision, bind_guard, check_capabilities
 from rlguard.guards.decision import decision_action
 
 LR = 0.1

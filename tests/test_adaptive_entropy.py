@@ -1,7 +1,7 @@
-"""``rlguard.guards.adaptive_entropy``: Skywork-OR1's adaptive entropy coefficient (arXiv 2505.22312), against a
-float64 reference written from the paper's rule and TRL 1.16's code, and against TRL's own trainer: a real
-``trl.GRPOTrainer(use_adaptive_entropy=True)`` and ``GuardedGRPOTrainer`` with the same flag train the same tiny
-model, and their losses and logged ``entropy_coef`` agree step by step; the coefficient survives a TRL checkpoint."""
+"""``rlguard.guards.interventions.entropy_coef``: Skywork-OR1's adaptive entropy coefficient (arXiv 2505.22312), against
+a float64 reference written from the paper's rule and TRL 1.16's code, and against TRL's own trainer: a real
+``trl.GRPOTrainer(use_adaptive_entropy=True)`` and ``GuardedGRPOTrainer`` with the same flag train the same tiny model,
+and their losses and logged ``entropy_coef`` agree step by step; the coefficient survives a TRL checkpoint."""
 
 from __future__ import annotations
 
@@ -22,11 +22,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.guards import Constant, Guard, GuardConfig
-from rlguard.guards.adaptive_entropy import AdaptiveEntropy
 from rlguard.guards.decision import logged_action
-from rlguard.guards.interventions import StepContext
+from rlguard.guards.interventions import CAUSES, StepContext
+from rlguard.guards.interventions.entropy_coef import AdaptiveEntropy
 from rlguard.guards.registry import intervention_registry
-from rlguard.guards.remedies import REMEDY_TABLE
 from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama
 
 
@@ -156,7 +155,7 @@ def test_it_is_registered_opt_in_and_not_in_any_preset() -> None:
     assert intervention_registry()["adaptive_entropy"] is AdaptiveEntropy
     for preset in ("default", "strict", "stable"):
         assert "adaptive_entropy" not in Guard(GuardConfig.preset(preset)).interventions
-    assert any(row[3] == "adaptive_entropy" for row in REMEDY_TABLE)
+    assert any(c.answer == "adaptive_entropy" for c in CAUSES)
 
 
 # ---------------------------------------------------------------- TRL

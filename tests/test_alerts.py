@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from rlguard.guards import Decision, Event, Guard, GuardConfig
-from rlguard.guards.actuator import Applied, apply_decision
-from rlguard.guards.alerts import AlertConfig, AlertPlugin, alert_message, alerts_of
+from rlguard.guards.actuation import Applied
+from rlguard.guards.alerts import AlertConfig, AlertPlugin, alert_message
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "RLGUARD_TEST_WEBHOOK"
@@ -110,15 +110,15 @@ def _guard(monkeypatch: pytest.MonkeyPatch, url: str | None, **alerts: Any) -> G
 
 
 def _step(guard: Guard, actuator: StubActuator, step: int, **stats: float) -> tuple[Applied, float]:
-    """Observe and carry out one step; the seconds apply_decision took (the training thread's cost)."""
+    """Observe and carry out one step; the seconds guard.apply took (the training thread's cost)."""
     decision = guard.observe(step, {"loss": 0.1, "kl_ref": 0.01, "entropy": 1.0, **stats})
     start = time.perf_counter()
-    applied = apply_decision(decision, actuator)
+    applied = guard.apply(decision, actuator)
     return applied, time.perf_counter() - start
 
 
 def _flush(guard: Guard, timeout: float = 10.0) -> AlertPlugin:
-    plugin = alerts_of(guard)
+    plugin = guard.alerts
     assert plugin is not None
     assert plugin.sender.flush(timeout)
     return plugin
@@ -247,15 +247,13 @@ def test_only_rank_0_and_only_its_own_guard_send(monkeypatch: pytest.MonkeyPatch
 _EXIT_SCRIPT = """
 import sys
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.actuator import apply_decision
-from rlguard.guards.alerts import alerts_of
 sys.path.insert(0, sys.argv[1])
 from test_alerts import StubActuator
 guard = Guard(GuardConfig.preset("default", alerts={"webhook_env": "RLGUARD_TEST_WEBHOOK", "min_interval_s": 60}))
 actuator = StubActuator()
-apply_decision(guard.observe(1, {"loss": 0.1, "nonfinite": 1.0}), actuator)
-assert alerts_of(guard).sender.flush(10)  # delivered; the next request may go in 60 s
-apply_decision(guard.observe(2, {"loss": 0.1, "nonfinite": 1.0}), actuator)
+guard.apply(guard.observe(1, {"loss": 0.1, "nonfinite": 1.0}), actuator)
+assert guard.alerts.sender.flush(10)  # delivered; the next request may go in 60 s
+guard.apply(guard.observe(2, {"loss": 0.1, "nonfinite": 1.0}), actuator)
 """
 
 

@@ -292,7 +292,9 @@ def test_bad_input_exits_2_naming_the_value(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_the_rlguard_command_dispatches_to_the_benchmark(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["bench", "collapse-long", "--stressors", "bogus", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["bench", "collapse", "--task", "long", "--stressors", "bogus", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 2
 
 

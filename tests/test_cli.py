@@ -161,7 +161,7 @@ def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
     although the critical alarm behind it is a warning with the log's hindsight."""
     from doctor_logs import write_trainer_state
 
-    from rlguard.guards.synthetic import healthy_stream
+    from tests.helpers.synthetic import healthy_stream
 
     run = tmp_path / "run"
     stream = [{k: v for k, v in s.items() if k != "kl_old"} for s in healthy_stream(60, 0, "plateau")]
@@ -190,7 +190,7 @@ def test_doctor_says_why_a_stat_that_is_there_was_not_judged(tmp_path: Path) -> 
     lacks them."""
     from doctor_logs import write_trainer_state
 
-    from rlguard.guards.synthetic import healthy_stream
+    from tests.helpers.synthetic import healthy_stream
 
     stream = [{**s, "clip_frac": 0.0, "kl_old": 0.0, "ratio_max": 1.0} for s in healthy_stream(30, 0, "plateau")]
     write_trainer_state(stream, tmp_path / "trainer_state.json")

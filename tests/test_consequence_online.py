@@ -1,7 +1,7 @@
 """The consequence rule applied live (``GuardConfig(consequence="online")``,
-:class:`rlguard.guards.detectors.consequence.OnlineConsequence`) on synthetic streams, beside the same stream under
+:class:`rlguard.guards.consequence.live.OnlineConsequence`) on synthetic streams, beside the same stream under
 the step rule (``consequence="step"``, the default: the detector's severity on the step) and the doctor's hindsight
-form (:func:`~rlguard.guards.detectors.consequence.judge` over the guard's own findings), so that each test can
+form (:func:`~rlguard.guards.consequence.offline.judge_log` over the guard's own findings), so that each test can
 fail: the two live rules differ on every stream here.
 
 Streams: a lone KL spike of 4.8 nats (the absolute bound is 2) is a warning live and ``skip_step`` still skips its
@@ -23,19 +23,14 @@ import numpy as np
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.consequence.live import RewardLevel
+from rlguard.guards.consequence.offline import Timeline, judge_log
+from rlguard.guards.consequence.rule import ConsequenceRule, RecoveryWatch, established_peak
 from rlguard.guards.decision import Decision
-from rlguard.guards.detectors.consequence import (
-    ConsequenceRule,
-    RecoveryWatch,
-    RewardLevel,
-    Timeline,
-    established_peak,
-    judge,
-)
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding
 from rlguard.guards.interventions import Proposal, SkipStep, StepContext
 from rlguard.guards.state import GuardStateError
-from rlguard.guards.synthetic import healthy_stream
+from tests.helpers.synthetic import healthy_stream
 
 RULE = ConsequenceRule()
 SPIKE = 60  # the step of the first KL spike
@@ -71,7 +66,7 @@ def _final(events: list[Event], detector: str) -> str | None:
 
 
 def _hindsight(r: Replay, detector: str) -> str | None:
-    return _final(judge(r.timeline, r.guard.detectors, RULE), detector)
+    return _final(judge_log(r.timeline, r.guard.detectors, RULE), detector)
 
 
 def _kl(spikes: dict[int, float], after: float | None = None, steps: int = 120) -> list[dict[str, float]]:
@@ -244,8 +239,8 @@ def test_rollback_forgets_the_pending_lone_observations() -> None:
     guard = Guard(GuardConfig.preset("monitor", consequence="online"))
     for step, stats in enumerate(stream[: SPIKE + 5]):
         guard.observe(step, stats)
-    assert guard.consequence is not None
-    guard.consequence.reset()
+    assert guard.live_rule is not None
+    guard.live_rule.reset()
     for step, stats in enumerate(stream[SPIKE + 5 :], SPIKE + 5):
         guard.observe(step, stats)
     assert _events(guard.events, "kl_ref_blowup") == [(SPIKE, "warn")]
@@ -269,7 +264,7 @@ def test_the_recovery_watch_is_the_doctors() -> None:
 
 
 def test_the_option_and_its_default() -> None:
-    assert GuardConfig().consequence == "step" and Guard().consequence is None
+    assert GuardConfig().consequence == "step" and Guard().live_rule is None
     assert GuardConfig.from_mapping({"consequence": "online"}).consequence == "online"
     with pytest.raises(ValueError, match=r"guard\.consequence: expected one of 'step', 'online'"):
         GuardConfig.from_mapping({"consequence": "hindsight"})

@@ -43,7 +43,7 @@ def _python_block(section: str) -> str:
 
 def test_the_plain_torch_loop_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code = _python_block(_section("guides/torch.md", "## The guard in the loop"))
-    assert "apply_decision(decision, actuator)" in code
+    assert "guard.apply(decision, actuator)" in code
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 8)  # features -> logits over 8 tokens
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -17,14 +17,14 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor import LogInputError, classify_keys, diagnose, read_log
 from rlguard.doctor.keys import canonical_stats
-from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
+from tests.helpers.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
 
 runner = CliRunner()
 STEPS, ONSET = 220, 120
 #: as tests/test_guards.py: the detector's first event within this many steps of the onset
 MAX_DELAY = 25
 FORMATS = sorted(WRITERS)
-#: synthetic failures that are one isolated spike on a healthy run (rlguard.guards.synthetic)
+#: synthetic failures that are one isolated spike on a healthy run (tests.helpers.synthetic)
 ABSORBED = {"grad_spike", "ratio_explosion"}
 
 

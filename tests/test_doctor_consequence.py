@@ -1,4 +1,4 @@
-"""Severity by consequence (rlguard.guards.detectors.consequence) on the shapes of real runs nobody here has seen.
+"""Severity by consequence (rlguard.guards.consequence) on the shapes of real runs nobody here has seen.
 
 Each healthy class the maintainers' held-out TRL runs contain is built as a synthetic shape (single KL spikes of
 2.6 and 4.8; five isolated spikes up to 2.4e7 in 1000 steps; converged runs at reward 0.9-0.99; runs hitting the
@@ -19,17 +19,11 @@ import pytest
 from doctor_logs import shaped_stream, write_trainer_state
 
 from rlguard.doctor import diagnose
+from rlguard.guards.consequence.offline import Timeline, label_findings
+from rlguard.guards.consequence.rule import ConsequenceRule, converged, established_peak, reward_rises
 from rlguard.guards.detectors import Truncation, ZeroVarianceGroups
-from rlguard.guards.detectors.consequence import (
-    ConsequenceRule,
-    Timeline,
-    converged,
-    established_peak,
-    label_findings,
-    reward_rises,
-)
 from rlguard.guards.events import Finding
-from rlguard.guards.synthetic import healthy_stream
+from tests.helpers.synthetic import healthy_stream
 
 WITHIN = 15
 
@@ -204,8 +198,8 @@ def _timeline(n: int, rewards: list[float], **found: dict[int, Finding]) -> Time
     return Timeline(list(range(n)), rewards, findings, [frozenset(found) for _ in range(n)])
 
 
-def _crit(transient: bool = False, unrecoverable: bool = False) -> Finding:
-    return Finding("critical", 1.0, 0.5, "x", transient=transient, unrecoverable=unrecoverable)
+def _crit(unrecoverable: bool = False) -> Finding:
+    return Finding("critical", 1.0, 0.5, "x", unrecoverable=unrecoverable)
 
 
 def _detectors(*names: str) -> dict:  # type: ignore[type-arg]
@@ -221,16 +215,16 @@ def test_the_rule_lone_sustained_lost_control_end_of_log_and_unrecoverable() -> 
     def severity(found: dict[str, dict[int, Finding]], name: str, at: int) -> str:
         return label_findings(_timeline(100, flat, **found), dets)[name][at][0]
 
-    assert severity({"grad_norm_spike": {40: _crit(True)}}, "grad_norm_spike", 40) == "warn"
-    lost = {"grad_norm_spike": {40: _crit(True)}, "entropy_collapse": {p: _crit() for p in range(45, 50)}}
+    assert severity({"grad_norm_spike": {40: _crit()}}, "grad_norm_spike", 40) == "warn"
+    lost = {"grad_norm_spike": {40: _crit()}, "entropy_collapse": {p: _crit() for p in range(45, 50)}}
     assert severity(lost, "grad_norm_spike", 40) == "critical"  # lost control within 10 logged steps
-    late = {"grad_norm_spike": {40: _crit(True)}, "entropy_collapse": {p: _crit() for p in range(55, 60)}}
+    late = {"grad_norm_spike": {40: _crit()}, "entropy_collapse": {p: _crit() for p in range(55, 60)}}
     assert severity(late, "grad_norm_spike", 40) == "warn"  # 15 steps later: not this spike's consequence
-    assert severity({"grad_norm_spike": {p: _crit(True) for p in (40, 41, 43)}}, "grad_norm_spike", 43) == "critical"
-    assert severity({"grad_norm_spike": {p: _crit(True) for p in (40, 45, 50)}}, "grad_norm_spike", 50) == "warn"
-    assert severity({"grad_norm_spike": {98: _crit(True)}}, "grad_norm_spike", 98) == "critical"  # log ends
+    assert severity({"grad_norm_spike": {p: _crit() for p in (40, 41, 43)}}, "grad_norm_spike", 43) == "critical"
+    assert severity({"grad_norm_spike": {p: _crit() for p in (40, 45, 50)}}, "grad_norm_spike", 50) == "warn"
+    assert severity({"grad_norm_spike": {98: _crit()}}, "grad_norm_spike", 98) == "critical"  # log ends
     warn = Finding("warn", 1.0, 0.5, "x")
-    lingering = {"grad_norm_spike": {40: _crit(True), **{p: warn for p in range(41, 60) if p % 3}}}
+    lingering = {"grad_norm_spike": {40: _crit(), **{p: warn for p in range(41, 60) if p % 3}}}
     assert severity(lingering, "grad_norm_spike", 40) == "critical"  # never 3 clean observations in a row
     assert severity({"length_collapse": {40: _crit(unrecoverable=True)}}, "length_collapse", 40) == "critical"
 
@@ -269,7 +263,7 @@ def test_the_rules_pieces() -> None:
 
 
 def test_the_live_detectors_classes_and_the_converged_label() -> None:
-    assert Truncation.consequence == "budget" and ZeroVarianceGroups.consequence == "signal"
+    assert Truncation.finding_class == "budget" and ZeroVarianceGroups.finding_class == "signal"
     det = ZeroVarianceGroups()
     stream = healthy_stream(40, 0, "plateau")
     severities = []

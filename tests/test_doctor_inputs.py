@@ -17,7 +17,7 @@ from rlguard.doctor import diagnose, read_log
 from rlguard.doctor.html import doctor_html
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.events import EventsFileError, parse_events, read_events
-from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.synthetic import failing_stream, healthy_stream
 
 runner = CliRunner()
 

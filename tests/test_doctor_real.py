@@ -22,7 +22,7 @@ from rlguard.doctor import diagnose
 from rlguard.doctor.keys import parse_key_map, suggest_canonical
 from rlguard.guards.decision import decision_action
 from rlguard.guards.events import Event
-from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.synthetic import failing_stream, healthy_stream
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

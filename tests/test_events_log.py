@@ -16,7 +16,7 @@ import pytest
 
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.events import Event, EventsLog, read_events
-from rlguard.guards.synthetic import failing_stream
+from tests.helpers.synthetic import failing_stream
 
 
 def run(guard: Guard, stream: list[dict[str, float]], start: int = 0) -> None:
@@ -134,7 +134,7 @@ def test_events_of_a_step_are_on_disk_when_the_process_is_killed(tmp_path: Path)
         f"""
         import os, signal
         from rlguard.guards import Guard, GuardConfig
-        from rlguard.guards.synthetic import failing_stream
+        from tests.helpers.synthetic import failing_stream
         guard = Guard(GuardConfig(events_path={str(path)!r}))
         for step, stats in enumerate(failing_stream("nonfinite", 50, 30, seed=0)):
             guard.observe(step, stats)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.alerts import AlertConfig
+from rlguard.guards.alerts.config import AlertConfig
 from rlguard.guards.fields import FieldError, check_fields, check_value
 from rlguard.guards.registry import detector_registry, intervention_registry
 

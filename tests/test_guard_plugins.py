@@ -130,7 +130,7 @@ import json
 import torch
 import step_plugin_pkg
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.actuator import TorchActuator, apply_decision
+from rlguard.guards.actuation import apply_decision, TorchActuator
 
 config = GuardConfig(interventions={"skip_step": {"on": ("reward_per_token_low",)}})
 guard = Guard(config)
@@ -169,7 +169,7 @@ def test_a_plugin_stat_may_not_replace_a_step_stat() -> None:
     plugin_manager().register(plugin, name="test.clobber")
     try:
         with pytest.raises(ValueError, match="returned 'loss' for step 3, which the step already has"):
-            with_plugin_stats(3, {"loss": 1.0})
-        assert with_plugin_stats(3, {"grad_norm": 1.0}) == {"grad_norm": 1.0, "loss": 0.0}
+            with_plugin_stats(plugin_manager().hook, 3, {"loss": 1.0})
+        assert with_plugin_stats(plugin_manager().hook, 3, {"grad_norm": 1.0}) == {"grad_norm": 1.0, "loss": 0.0}
     finally:
         plugin_manager().unregister(plugin)

@@ -13,7 +13,7 @@ import pytest
 
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.state import GuardStateError, read_state_file, write_state_file
-from rlguard.guards.synthetic import failing_stream
+from tests.helpers.synthetic import failing_stream
 
 
 def trained(steps: int = 60) -> Guard:

@@ -10,9 +10,9 @@ import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import StepStats, collect_step_stats, repetition_flags
-from rlguard.guards.reduction import combine as _combine
-from rlguard.guards.reduction import combine_local as _combine_local
-from rlguard.guards.stats import add_metric_values
+from rlguard.guards.stats.collect import add_metric_values
+from rlguard.guards.stats.reduction import combine as _combine
+from rlguard.guards.stats.reduction import combine_local as _combine_local
 
 
 def test_weighted_mean_sum_max_min_combine_like_the_concatenated_data() -> None:

@@ -19,7 +19,7 @@ from rlguard.guards import (
 )
 from rlguard.guards.decision import decision_action
 from rlguard.guards.interventions import ClipController, LRBackoff, StepContext
-from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
+from tests.helpers.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream, sparse_stream
 
 ONSET = 120
 STEPS = 220

@@ -22,8 +22,9 @@ import torch
 from test_remedies import ctx, gap, trouble
 
 from rlguard.core_losses import Controls, PolicyBatch, get_objective
-from rlguard.guards.actuator import CAPABILITIES, TorchActuator
-from rlguard.guards.remedies import REMEDIES, REMEDY_TABLE, MismatchRemedy
+from rlguard.guards.actuation import CAPABILITIES, TorchActuator
+from rlguard.guards.interventions.causes import CAUSES
+from rlguard.guards.interventions.mismatch_remedy import REMEDIES, MismatchRemedy
 
 TOL = 1e-10
 DELTA = 0.3
@@ -159,9 +160,9 @@ def test_the_ladder_follows_the_capabilities(caps: frozenset[str] | None, expect
     """The new rung sits after kept_gradient and before lr_backoff where the actuator can carry it out."""
     assert MismatchRemedy().ladder(caps) == expected
     assert REMEDIES["off_policy_mask"][0] == "off_policy_mask"
-    gap_rows = [row for row in REMEDY_TABLE if row[3] == "mismatch_remedy"]
+    gap_rows = [c for c in CAUSES if c.answer == "mismatch_remedy"]
     assert len(gap_rows) == 2 and all(
-        "kept_gradient" in r[2] and "then off_policy_mask, then lr_backoff" in r[2] for r in gap_rows
+        "kept_gradient" in c.remedies and "then off_policy_mask, then lr_backoff" in c.remedies for c in gap_rows
     )
 
 

@@ -15,11 +15,11 @@ import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import Controls, Guard, GuardConfig
-from rlguard.guards.actuator import CAPABILITIES, TorchActuator, apply_decision, bind_guard
+from rlguard.guards.actuation import CAPABILITIES, TorchActuator, apply_decision, bind_guard
 from rlguard.guards.events import Finding
 from rlguard.guards.interventions import StepContext
-from rlguard.guards.remedies import MismatchRemedy
-from rlguard.guards.synthetic import healthy_stream
+from rlguard.guards.interventions.mismatch_remedy import MismatchRemedy
+from tests.helpers.synthetic import healthy_stream
 
 TOL = 1e-10
 MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]
@@ -196,10 +196,15 @@ TIS_ONLY = NO_ROLLOUT - {"off_policy_mask"} | {"rollout_correction"}
 
 
 def ctx(
-    step: int, findings: dict[str, Finding] | None = None, caps: frozenset[str] | None = WITH_ROLLOUT
+    step: int,
+    findings: dict[str, Finding] | None = None,
+    caps: frozenset[str] | None = WITH_ROLLOUT,
+    guard: Guard | None = None,
 ) -> StepContext:
-    """A step's context with these findings, bound to an actuator with ``caps`` (None: unbound)."""
-    return StepContext(step, {}, findings or {}, {}, {}, 0, None, capabilities=caps)
+    """A step's context with these findings, bound to an actuator with ``caps`` (None: unbound), with the hand-over
+    of ``guard``'s interventions (the cause table's, for the interventions it enables)."""
+    handed_over = guard.handed_over if guard is not None else {}
+    return StepContext(step, {}, findings or {}, {}, {}, 0, None, capabilities=caps, handed_over=handed_over)
 
 
 def gap(severity: str = "warn") -> dict[str, Finding]:
@@ -438,15 +443,16 @@ def test_stable_lr_backoff_leaves_the_lr_to_the_remedy_while_the_gap_is_found(
 ) -> None:
     """stable's lr_backoff: a signal (even critical) on a step with a mismatch_growth finding does not back the LR
     off, whoever computes pi_old; without the gap finding the same signal backs it off."""
-    backoff = Guard(GuardConfig.preset("stable")).interventions["lr_backoff"]
+    guard = Guard(GuardConfig.preset("stable"))
+    backoff = guard.interventions["lr_backoff"]
     for step in range(0, 40, 10):
-        with_gap = backoff.propose(ctx(step, {**gap(), **trouble(signal, "critical")}, caps))
+        with_gap = backoff.propose(ctx(step, {**gap(), **trouble(signal, "critical")}, caps, guard))
         assert with_gap is not None and not with_gap.reason and with_gap.controls["lr_scale"] == 1.0
-    alone = backoff.propose(ctx(40, trouble(signal, "warn"), caps))
+    alone = backoff.propose(ctx(40, trouble(signal, "warn"), caps, guard))
     assert alone is not None and alone.controls["lr_scale"] == 0.5 and signal in alone.reason
     # default has no hold: the gap finding is itself one of its signals
-    plain = Guard(GuardConfig.preset("default")).interventions["lr_backoff"]
-    first = plain.propose(ctx(0, {**gap(), **trouble(signal, "warn")}, caps))
+    default = Guard(GuardConfig.preset("default"))
+    first = default.interventions["lr_backoff"].propose(ctx(0, {**gap(), **trouble(signal, "warn")}, caps, default))
     assert first is not None and first.controls["lr_scale"] == 0.5
 
 
@@ -458,9 +464,10 @@ def test_stable_without_the_remedy_backs_the_lr_off_on_the_gaps_consequences(cap
     off = Guard(GuardConfig(**{**stable.__dict__, "interventions": {**stable.interventions, "mismatch_remedy": None}}))
     assert "mismatch_remedy" not in off.interventions
     findings = {**gap(), **trouble("grad_norm_spike", "critical")}
-    proposal = off.interventions["lr_backoff"].propose(ctx(0, findings, caps))
+    proposal = off.interventions["lr_backoff"].propose(ctx(0, findings, caps, off))
     assert proposal is not None and proposal.controls["lr_scale"] == 0.5 and "grad_norm_spike" in proposal.reason
-    held = Guard(stable).interventions["lr_backoff"].propose(ctx(0, findings, caps))
+    on = Guard(stable)
+    held = on.interventions["lr_backoff"].propose(ctx(0, findings, caps, on))
     assert held is not None and held.controls["lr_scale"] == 1.0 and not held.reason
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor import write_report
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.synthetic import failing_stream, healthy_stream
 
 runner = CliRunner()
 ONSET = 120

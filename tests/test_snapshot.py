@@ -1,7 +1,7 @@
-"""Rollback snapshots with a known, bounded cost (``rlguard.guards.snapshot``) and the update measurement's memory
-(``rlguard.guards.update_norm``): restores are exact and repeatable, a snapshot is rebuilt in place, spills to a
-safetensors file, costs what ``snapshot_cost`` says, is refused over its budget, and the host memory measured while
-they run stays within the stated bounds (``benchmarks/guard_memory.md``)."""
+"""Rollback snapshots with a known, bounded cost (``rlguard.guards.actuation.snapshot``) and the update measurement's
+memory (``rlguard.guards.actuation.update_meter``): restores are exact and repeatable, a snapshot is rebuilt in place,
+spills to a safetensors file, costs what ``snapshot_cost`` says, is refused over its budget, and the host memory
+measured while they run stays within the stated bounds (``benchmarks/guard_memory.md``)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rlguard.guards.actuator import TorchActuator
-from rlguard.guards.snapshot import (
-    ModelSnapshot,
-    SnapshotBudgetError,
-    SnapshotCost,
-    check_snapshot_budget,
-    owners,
-    snapshot_cost,
-)
-from rlguard.guards.update_norm import CHUNK, UpdateMeter
+from rlguard.guards.actuation import SnapshotBudgetError, TorchActuator, check_snapshot_budget
+from rlguard.guards.actuation.snapshot import ModelSnapshot, SnapshotCost, owners, snapshot_cost
+from rlguard.guards.actuation.update_meter import CHUNK, UpdateMeter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from guard_memory import fixed_mmap_threshold, peak_extra  # the benchmark's measurement, one copy
@@ -136,7 +129,7 @@ def test_a_snapshot_over_its_budget_is_refused_with_the_fixes(caplog: pytest.Log
 
 def test_the_guard_refuses_at_start_up_a_snapshot_over_its_budget() -> None:
     from rlguard.guards import Guard, GuardConfig
-    from rlguard.guards.actuator import bind_guard
+    from rlguard.guards.actuation import bind_guard
 
     model, optimizer = model_and_adamw()
     guard = Guard(GuardConfig(snapshot_budget=1e-12))

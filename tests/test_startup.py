@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from doctor_logs import write_log
 
-from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.synthetic import failing_stream, healthy_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 #: torch and every framework the adapters wrap; none may be imported by the commands that only read logs

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 from rlguard.bench.collapse import RunConfig, Stressor, run_one
 from rlguard.cli import app
 from rlguard.guards import Controls, Decision, Finding, Guard, GuardConfig
-from rlguard.guards.actuator import TorchActuator, apply_decision
+from rlguard.guards.actuation import TorchActuator, apply_decision
 from rlguard.guards.decision import decision_action, logged_action
-from rlguard.guards.entropy_control import EntropyControl
 from rlguard.guards.interventions import StepContext
-from rlguard.guards.recovery import Recovery
-from rlguard.guards.trust_region import TrustRegion, measures_update
+from rlguard.guards.interventions.clip_higher import ClipHigher
+from rlguard.guards.interventions.recovery import Recovery
+from rlguard.guards.interventions.trust_region import TrustRegion, measures_update
 
 LIMIT = 0.02  # TrustRegion's default update_ratio limit
 
@@ -208,7 +208,7 @@ def test_healthy_despite_names_must_be_detectors() -> None:
 
 
 def test_entropy_control_widens_clip_high_on_critical_collapse_and_narrows_back() -> None:
-    ec = EntropyControl()
+    ec = ClipHigher()
     critical = {"entropy_collapse": Finding("critical", 0.1, 0.2, "entropy 0.1 is 10% of the run's baseline")}
     warn = {"entropy_collapse": Finding("warn", 0.4, 0.5, "entropy 0.4 is 40%")}
     scales = []
@@ -239,7 +239,7 @@ def test_new_controllers_are_opt_in_and_the_stable_preset_turns_them_on() -> Non
         (TrustRegion, {"limits": (("kl_old", 0.0, 2.0),)}, r"limit > 0 and order > 0; got \('kl_old', 0.0, 2.0\)"),
         (TrustRegion, {"band": 1.0}, "band=1.0"),
         (TrustRegion, {"recover_factor": 0.9}, "recover_factor=0.9"),
-        (EntropyControl, {"factor": 1.0}, "factor=1.0"),
+        (ClipHigher, {"factor": 1.0}, "factor=1.0"),
         (Recovery, {"probation": 0}, "probation=0"),
     ],
 )

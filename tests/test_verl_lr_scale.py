@@ -31,7 +31,7 @@ with warnings.catch_warnings():
 from rlguard.adapters.verl import guarded_trainer_class
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, use_lr_worker, v1_maps_stock_workers, worker_sets_lr
 from rlguard.guards import Controls, Decision, GuardConfig
-from rlguard.guards.actuator import apply_decision
+from rlguard.guards.actuation import apply_decision
 from rlguard.guards.schedules import Piecewise
 
 logged = test_verl_guard.logged  # the fixture: what verl's loggers receive

@@ -33,11 +33,11 @@ from rlguard.adapters.verl.mapping import rollout_correction_fields
 from rlguard.core_losses import Controls, PolicyBatch
 from rlguard.core_losses.rollout import rejection_keep, rollout_log_ratio, truncated_is_weights
 from rlguard.guards import Decision, Guard, GuardConfig
-from rlguard.guards.actuator import apply_decision
+from rlguard.guards.actuation import apply_decision
 from rlguard.guards.events import Finding
 from rlguard.guards.interventions import StepContext
-from rlguard.guards.remedies import MismatchRemedy
-from rlguard.guards.synthetic import healthy_stream
+from rlguard.guards.interventions.mismatch_remedy import MismatchRemedy
+from tests.helpers.synthetic import healthy_stream
 
 B, T = 4, 6
 CAP = 1.5

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor import diagnose
 from rlguard.guards import Event
-from rlguard.guards.synthetic import failing_stream, healthy_stream
 from rlguard.watch import watch
+from tests.helpers.synthetic import failing_stream, healthy_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,6 @@
   ``generate()`` rollout, the gloo fix), loaded by verl from ``VERL_USE_EXTERNAL_MODULES``.
 
 Each is a package with a pure mapping module, the trainer/loss glue, the guard glue (an actuator, see
-:mod:`rlguard.guards.actuator`) and one ``compat.py`` holding every patch and version gate (``docs/design.md``).
+:mod:`rlguard.guards.actuation`) and one ``compat.py`` holding every patch and version gate (``docs/design.md``).
 This package itself imports nothing, so ``import rlguard.adapters`` works without any framework installed.
 """

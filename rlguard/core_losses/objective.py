@@ -82,7 +82,7 @@ class Objective:
             ratio bound, ``-sg[min(r, hi)] A log pi`` (CISPO's form, arXiv 2506.13585; :meth:`kept_gradient_surrogate`),
             so that no token's gradient is zeroed by a ratio that the engine's numerics, not the update, moved.
             Ignored by objectives that keep every gradient already (:attr:`keeps_gradient`) or have no upper bound.
-            The guard's mismatch remedy sets it (:mod:`rlguard.guards.remedies`).
+            The guard's mismatch remedy sets it (:mod:`rlguard.guards.interventions.mismatch_remedy`).
     """
 
     name: ClassVar[str] = ""
@@ -200,14 +200,14 @@ class Objective:
     def with_controls(self, controls: Controls) -> Objective:
         """This objective, as configured, with the guard's ``controls`` (``docs/design.md``, "Actuator contract").
 
-        On the fields named by :attr:`clip_bounds`: ``clip_scale`` (and ``clip_high_scale`` on the upper bound)
-        times the scheduled ``clip_low``/``clip_high`` where given, else this objective's value; the scheduled
-        ``beta`` and ``entropy_coef`` where given; the mismatch remedies (:mod:`rlguard.guards.remedies`):
+        On the fields named by :attr:`clip_bounds`: ``clip_scale`` (and ``clip_high_scale`` on the upper bound) times
+        the scheduled ``clip_low``/``clip_high`` where given, else this objective's value; the scheduled ``beta`` and
+        ``entropy_coef`` where given; the mismatch remedies (:mod:`rlguard.guards.interventions.mismatch_remedy`):
         ``kept_gradient`` where it changes the objective (:meth:`applies_kept_gradient`), ``rollout_is_cap`` as
-        token-level truncated IS and ``rollout_mask_high`` as a geometric-mean rejection mask ``[1/C, C]`` where the
-        run configured no rollout correction of that kind, and ``off_policy_mask_delta`` (DeepSeek-V3.2's mask)
-        where it configured no off-policy mask. Call it on the configured objective every time, so that the controls
-        never compound; controls that change nothing return ``self``. Objectives without clip bounds keep theirs.
+        token-level truncated IS and ``rollout_mask_high`` as a geometric-mean rejection mask ``[1/C, C]`` where the run
+        configured no rollout correction of that kind, and ``off_policy_mask_delta`` (DeepSeek-V3.2's mask) where it
+        configured no off-policy mask. Call it on the configured objective every time, so that the controls never
+        compound; controls that change nothing return ``self``. Objectives without clip bounds keep theirs.
         """
         changes: dict[str, Any] = {}
         if self.clip_bounds is not None:

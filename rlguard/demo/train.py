@@ -22,7 +22,7 @@ from transformers import (
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
 from rlguard.demo.runs import WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
-from rlguard.guards.actuator import EVENTS_FILE
+from rlguard.guards.events import EVENTS_FILE
 from rlguard.metrics import canonical_stats
 from rlguard.tasks.hf import (
     addition_accuracy,
@@ -161,7 +161,7 @@ def _spiked(schedule: Callable[[int], float], at: int, factor: float) -> Callabl
 @contextmanager
 def demo_environment() -> Iterator[None]:
     """The demo's process settings, restored on exit: one torch thread (the tiny model's matrices are too small to
-    share: 10 steps took 5.6 s with 1 thread and 23.5 s with 2 on the busy 2-core test machine); transformers' info
+    share: two threads made the demo several times slower on a 2-core machine); transformers' info
     logs and progress bars, the deprecation warning TRL 1.16 triggers while generating, and the adapter's line on
     each objective's paper settings (the demo asks for them), hidden (a user of the demo cannot act on them)."""
     from transformers.utils import logging as hf_logging

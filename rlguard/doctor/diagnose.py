@@ -2,7 +2,7 @@
 judge each finding by its consequence with the hindsight of the whole log.
 
 Nothing is re-implemented here: :class:`rlguard.guards.Guard` judges every step exactly as it would in training,
-and the consequence rule (:mod:`rlguard.guards.detectors.consequence`, shared with the live guard) says which of
+and the consequence rule (:mod:`rlguard.guards.consequence`, shared with the live guard) says which of
 its findings are critical. The events become the findings, one per detector: the most severe level reached, the
 step of onset (its first event) and that level's message, which carries the evidence and the suggested fix.
 """
@@ -19,7 +19,8 @@ from rlguard.doctor.keys import KeyReport, canonical_stats, classify_keys
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log, run_folder
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.detectors.consequence import ConsequenceRule, Timeline, judge, label_findings, relabel
+from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
+from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
 
 #: exit status of ``rlguard doctor``: no critical finding, a critical finding, bad input, could not judge
@@ -162,7 +163,7 @@ def diagnose(
     rule: ConsequenceRule | None = None,
 ) -> Diagnosis:
     """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``), then
-    each finding by its consequence (``rule``, :class:`~rlguard.guards.detectors.consequence.ConsequenceRule`).
+    each finding by its consequence (``rule``, :class:`~rlguard.guards.consequence.rule.ConsequenceRule`).
 
     ``key_map`` maps the log's own column names onto canonical ones (``--map reward_avg=reward_mean``); with
     ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
@@ -198,7 +199,7 @@ def diagnose(
     rewards = series.get("reward_mean", [math.nan] * len(steps))
     timeline = Timeline(steps, rewards, step_findings, observed)
     labels = label_findings(timeline, guard.detectors, rule)
-    events = judge(timeline, guard.detectors, rule, labels)
+    events = judge_log(timeline, guard.detectors, rule, labels)
     coverage = _coverage(guard, keys, set(names))
     live_path = _events_file(Path(path), log.path)
     live: list[Event] = []

@@ -17,12 +17,12 @@ from rlguard.guards.config import PRESETS, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome, Proposal
 from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
 from rlguard.guards.events import Event, Finding, Severity
-from rlguard.guards.guard import Guard
+from rlguard.guards.guard import Guard, make_guard
 from rlguard.guards.interventions import Intervention, StepContext
 from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
 
 if TYPE_CHECKING:
-    from rlguard.guards.stats import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
+    from rlguard.guards.stats.collect import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
 
 _TORCH_NAMES = ("STAT_REDUCTIONS", "StepStats", "collect_step_stats", "repetition_flags")
 
@@ -51,6 +51,7 @@ __all__ = [
     "StepStats",
     "ThresholdDetector",
     "collect_step_stats",
+    "make_guard",
     "repetition_flags",
 ]
 

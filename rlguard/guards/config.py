@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from rlguard.guards.alerts import AlertConfig
+from rlguard.guards.alerts.config import AlertConfig
 from rlguard.guards.fields import FieldError, check_fields, check_value
 from rlguard.guards.interventions import LRBackoff, Rollback
-from rlguard.guards.recovery import Recovery
+from rlguard.guards.interventions.recovery import Recovery
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
 
 __all__ = ["PRESETS", "GuardConfig", "check_preset"]
@@ -50,7 +50,7 @@ class GuardConfig:
             a mapping of its fields (:mod:`rlguard.guards.alerts`); None sends none.
         consequence: how a finding's severity is decided live. ``"step"``: the detector's, on the step itself.
             ``"online"``: by consequence, from the past only
-            (:class:`~rlguard.guards.detectors.consequence.OnlineConsequence`): a lone critical observation is a
+            (:class:`~rlguard.guards.consequence.live.OnlineConsequence`): a lone critical observation is a
             warning (``skip_step`` still skips its step) until what follows makes it critical, a sustained or
             unrecoverable one is critical at once, a reward drawdown needs an established level.
     """
@@ -154,13 +154,13 @@ def _stable() -> GuardConfig:
     a rollout correction or a kept gradient, the LR back-off only as its last rung), and rollbacks that learn
     (``recovery`` replaces ``rollback`` and ``halt``: a persistent critical alarm is a recovery attempt, and the
     run halts only after repeated failed recoveries)."""
-    # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it
-    # and an LR cut only slows what it does; mismatch_remedy answers it, and while the gap is found lr_backoff leaves
-    # the LR to it (its last rung, after the corrections). Where pi_old is the engine's, the ratios to pi_old carry
-    # the gap: the clip controller holds then (StepContext.gap_in_ratio); the alarm leaves the steps healthy
-    # (snapshots go on). An entropy far below its start with the reward above its early level is a policy that
-    # converged on what it learned (a task with one right answer ends near zero entropy): no floor that is critical
-    # whatever the reward does.
+    # A train-inference mismatch comes back with the next rollout from the same engine: a rollback does not cure it and
+    # an LR cut only slows what it does; mismatch_remedy answers it, and while the gap is found lr_backoff leaves the LR
+    # to it (its last rung, after the corrections; the cause table, interventions/causes.py). Where pi_old is the
+    # engine's, the ratios to pi_old carry the gap: the clip controller holds then (StepContext.gap_in_ratio); the alarm
+    # leaves the steps healthy (snapshots go on). An entropy far below its start with the reward above its early level
+    # is a policy that converged on what it learned (a task with one right answer ends near zero entropy): no floor that
+    # is critical whatever the reward does.
     recovery = {
         "on": tuple(n for n in Rollback.on if n != "mismatch_growth"),
         "ignore": (*Recovery.ignore, "mismatch_growth"),
@@ -171,11 +171,8 @@ def _stable() -> GuardConfig:
             "trust_region": {},
             "entropy_control": {},
             "mismatch_remedy": {},
-            "lr_backoff": {
-                "on": tuple(n for n in LRBackoff.on if n != "mismatch_growth"),
-                "hold_on": ("mismatch_growth",),
-            },
-            "clip_controller": {"hold_on": ("mismatch_growth",)},
+            "lr_backoff": {"on": tuple(n for n in LRBackoff.on if n != "mismatch_growth")},
+            "clip_controller": {"explained_by": ("mismatch_growth",)},
             "recovery": recovery,
             "rollback": None,
             "halt": None,

@@ -1,6 +1,6 @@
 """What the guard decides each step: an outcome plus :class:`Controls` (``docs/design.md``, "Actuator contract").
 
-:func:`rlguard.guards.actuator.apply_decision` is the one place where a :class:`Decision` takes effect.
+:func:`rlguard.guards.actuation.apply_decision` is the one place where a :class:`Decision` takes effect.
 
 How decisions are logged is fixed, so that every log the doctor reads means the same: the guard's events name the
 action of a proposal ``action:<name>`` (:func:`logged_action`), trackers get a decision's action as a number
@@ -87,7 +87,7 @@ def logged_action(proposal: Proposal) -> str:
 class Decision:
     """What the adapter applies this step, identically on every rank: an outcome plus :class:`Controls`.
 
-    Carried out by :func:`rlguard.guards.actuator.apply_decision`, the one place where a decision takes effect.
+    Carried out by :func:`rlguard.guards.actuation.apply_decision`, the one place where a decision takes effect.
 
     Attributes:
         step: the optimizer step judged.

@@ -33,6 +33,10 @@ from typing import Any, BinaryIO, Literal
 
 Severity = Literal["warn", "critical"]
 SEVERITY_LEVEL: dict[str, int] = {"warn": 1, "critical": 2}
+#: how an event's severity is logged as a number (``rlguard/event/*``); a decision's: ``decision.action_code``
+SEVERITY_CODE: dict[str, float] = {"warn": 1.0, "critical": 2.0}
+#: the guard's events, next to the run's logs
+EVENTS_FILE = "events.jsonl"
 _FIELDS = ("step", "detector", "severity", "value", "message", "threshold")
 
 
@@ -49,21 +53,18 @@ class Finding:
         value: the statistic it judged (e.g. the gradient norm, or its ratio to the baseline).
         threshold: the bound ``value`` crossed.
         message: what it saw, against which threshold, and what to do.
-        transient: a one-step excursion over a rolling baseline (a spike). Its consequence shows only afterwards:
-            the live guard acts on it at once (skip the step); with hindsight, an isolated spike the run recovered
-            from is a warning (:mod:`rlguard.guards.detectors.consequence`).
         unrecoverable: a state training cannot come back from by itself (non-finite values, one-token
             completions): critical whatever follows.
         observed: the detector's own severity where the live consequence rule (``GuardConfig.consequence =
-            "online"``) labelled the finding otherwise, None where it did not: what acts on the step itself
-            (``skip_step``) reads it, since a lone spike is a warning by consequence and still a poisoned step.
+            "online"``, :mod:`rlguard.guards.consequence.live`) labelled the finding otherwise, None where it did not:
+            what acts on the step itself (``skip_step``) reads it, since a lone spike is a warning by consequence and
+            still a poisoned step.
     """
 
     severity: Severity
     value: float
     threshold: float
     message: str
-    transient: bool = False
     unrecoverable: bool = False
     observed: Severity | None = None
 

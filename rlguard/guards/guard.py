@@ -6,34 +6,46 @@ stats (:meth:`rlguard.guards.StepStats.reduce`) take the same decision without a
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlguard.guards.alerts import register_alerts
+import pluggy
+
+from rlguard.guards.actuation.executor import apply_decision
+from rlguard.guards.alarms import AlarmState
+from rlguard.guards.alerts.config import alert_plugin
 from rlguard.guards.config import PRESETS, GuardConfig, check_preset
+from rlguard.guards.consequence.live import OnlineConsequence
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
-from rlguard.guards.detectors.consequence import OnlineConsequence
-from rlguard.guards.events import SEVERITY_LEVEL, Event, EventsLog, Finding, Severity
-from rlguard.guards.fields import check_fields
-from rlguard.guards.interventions import Intervention, StepContext
-from rlguard.guards.registry import detector_registry, intervention_registry, with_plugin_stats
-from rlguard.guards.state import STATE_VERSION, GuardStateError, state_count, state_list, state_object
+from rlguard.guards.events import Event, EventsLog, Finding, Severity
+from rlguard.guards.interventions import Intervention, StepContext, handed_over
+from rlguard.guards.registry import (
+    build_members,
+    detector_registry,
+    guard_plugin_manager,
+    intervention_registry,
+    with_plugin_stats,
+)
+from rlguard.guards.state import (
+    GUARD_COUNTERS,
+    STATE_VERSION,
+    GuardStateError,
+    probe_state,
+    state_alarm,
+    state_count,
+    state_list,
+    state_object,
+    state_step,
+)
 
-__all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset"]
+if TYPE_CHECKING:
+    from rlguard.guards.actuation.contract import Actuator, Applied
+
+__all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset", "make_guard"]
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
-
-
-@dataclass
-class _AlarmState:
-    level: int = 0  # 0 none, 1 warn, 2 critical
-    streak: int = 0  # consecutive findings
-    clean: int = 0  # consecutive clean steps
-    critical_age: int = 0  # consecutive steps at critical
 
 
 class Guard:
@@ -43,9 +55,12 @@ class Guard:
     >>> decision = guard.observe(step, stats)  # doctest: +SKIP
     """
 
-    def __init__(self, config: GuardConfig | None = None) -> None:
+    def __init__(self, config: GuardConfig | None = None, *, plugins: pluggy.PluginManager | None = None) -> None:
+        """``plugins``: the manager whose plugins' hooks this guard calls (``rlguard_step_stats``,
+        ``rlguard_on_decision``); by default a manager of its own holding the process's plugins and this guard's
+        alerts (:func:`~rlguard.guards.registry.guard_plugin_manager`). Its relay is :attr:`hook`."""
         self.config = GuardConfig.preset("default") if config is None else config
-        self.detectors: dict[str, Detector] = _build(detector_registry(), self.config.detectors, "detector")
+        self.detectors: dict[str, Detector] = build_members(detector_registry(), self.config.detectors, "detector")
         unknown = sorted(set(self.config.healthy_despite) - set(detector_registry()))
         if unknown:
             raise ValueError(
@@ -54,18 +69,17 @@ class Guard:
         self.interventions: dict[str, Intervention] = (
             {}
             if self.config.observe_only
-            else _build(intervention_registry(), self.config.interventions, "intervention")
+            else build_members(intervention_registry(), self.config.interventions, "intervention")
         )
-        answered = frozenset(d for iv in self.interventions.values() for d in iv.answers())
-        for iv in self.interventions.values():
-            iv.hand_over(answered)
+        #: intervention -> the detectors it leaves to the enabled intervention that answers their cause
+        self.handed_over = handed_over(self.interventions)
         self.events: list[Event] = []
-        self._alarms = {name: _AlarmState() for name in self.detectors}
+        self._alarms = {name: AlarmState() for name in self.detectors}
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
         #: to judge consequences with hindsight)
         self.last_findings: dict[str, Finding] = {}
         #: the consequence rule applied live (``config.consequence == "online"``), or None
-        self.consequence = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
+        self.live_rule = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
         self._seen = dict.fromkeys(self.detectors, 0)
         self._consecutive_skips = 0
         self._last_healthy_step: int | None = None
@@ -73,12 +87,15 @@ class Guard:
         self._last_step: int | None = None
         self._unable: dict[str, str] = {}
         self._actuator_name = ""
-        #: what the bound actuator can do (:func:`~rlguard.guards.actuator.bind_guard`); None while unbound
+        #: what the bound actuator can do (:func:`~rlguard.guards.actuation.bind_guard`); None while unbound
         self.capabilities: frozenset[str] | None = None
         self._restored = False  # load_state_dict was called: a resumed run
         self._events_log: EventsLog | None = None
         self._events_opened = False
-        register_alerts(self)
+        self.alerts = alert_plugin(self)
+        pm = plugins if plugins is not None else guard_plugin_manager(self.alerts)
+        #: the hook relay of this guard's plugins (pluggy's ``pm.hook``), handed to the executor by :meth:`apply`
+        self.hook: pluggy.HookRelay = pm.hook
 
     @property
     def last_healthy_step(self) -> int | None:
@@ -102,7 +119,7 @@ class Guard:
         self._last_step = step
         if not self._events_opened and self.config.events_path:
             self.open_events(self.config.events_path)
-        stats = with_plugin_stats(step, stats)  # the plugins' rlguard_step_stats hooks
+        stats = with_plugin_stats(self.hook, step, stats)  # the plugins' rlguard_step_stats hooks
         findings, new_events = self._run_detectors(step, stats)
         ctx = StepContext(
             step=step,
@@ -113,12 +130,18 @@ class Guard:
             consecutive_skips=self._consecutive_skips,
             last_healthy_step=self._last_healthy_step,
             capabilities=self.capabilities,
+            handed_over=self.handed_over,
         )
         proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)
         self._after(decision, findings)
         self._record(list(decision.events))
         return decision
+
+    def apply(self, decision: Decision, actuator: Actuator) -> Applied:
+        """Carry out ``decision`` on ``actuator`` (:func:`~rlguard.guards.actuation.apply_decision`), calling this
+        guard's plugins (its alerts included) through :attr:`hook`."""
+        return apply_decision(decision, actuator, hook=self.hook)
 
     def _run_detectors(self, step: int, stats: Mapping[str, float]) -> tuple[dict[str, Finding], list[Event]]:
         """This step's findings (with severity by consequence where ``config.consequence`` is ``"online"``) and
@@ -135,47 +158,25 @@ class Guard:
                 found[name] = finding
         self.last_findings = found
         findings, raised = found, {}
-        if self.consequence is not None:
+        if self.live_rule is not None:
             patient = [n for n in found if self._alarms[n].streak + 1 >= self.detectors[n].patience]
-            verdict = self.consequence.judge(step, stats, observed, found, patient)
+            verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
             findings, raised = verdict.findings, verdict.raised
-        events: list[Event] = []
+        seen: list[Event | None] = []
         for name in observed:
-            self._update_alarm(step, name, findings.get(name), events)
+            det, alarm = self.detectors[name], self._alarms[name]
+            seen.append(alarm.see(step, name, findings.get(name), det.patience, det.clear_after))
             if name in raised:
-                self._raise(step, name, raised.pop(name), events)
-            alarm = self._alarms[name]
+                seen.append(alarm.raise_critical(step, name, raised.pop(name)))
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
-        for name, finding in raised.items():  # raised at a step that did not carry the detector's stats
-            self._raise(step, name, finding, events)
-        return findings, events
-
-    def _update_alarm(self, step: int, name: str, finding: Finding | None, events: list[Event]) -> None:
-        """Patience and hysteresis: the alarm rises with ``patience`` findings in a row, clears after
-        ``clear_after`` clean observations."""
-        det, alarm = self.detectors[name], self._alarms[name]
-        if finding is None:
-            alarm.streak, alarm.clean = 0, alarm.clean + 1
-            if alarm.level and alarm.clean >= det.clear_after:
-                alarm.level = 0
-            return
-        alarm.streak, alarm.clean = alarm.streak + 1, 0
-        level = SEVERITY_LEVEL[finding.severity]
-        if alarm.streak >= det.patience and level > alarm.level:
-            alarm.level = level
-            events.append(Event(step, name, finding.severity, finding.value, finding.message, finding.threshold))
-
-    def _raise(self, step: int, name: str, finding: Finding, events: list[Event]) -> None:
-        """An earlier lone critical finding whose consequence showed at this step: the alarm goes critical."""
-        alarm = self._alarms[name]
-        if alarm.level < 2:
-            alarm.level = 2
-            events.append(Event(step, name, "critical", finding.value, finding.message, finding.threshold))
+        # raised at a step that did not carry the detector's stats
+        seen.extend(self._alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
+        return findings, [e for e in seen if e is not None]
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
         """Mark the events of proposals ``where`` (the training loop's actuator) cannot carry out as
         ``record-only``: ``unable`` maps an outcome or a control to the capability it lacks. Called by
-        :func:`rlguard.guards.actuator.bind_guard` at start-up, which knows what each needs."""
+        :func:`rlguard.guards.actuation.bind_guard` at start-up, which knows what each needs."""
         self._unable = dict(unable)
         self._actuator_name = where
 
@@ -239,8 +240,8 @@ class Guard:
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh
             for alarm in self._alarms.values():
                 alarm.level = alarm.streak = alarm.critical_age = 0
-            if self.consequence is not None:
-                self.consequence.reset()
+            if self.live_rule is not None:
+                self.live_rule.reset()
             for iv in self.interventions.values():
                 iv.on_rollback(decision.step)
 
@@ -281,7 +282,7 @@ class Guard:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue with the same baselines and history (JSON-ready); the live
         consequence rule's state (``consequence``) only where ``config.consequence`` is ``"online"``."""
-        online = {} if self.consequence is None else {"consequence": self.consequence.state_dict()}
+        online = {} if self.live_rule is None else {"consequence": self.live_rule.state_dict()}
         return online | {
             "version": STATE_VERSION,
             "events": [e.to_dict() for e in self.events],
@@ -321,14 +322,14 @@ class Guard:
         except (TypeError, ValueError) as err:
             raise GuardStateError(f"{source}: events: {err}") from None
         alarms = {
-            n: _AlarmState(**_alarm(a, f"{source}: alarms.{n}"))
+            n: AlarmState(**state_alarm(a, f"{source}: alarms.{n}"))
             for n, a in state_object(state["alarms"], f"{source}: alarms").items()
             if n in self._alarms
         }
         seen = {
             n: state_count(v, f"{source}: seen.{n}") for n, v in state_object(state["seen"], f"{source}: seen").items()
         }
-        counters = {k: _step(state[k], f"{source}: {k}") for k in _COUNTERS}
+        counters = {k: state_step(state[k], f"{source}: {k}") for k in GUARD_COUNTERS}
         if counters["consecutive_skips"] is None:
             raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
         # private states last: each validates all of its keys before it changes anything
@@ -337,16 +338,16 @@ class Guard:
         for kind, parts in private.items():
             for n, s in parts.items():
                 if n in owners[kind]:
-                    _probe(owners[kind][n], s, f"{source}: {kind}.{n}")
+                    probe_state(owners[kind][n], s, f"{source}: {kind}.{n}")
         online = state.get("consequence")
-        if self.consequence is not None and online is not None:
-            copy.deepcopy(self.consequence).load_state_dict(online, where=f"{source}: consequence")
+        if self.live_rule is not None and online is not None:
+            probe_state(self.live_rule, online, f"{source}: consequence")
         for kind, parts in private.items():
             for n, s in parts.items():
                 if n in owners[kind]:
                     owners[kind][n].load_state_dict(s, where=f"{source}: {kind}.{n}")
-        if self.consequence is not None and online is not None:
-            self.consequence.load_state_dict(online, where=f"{source}: consequence")
+        if self.live_rule is not None and online is not None:
+            self.live_rule.load_state_dict(online, where=f"{source}: consequence")
         self.events = events
         self._alarms.update(alarms)
         self._seen.update({n: v for n, v in seen.items() if n in self._seen})
@@ -357,44 +358,14 @@ class Guard:
         self._restored = True
 
 
-_COUNTERS = ("consecutive_skips", "last_healthy_step", "last_snapshot_step", "last_step")
-_ALARM_FIELDS = ("level", "streak", "clean", "critical_age")
-
-
-def _step(value: Any, where: str) -> int | None:
-    return None if value is None else state_count(value, where)
-
-
-def _alarm(value: Any, where: str) -> dict[str, int]:
-    fields = state_object(value, where)
-    if set(fields) != set(_ALARM_FIELDS):
-        raise GuardStateError(f"{where}: expected the keys {list(_ALARM_FIELDS)}; got {sorted(fields)}")
-    alarm = {k: state_count(fields[k], f"{where}.{k}") for k in _ALARM_FIELDS}
-    if alarm["level"] > 2:
-        raise GuardStateError(f"{where}.level: expected 0 (none), 1 (warn) or 2 (critical); got {alarm['level']}")
-    return alarm
-
-
-def _probe(owner: Any, state: Any, where: str) -> None:
-    """Validate ``state`` for ``owner`` on a copy, so that a bad key later in the file changes nothing."""
-    copy.deepcopy(owner).load_state_dict(state, where=where)
-
-
-def _build(registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str) -> dict[str, Any]:
-    unknown = set(overrides) - set(registry)
-    if unknown:
-        raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.")
-    built = {}
-    for name, cls in registry.items():
-        if (name in overrides and overrides[name] is None) or (
-            name not in overrides and not getattr(cls, "enabled_by_default", True)
-        ):
-            continue
-        # the overrides' types, strictly, against the class's fields (a JSON "5" is not a number)
-        params = check_fields(cls, overrides.get(name) or {}, where=f"GuardConfig.{kind}s[{name!r}]")
-        try:
-            built[name] = cls(**params)
-        except TypeError as err:
-            accepted = cls.defaults() if hasattr(cls, "defaults") else {}
-            raise ValueError(f"bad parameters for {kind} {name!r}: {err}; accepted: {accepted}.") from None
-    return built
+def make_guard(guard: str | GuardConfig | Guard) -> Guard:
+    """A guard from a preset name (:data:`~rlguard.guards.PRESETS`), a ``GuardConfig`` or a ``Guard``."""
+    if isinstance(guard, Guard):
+        return guard
+    if isinstance(guard, GuardConfig):
+        return Guard(guard)
+    if isinstance(guard, str):
+        return Guard(GuardConfig.preset(guard))
+    raise ValueError(
+        f"guard must be a preset name ({', '.join(map(repr, PRESETS))}), a GuardConfig or a Guard; got {guard!r}."
+    )

@@ -4,25 +4,24 @@ plugin like any third-party one, registered here on first use."""
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping
-from typing import cast
+from typing import Any, cast
 
 import pluggy
 
-from rlguard.guards.adaptive_entropy import AdaptiveEntropy
 from rlguard.guards.detectors import BUILTIN_DETECTORS, Detector
-from rlguard.guards.entropy_control import EntropyControl
-from rlguard.guards.interventions import BUILTIN_INTERVENTIONS, Intervention
-from rlguard.guards.recovery import Recovery
-from rlguard.guards.remedies import MismatchRemedy
-from rlguard.guards.trust_region import TrustRegion
+from rlguard.guards.fields import check_fields
+from rlguard.guards.interventions import BUILTIN_INTERVENTIONS, OPT_IN_INTERVENTIONS, Intervention
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import collect, ensure_registered, plugin_manager
+from rlguard.plugins import collect, ensure_registered, make_plugin_manager, plugin_manager
 
 __all__ = [
+    "build_members",
     "collect_detectors",
     "collect_interventions",
     "detector_registry",
+    "guard_plugin_manager",
     "intervention_registry",
     "with_plugin_stats",
 ]
@@ -39,8 +38,7 @@ class _BuiltinGuards:
 
     @hookimpl
     def rlguard_add_interventions(self) -> tuple[type[Intervention], ...]:
-        # the last five: opt-in
-        return (*BUILTIN_INTERVENTIONS, TrustRegion, EntropyControl, AdaptiveEntropy, Recovery, MismatchRemedy)
+        return (*BUILTIN_INTERVENTIONS, *OPT_IN_INTERVENTIONS)
 
 
 def collect_detectors(pm: pluggy.PluginManager) -> Mapping[str, type[Detector]]:
@@ -67,10 +65,50 @@ def intervention_registry() -> Mapping[str, type[Intervention]]:
     return collect_interventions(plugin_manager())
 
 
-def with_plugin_stats(step: int, stats: Mapping[str, float]) -> Mapping[str, float]:
-    """``stats`` plus what the plugins' ``rlguard_step_stats`` hooks return for ``step``; a plugin may add names,
-    not replace them."""
-    results = cast("list[Mapping[str, float] | None]", plugin_manager().hook.rlguard_step_stats(step=step, stats=stats))
+def guard_plugin_manager(*own: object) -> pluggy.PluginManager:
+    """A plugin manager for one guard: the process-wide manager's plugins (entry points and built-ins), then
+    ``own`` (that guard's alerts; None entries are skipped). pluggy's host pattern: the guard keeps the manager's
+    relay (``pm.hook``) and calls its hooks through it, so a plugin of one guard never sees another's decisions."""
+    shared = plugin_manager()
+    pm = make_plugin_manager(autoload=False)
+    for plugin in shared.get_plugins():
+        pm.register(plugin, name=shared.get_name(plugin))
+    for plugin in own:
+        if plugin is not None:
+            pm.register(plugin, name=f"rlguard.guard.{id(plugin)}")
+    return pm
+
+
+def build_members(
+    registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str
+) -> dict[str, Any]:
+    """The detectors or interventions (``kind``) a guard runs: each registered class, unless ``overrides`` switches
+    it off (None) or it is opt-in and not named, built with its overrides (types checked strictly)."""
+    unknown = set(overrides) - set(registry)
+    if unknown:
+        raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.")
+    built = {}
+    for name, cls in registry.items():
+        if (name in overrides and overrides[name] is None) or (
+            name not in overrides and not getattr(cls, "enabled_by_default", True)
+        ):
+            continue
+        where = f"GuardConfig.{kind}s[{name!r}]"
+        given = _renamed(cls, dict(overrides.get(name) or {}), where)
+        # the overrides' types, strictly, against the class's fields (a JSON "5" is not a number)
+        params = check_fields(cls, given, where=where)
+        try:
+            built[name] = cls(**params)
+        except TypeError as err:
+            accepted = cls.defaults() if hasattr(cls, "defaults") else {}
+            raise ValueError(f"bad parameters for {kind} {name!r}: {err}; accepted: {accepted}.") from None
+    return built
+
+
+def with_plugin_stats(hook: pluggy.HookRelay, step: int, stats: Mapping[str, float]) -> Mapping[str, float]:
+    """``stats`` plus what the ``rlguard_step_stats`` hooks of ``hook`` (a guard's relay) return for ``step``; a
+    plugin may add names, not replace them."""
+    results = cast("list[Mapping[str, float] | None]", hook.rlguard_step_stats(step=step, stats=stats))
     extra: dict[str, float] = {}
     for result in results:
         for name, value in (result or {}).items():
@@ -81,3 +119,17 @@ def with_plugin_stats(step: int, stats: Mapping[str, float]) -> Mapping[str, flo
                 )
             extra[name] = float(value)
     return {**stats, **extra} if extra else stats
+
+
+def _renamed(cls: type, given: dict[str, Any], where: str) -> dict[str, Any]:
+    """``given`` with the fields ``cls`` renamed (``renamed_fields``) under their new names, each with a
+    ``DeprecationWarning``; a field that no longer exists is dropped."""
+    for old, new in getattr(cls, "renamed_fields", {}).items():
+        if old not in given:
+            continue
+        value = given.pop(old)
+        if new:
+            given.setdefault(new, value)
+        what = f"is now {new!r}" if new else "no longer exists: the cause table (rlguard detectors) decides it"
+        warnings.warn(f"{where}: {old!r} {what}.", DeprecationWarning, stacklevel=4)
+    return given

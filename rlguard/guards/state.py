@@ -10,6 +10,7 @@ baselines); every error names the file and the key.
 
 from __future__ import annotations
 
+import copy
 import json
 import numbers
 import os
@@ -21,6 +22,7 @@ from typing import Any
 from rlguard.guards.robust import RollingWindow
 
 __all__ = [
+    "GUARD_STATE_FILE",
     "STATE_VERSION",
     "GuardStateError",
     "PrivateState",
@@ -29,6 +31,8 @@ __all__ = [
     "write_state_file",
 ]
 
+#: the guard's state in each checkpoint folder
+GUARD_STATE_FILE = "rlguard_guard.json"
 #: the version of the guard's state (``Guard.state_dict()["version"]``); a file of another version is refused
 STATE_VERSION = 1
 
@@ -183,3 +187,31 @@ def missing_state_message(path: str | Path, step: int) -> str:
         "multipliers the interventions had set are lost, and there is no rollback snapshot until the next healthy "
         "step. Resume from a checkpoint that holds rlguard_guard.json to keep them."
     )
+
+
+#: the guard's counters in its state, each a step or a count (None: not yet)
+GUARD_COUNTERS = ("consecutive_skips", "last_healthy_step", "last_snapshot_step", "last_step")
+#: the fields of one detector's alarm in the guard's state
+ALARM_FIELDS = ("level", "streak", "clean", "critical_age")
+
+
+def state_step(value: Any, where: str) -> int | None:
+    """``value`` read as a step or a count, or None; :class:`GuardStateError` naming ``where`` otherwise."""
+    return None if value is None else state_count(value, where)
+
+
+def state_alarm(value: Any, where: str) -> dict[str, int]:
+    """One alarm of the guard's state (:data:`ALARM_FIELDS`, level 0 none, 1 warn, 2 critical), validated."""
+    fields = state_object(value, where)
+    if set(fields) != set(ALARM_FIELDS):
+        raise GuardStateError(f"{where}: expected the keys {list(ALARM_FIELDS)}; got {sorted(fields)}")
+    alarm = {k: state_count(fields[k], f"{where}.{k}") for k in ALARM_FIELDS}
+    if alarm["level"] > 2:
+        raise GuardStateError(f"{where}.level: expected 0 (none), 1 (warn) or 2 (critical); got {alarm['level']}")
+    return alarm
+
+
+def probe_state(owner: Any, state: Any, where: str) -> None:
+    """Validate ``state`` for ``owner`` (anything with ``load_state_dict``) on a copy, so that a bad key later in
+    the file changes nothing."""
+    copy.deepcopy(owner).load_state_dict(state, where=where)

@@ -20,7 +20,9 @@ from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import SUPPORTED_TRL, check_trl_compatibility
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
 from rlguard.adapters.trl.trainer import GuardedGRPOConfig, GuardedGRPOTrainer
-from rlguard.guards.actuator import EVENTS_FILE, GUARD_STATE_FILE, make_guard
+from rlguard.guards.events import EVENTS_FILE
+from rlguard.guards.guard import make_guard
+from rlguard.guards.state import GUARD_STATE_FILE
 from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The TRL adapter's actuators (``docs/design.md``, "Actuator contract"): how a decision acts on transformers'
 ``Trainer`` under DDP (:class:`TrainerActuator`) and under DeepSpeed ZeRO-1/2/3 (:class:`ZeroActuator`).
 
-Both only supply the mechanism; :func:`rlguard.guards.actuator.apply_decision` decides what runs. The objective's
+Both only supply the mechanism; :func:`rlguard.guards.actuation.apply_decision` decides what runs. The objective's
 controls go to a trainer that takes them (:class:`ControlledTrainer`: ``GuardedGRPOTrainer``, which applies them to
 its configured objective with :meth:`~rlguard.core_losses.Objective.with_controls`); on a stock ``GRPOTrainer`` the
 actuators do not declare ``clip``, ``beta`` and ``entropy_coef``, so such schedules are refused and such proposals
@@ -65,8 +65,7 @@ from torch import Tensor
 
 from rlguard.adapters.trl.compat import EngineStepApplying
 from rlguard.core_losses import Controls
-from rlguard.guards.actuator import TorchActuator
-from rlguard.guards.snapshot import SnapshotCost
+from rlguard.guards.actuation import SnapshotCost, TorchActuator
 
 __all__ = [
     "ControlledTrainer",
@@ -150,11 +149,11 @@ def set_trl_off_policy_mask(trainer: Any, controls: Controls) -> None:
 
 @dataclass
 class TrainerActuator(TorchActuator):
-    """transformers' ``Trainer`` without DeepSpeed: the decision is applied in ``on_pre_optimizer_step`` and the
-    trainer runs ``optimizer.step()`` right after (``owns_step=False``): a dropped update is gradients set to None
-    (weights and Adam's state untouched, the scheduler still steps); the LR scale is undone in
-    ``on_optimizer_step`` (:meth:`~rlguard.guards.actuator.TorchActuator.finish_step`), which also measures the
-    update's size with ``measure_update``."""
+    """transformers' ``Trainer`` without DeepSpeed: the decision is applied in ``on_pre_optimizer_step`` and the trainer
+    runs ``optimizer.step()`` right after (``owns_step=False``): a dropped update is gradients set to None (weights and
+    Adam's state untouched, the scheduler still steps); the LR scale is undone in ``on_optimizer_step``
+    (:meth:`~rlguard.guards.actuation.torch_actuator.TorchActuator.finish_step`), which also measures the update's size
+    with ``measure_update``."""
 
     trainer: object = None
     stop_requested: bool = field(init=False, default=False)

@@ -6,9 +6,9 @@
 
 ``GuardedGRPOConfig(guard="default")`` does all of this for ``GuardedGRPOTrainer`` and adds the objective's own
 metrics (each micro-batch's, from the same transfer to the host that logs them:
-:func:`~rlguard.guards.stats.add_metric_values`) and the clip range.
+:func:`~rlguard.guards.stats.collect.add_metric_values`) and the clip range.
 
-Each decision is carried out by :func:`~rlguard.guards.actuator.apply_decision` on an actuator
+Each decision is carried out by :func:`~rlguard.guards.actuation.apply_decision` on an actuator
 (:mod:`rlguard.adapters.trl.actuators`: ``TrainerActuator`` without DeepSpeed, ``ZeroActuator`` under it, where a
 stand-in for accelerate's ``deepspeed_engine_wrapped`` decides before ``engine.step()``). Both paths take one
 guarded step (``StabilityCallback._guarded_step``); only the gradient norm, the LR and the actuator differ. What
@@ -44,17 +44,11 @@ from rlguard.adapters.trl.compat import (
     zero_grad_norm,
 )
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
-from rlguard.guards.actuator import (
-    EVENTS_FILE,
-    GUARD_STATE_FILE,
-    SEVERITY_CODE,
-    Applied,
-    apply_decision,
-    bind_guard,
-    make_guard,
-)
-from rlguard.guards.state import missing_state_message, read_state_file, write_state_file
-from rlguard.guards.trust_region import measures_update
+from rlguard.guards.actuation import Applied, bind_guard
+from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.guard import make_guard
+from rlguard.guards.interventions.trust_region import measures_update
+from rlguard.guards.state import GUARD_STATE_FILE, missing_state_message, read_state_file, write_state_file
 from rlguard.metrics import TRL_TO_CANONICAL, canonical_stats
 
 __all__ = ["StabilityCallback"]
@@ -90,8 +84,8 @@ class StabilityCallback(TrainerCallback):
             decision does.
         snapshot_dir: keep rollback snapshots in this folder (one safetensors file per rank) instead of host memory.
         measure_update: report ``update_ratio`` (``||theta_t - theta_(t-1)|| / ||theta_(t-1)||`` of the last applied
-            update) in the next step's stats; costs a host copy of the trainable weights (this rank's share under
-            DDP) and a bounded chunk on the device (:mod:`rlguard.guards.update_norm`). Not under DeepSpeed. On by
+            update) in the next step's stats; costs a host copy of the trainable weights (this rank's share under DDP)
+            and a bounded chunk on the device (:mod:`rlguard.guards.actuation.update_meter`). Not under DeepSpeed. On by
             itself when the guard runs a ``trust_region`` that reads it (the ``stable`` preset).
 
     Attributes:
@@ -262,7 +256,8 @@ class StabilityCallback(TrainerCallback):
         if update_ratio is not None:
             stats.add("update_ratio", update_ratio)
         decision = self._observe(step, stats)
-        self._log(decision, apply_decision(decision, actuator))
+        assert self.guard is not None  # a guarded step has a guard
+        self._log(decision, self.guard.apply(decision, actuator))
 
     def _observe(self, step: int, stats: StepStats) -> Decision:
         """The guard's decision on this step's stats, reduced over the processes with one ``all_gather``."""

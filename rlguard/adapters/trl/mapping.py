@@ -160,7 +160,7 @@ def map_trl_config(args: GRPOConfig, *, warn: bool = True) -> TRLLossMapping:
 
 
 def adaptive_entropy_settings(args: GRPOConfig) -> dict[str, Any] | None:
-    """The fields of the guard's ``adaptive_entropy`` intervention (:class:`~rlguard.guards.adaptive_entropy.
+    """The fields of the guard's ``adaptive_entropy`` intervention (:class:`~rlguard.guards.interventions.entropy_coef.
     AdaptiveEntropy`) that TRL's ``use_adaptive_entropy=True`` means, or None when it is off: TRL's ``entropy_coef``
     is the initial coefficient, ``entropy_coef_min``/``_max`` its bounds, ``entropy_coef_delta`` its step and
     ``entropy_target`` the target."""

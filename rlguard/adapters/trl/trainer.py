@@ -17,9 +17,9 @@ LR scale, clip range, rollback, halt; see :mod:`rlguard.adapters.trl.callback`),
 non-finite log-probs (``on_nonfinite="mask"``) so that a poisoned batch reaches the guard instead of crashing.
 
 ``use_adaptive_entropy=True`` (TRL's Skywork-OR1 controller of ``entropy_coef``) runs as the guard's
-``adaptive_entropy`` intervention (:class:`~rlguard.guards.adaptive_entropy.AdaptiveEntropy`, fields from TRL's
-settings: :func:`~rlguard.adapters.trl.mapping.adaptive_entropy_settings`), added to the configured guard, or, with
-none, to a guard that runs only it (no detector, no snapshot); TRL's copy in its ``_compute_loss`` does not run.
+``adaptive_entropy`` intervention (:class:`~rlguard.guards.interventions.entropy_coef.AdaptiveEntropy`, fields from
+TRL's settings: :func:`~rlguard.adapters.trl.mapping.adaptive_entropy_settings`), added to the configured guard, or,
+with none, to a guard that runs only it (no detector, no snapshot); TRL's copy in its ``_compute_loss`` does not run.
 
 ``GuardedGRPOConfig(logprobs_from_hidden=True)`` computes the policy's log-probs and entropies with
 :func:`rlguard.core_losses.logprobs_from_hidden` instead of TRL's fused LM head (:mod:`rlguard.adapters.trl.logprobs`).
@@ -55,11 +55,11 @@ from rlguard.adapters.trl.mapping import adaptive_entropy_settings, map_trl_conf
 from rlguard.adapters.trl.trl_metrics import trl_metric_parts
 from rlguard.core_losses import Controls, LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
 from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
-from rlguard.guards.actuator import make_guard
-from rlguard.guards.adaptive_entropy import AdaptiveEntropy
-from rlguard.guards.reduction import reduce_rows
+from rlguard.guards.guard import make_guard
+from rlguard.guards.interventions.entropy_coef import AdaptiveEntropy
 from rlguard.guards.registry import detector_registry
-from rlguard.guards.stats import add_metric_values
+from rlguard.guards.stats.collect import add_metric_values
+from rlguard.guards.stats.reduction import reduce_rows
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
 
@@ -312,7 +312,7 @@ class GuardedGRPOTrainer(GRPOTrainer):
         """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather, one
         transfer to the host) and log them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's
         meaning. With ``guard`` and a guard, this process's row of the same transfer goes to the guard's stats
-        (:func:`~rlguard.guards.stats.add_metric_values`)."""
+        (:func:`~rlguard.guards.stats.collect.add_metric_values`)."""
         metrics, mask = out.metrics, batch.mask
         names = sorted(metrics)
         tokens = mask.sum().to(torch.float64)

@@ -2,7 +2,7 @@
 (:func:`trl_metric_parts`). Which of TRL's families of loss metrics an objective logs is its own declaration
 (``Objective.trl.metrics``), and the numbers come from what it declares about itself (``ratio_bounds``,
 ``ratio_level``, ``sequence_weights``): a plugin objective gets TRL's metrics like a built-in. ``GuardedGRPOTrainer``
-gathers them with the objective's canonical metrics (reduced by :func:`rlguard.guards.reduction.reduce_rows`) in
+gathers them with the objective's canonical metrics (reduced by :func:`rlguard.guards.stats.reduction.reduce_rows`) in
 one collective per micro-batch.
 """
 

@@ -40,17 +40,12 @@ from rlguard.adapters.verl.mapping import (
 from rlguard.adapters.verl.state import driver_state, read_driver_state
 from rlguard.core_losses import Objective, get_objective
 from rlguard.guards import Decision, Guard, GuardConfig
-from rlguard.guards.actuator import (
-    EVENTS_FILE,
-    GUARD_STATE_FILE,
-    SEVERITY_CODE,
-    apply_decision,
-    bind_guard,
-    make_guard,
-)
+from rlguard.guards.actuation import bind_guard
 from rlguard.guards.config import PRESETS, check_preset
 from rlguard.guards.decision import Controls, action_code
-from rlguard.guards.state import missing_state_message, read_state_file, write_state_file
+from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.guard import make_guard
+from rlguard.guards.state import GUARD_STATE_FILE, missing_state_message, read_state_file, write_state_file
 from rlguard.metrics import canonical_stats
 
 __all__ = [
@@ -123,7 +118,7 @@ class VerlGuardDriver:
         self._rollout_fields: dict[str, Any] = {}
         bind_guard(self.guard, self, where="verl's driver")
 
-    # -- the actuator (rlguard.guards.actuator.Actuator) ---------------------------------------------------------
+    # -- the actuator (rlguard.guards.actuation.contract.Actuator) ----------------------------------------------------
     @property
     def capabilities(self) -> frozenset[str]:
         """Snapshot (a verl checkpoint), restore (rollback), stop, the clip range; ``beta`` with ``use_kl_loss``
@@ -204,7 +199,7 @@ class VerlGuardDriver:
         logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
         self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
         self._next_lr_scale = 1.0  # a decision restates its scale; none (1) is the scheduler's LR
-        applied = apply_decision(decision, self)
+        applied = self.guard.apply(decision, self)
         if "lr_scale" in self.capabilities:
             self.lr_scale = self._next_lr_scale
             self.push_lr_scale()

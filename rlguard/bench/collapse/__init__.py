@@ -13,8 +13,8 @@ slices of the batch with the real objective (:func:`~rlguard.core_losses.get_obj
 every slice after the first is off-policy by one step more, as with TRL's ``steps_per_generation`` or verl's
 mini-batches (without it ratios are 1 and no objective clips). With a guard, every optimizer step's stats
 (:func:`~rlguard.guards.collect_step_stats`) go to ``Guard(GuardConfig.preset(guard))`` and its decision is carried
-out by :func:`~rlguard.guards.actuator.apply_decision` on the plain-torch
-:class:`~rlguard.guards.actuator.TorchActuator`, the same executor as the adapters'.
+out by :func:`~rlguard.guards.actuation.apply_decision` on the plain-torch
+:class:`~rlguard.guards.actuation.torch_actuator.TorchActuator`, the same executor as the adapters'.
 
 pi_old (``old_logprobs``, a grid dimension: ``--old-logprobs engine,trainer``): ``engine`` [default] takes the
 engine's log-probs as the old ones (no recomputation by the trainer), so the first slice's ratio compares trainer

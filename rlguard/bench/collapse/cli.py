@@ -1,5 +1,5 @@
 """The command line of both tasks: ``python benchmarks/collapse/run.py --task short|long`` (also ``rlguard bench
-collapse`` and, for ``--task long``, ``rlguard bench collapse-long`` and ``benchmarks/collapse_long/run.py``): run or
+collapse`` and, for ``--task long``, ``benchmarks/collapse_long/run.py``): run or
 resume a task's grid, or rebuild its report from ``runs.jsonl``.
 
 See :mod:`rlguard.bench.collapse` for the design.

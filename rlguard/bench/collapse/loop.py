@@ -1,6 +1,6 @@
 """One run of any task: the warm start (cached), then a compact GRPO-family loop in plain torch, the guard acting
-through the plain-torch actuator (:class:`~rlguard.guards.actuator.TorchActuator`,
-:func:`~rlguard.guards.actuator.apply_decision`), judged for collapse.
+through the plain-torch actuator (:class:`~rlguard.guards.actuation.torch_actuator.TorchActuator`,
+:func:`~rlguard.guards.actuation.apply_decision`), judged for collapse.
 
 The task supplies the model, the warm start, the engine under its stressor, the sampler and the trainer's forward
 (the hooks of :class:`~rlguard.bench.collapse.spec.BaseRunConfig`); everything else is here, once.
@@ -28,8 +28,8 @@ from rlguard.bench.collapse.verdict import collapse_verdict
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.core_losses.rollout import mismatch_metrics
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
-from rlguard.guards.actuator import TorchActuator, apply_decision, bind_guard
-from rlguard.guards.trust_region import measures_update
+from rlguard.guards.actuation import TorchActuator, bind_guard
+from rlguard.guards.interventions.trust_region import measures_update
 
 # -- warm start -----------------------------------------------------------------------------------------------------
 _WARM_STARTS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
@@ -108,7 +108,7 @@ def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: T
     if decision.outcome == "step" and not _finite_stats(stats):
         return "nonfinite"
     current = actuator.objective_in_use
-    outcome = apply_decision(decision, actuator).outcome
+    outcome = guard.apply(decision, actuator).outcome
     lr_scale = decision.controls.lr_scale
     tally.skips += outcome == "skip"
     tally.rollbacks += outcome == "rollback"

@@ -1,6 +1,6 @@
 """Long-completion task of the collapse benchmark: can it tell GSPO from GRPO?
 
-    python benchmarks/collapse/run.py --task long --workers 2 --seeds 8   # or: rlguard bench collapse-long
+    python benchmarks/collapse/run.py --task long --workers 2 --seeds 8   # or: rlguard bench collapse --task long
     python benchmarks/collapse/run.py --task long --quick --out /tmp/cl  # smoke test of every layer (CI)
 
 The short task (:mod:`rlguard.bench.collapse.tiny`) samples at most 4 tokens, where GSPO's length-normalised

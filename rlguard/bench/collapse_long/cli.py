@@ -1,4 +1,4 @@
-"""``rlguard bench collapse-long`` and ``benchmarks/collapse_long/run.py``: the harness's command line
+"""``rlguard bench collapse --task long`` and ``benchmarks/collapse_long/run.py``: the harness's command line
 (:func:`rlguard.bench.collapse.main`) with ``--task long``."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ Design: ``docs/design.md`` (the guard layer). The underscored helpers are privat
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -20,9 +21,10 @@ from rlguard.guards.state import PrivateState
 class Detector(PrivateState):
     """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
 
-    ``consequence`` is the detector's class for the consequence rule (:mod:`~rlguard.guards.detectors.consequence`):
-    ``control`` (a loss of control: the default), ``budget`` (a property of the generation budget), ``signal``
-    (groups that carry no gradient) or ``reward`` (a drawdown, which needs a peak to fall from).
+    ``finding_class`` is what a finding of the detector is, for the consequence rule
+    (:mod:`rlguard.guards.consequence.rule`): ``control`` (a loss of control: the default), ``budget`` (a property
+    of the generation budget), ``signal`` (groups that carry no gradient) or ``reward`` (a drawdown, which needs a
+    level to fall from).
 
     Attributes:
         warmup: steps the detector watches (building its baseline) before it may fire.
@@ -33,7 +35,17 @@ class Detector(PrivateState):
     name: ClassVar[str] = ""
     source: ClassVar[str] = ""
     summary: ClassVar[str] = ""
-    consequence: ClassVar[str] = "control"
+    finding_class: ClassVar[str] = "control"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "consequence" in cls.__dict__:  # the attribute's earlier name, still set by plugins
+            warnings.warn(
+                f"{cls.__qualname__}.consequence is now called finding_class; rename the class attribute.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.finding_class = cls.__dict__["consequence"]
 
     warmup: int = 10
     patience: int = 1

@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from rlguard.guards.consequence.rule import converged, normalized_reward
 from rlguard.guards.detectors.base import Detector, _anchor_median, _metric
-from rlguard.guards.detectors.consequence import converged, normalized_reward
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -34,7 +34,7 @@ class RewardCollapse(Detector):
     """
 
     name = "reward_collapse"
-    consequence = "reward"
+    finding_class = "reward"
     source = "EWMA drawdown with a robust scale (Roberts 1959; Hampel 1974)"
     summary = (
         "EWMA reward drops >= 5 (warn) / 10 (critical) EWMA sigmas and >= 30% of its range below its best; "
@@ -113,11 +113,11 @@ class RewardCollapse(Detector):
 class ZeroVarianceGroups(ThresholdDetector):
     """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse).
 
-    Whether they are solved or failed is decided from the reward level (:func:`~rlguard.guards.detectors.
-    consequence.normalized_reward`: with a normalised reward ``p`` at most ``1 - p`` of the groups can be all
-    failed, at most ``p`` all solved), or read from ``frac_zero_std_solved`` where the run logs it. A run whose
-    reward is at the top of its range has converged (:func:`~rlguard.guards.detectors.consequence.converged`):
-    "too easy, nothing left to learn", a warning however many groups.
+    Whether they are solved or failed is decided from the reward level
+    (:func:`~rlguard.guards.consequence.rule.normalized_reward`: with a normalised reward ``p`` at most ``1 - p`` of the
+    groups can be all failed, at most ``p`` all solved), or read from ``frac_zero_std_solved`` where the run logs it. A
+    run whose reward is at the top of its range has converged (:func:`~rlguard.guards.consequence.rule.converged`): "too
+    easy, nothing left to learn", a warning however many groups.
 
     Attributes:
         converged_failing: the run has converged once at most this share of its groups can be all failed.
@@ -125,7 +125,7 @@ class ZeroVarianceGroups(ThresholdDetector):
     """
 
     name = "zero_variance_groups"
-    consequence = "signal"
+    finding_class = "signal"
     source = "DAPO dynamic sampling, arXiv 2503.14476, sec. 3.2; solved or failed from the reward level"
     summary = (
         "share of all-equal-reward groups >= 0.5 (warn) / 0.9 (critical); says too easy or too hard from the reward "
@@ -279,7 +279,7 @@ class LengthCollapse(Detector):
 @dataclass(kw_only=True)
 class Truncation(ThresholdDetector):
     name = "truncation"
-    consequence = "budget"
+    finding_class = "budget"
     source = "DAPO overlong filtering, arXiv 2503.14476, sec. 3.4"
     summary = "share of completions hitting the length budget >= 0.2 (warn) / 0.5 (critical), 0.1 above baseline"
     metric: str = "truncated_frac"

@@ -78,7 +78,6 @@ class SpikeDetector(Detector):
                         bound * base,
                         f"{self.metric}={value:.4g} is {factor:.1f}x its rolling median {base:.4g} "
                         f"(threshold {bound:g}x, robust z={z:.1f}). {self.advice}".rstrip(),
-                        transient=True,
                     )
                     break
         if finding is None:

@@ -11,10 +11,9 @@ per decision of rank 0 (the decision is the same on every rank):
   ``action:remedy*``), whatever its severity;
 - every decision whose outcome, as carried out, is one of ``outcomes`` (``rollback``, ``halt``).
 
-Each guard built with alerts registers one plugin (:class:`AlertPlugin`) into rlguard's plugin manager, the path
-third-party plugins take; it answers only the decisions of its own guard (the decision's events are the guard's
-latest). Delivery is :class:`~rlguard.guards.alert_sender.AlertSender`: off the training thread, rate-limited, with
-a timeout.
+Each guard built with alerts holds one plugin (:class:`AlertPlugin`) in its own plugin manager, beside the
+process's third-party plugins, so it sees that guard's decisions only (``Guard.hook``). Delivery is
+:class:`~rlguard.guards.alerts.sender.AlertSender`: off the training thread, rate-limited, with a timeout.
 """
 
 from __future__ import annotations
@@ -30,14 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.guards.alert_sender import AlertSender, Message
+from rlguard.guards.alerts.sender import AlertSender, Message
 from rlguard.guards.events import SEVERITY_LEVEL
 from rlguard.guards.fields import check_fields
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import plugin_manager
 
 if TYPE_CHECKING:
-    from rlguard.guards.actuator import Applied
+    from rlguard.guards.actuation.contract import Applied
     from rlguard.guards.decision import Decision
     from rlguard.guards.guard import Guard
 
@@ -46,8 +44,7 @@ __all__ = [
     "AlertPlugin",
     "alert_config",
     "alert_message",
-    "alerts_of",
-    "register_alerts",
+    "alert_plugin",
     "webhook_payload",
 ]
 
@@ -199,19 +196,16 @@ def _rank() -> int:
 
 
 class AlertPlugin:
-    """The ``rlguard_on_decision`` hook of one guard's alerts (registered by :func:`register_alerts`)."""
+    """The ``rlguard_on_decision`` hook of one guard's alerts (built by :func:`alert_plugin`), registered in that
+    guard's own plugin manager only: every decision it sees is its guard's."""
 
-    def __init__(self, guard: Guard, config: AlertConfig, sender: AlertSender) -> None:
-        self._guard = weakref.ref(guard)
+    def __init__(self, config: AlertConfig, sender: AlertSender) -> None:
         self.config = config
         self.sender = sender
 
     @hookimpl
     def rlguard_on_decision(self, decision: Decision, applied: Applied) -> None:
-        """Queue the alert of ``decision`` if it is this guard's and calls for one (on rank 0 only)."""
-        guard = self._guard()
-        if guard is None or not decision.events or not guard.events or decision.events[-1] is not guard.events[-1]:
-            return  # not this guard's latest decision
+        """Queue the alert of ``decision`` if it calls for one (on rank 0 only)."""
         if _rank() != 0:
             return
         message = alert_message(decision, applied, self.config)
@@ -219,16 +213,9 @@ class AlertPlugin:
             self.sender.send(message)
 
 
-def alerts_of(guard: Guard) -> AlertPlugin | None:
-    """The alert plugin registered for ``guard``, or None."""
-    for plugin in plugin_manager().get_plugins():
-        if isinstance(plugin, AlertPlugin) and plugin._guard() is guard:
-            return plugin
-    return None
-
-
-def register_alerts(guard: Guard) -> AlertPlugin | None:
-    """Register the alerts of ``guard.config.alerts`` as a plugin, for as long as ``guard`` lives; None without."""
+def alert_plugin(guard: Guard) -> AlertPlugin | None:
+    """The alerts of ``guard.config.alerts`` as a plugin for that guard's manager, its sender closed when ``guard``
+    is collected; None without alerts."""
     config = guard.config.alerts
     if config is None:
         return None
@@ -240,17 +227,5 @@ def register_alerts(guard: Guard) -> AlertPlugin | None:
         timeout_s=config.timeout_s,
         queue_size=config.queue_size,
     )
-    plugin = AlertPlugin(guard, config, sender)
-    pm = plugin_manager()
-    name = f"rlguard.alerts.{id(plugin)}"
-    pm.register(plugin, name=name)
-    weakref.finalize(guard, _unregister, name, sender)
-    return plugin
-
-
-def _unregister(name: str, sender: AlertSender) -> None:
-    pm = plugin_manager()
-    plugin = pm.get_plugin(name)
-    if plugin is not None:
-        pm.unregister(plugin)
-    sender.close()
+    weakref.finalize(guard, sender.close)
+    return AlertPlugin(config, sender)

@@ -20,13 +20,13 @@ from torch import Tensor
 
 from rlguard.core_losses.advantages import group_advantages
 from rlguard.core_losses.batch import LossOutput, PolicyBatch
-from rlguard.guards.reduction import INDEX as _INDEX
-from rlguard.guards.reduction import ORDER as _ORDER
-from rlguard.guards.reduction import STAT_REDUCTIONS as STAT_REDUCTIONS
-from rlguard.guards.reduction import NDArray
-from rlguard.guards.reduction import combine as _combine
-from rlguard.guards.reduction import combine_local as _combine_local
-from rlguard.guards.reduction import kinds as _kinds
+from rlguard.guards.stats.reduction import INDEX as _INDEX
+from rlguard.guards.stats.reduction import ORDER as _ORDER
+from rlguard.guards.stats.reduction import STAT_REDUCTIONS as STAT_REDUCTIONS
+from rlguard.guards.stats.reduction import NDArray
+from rlguard.guards.stats.reduction import combine as _combine
+from rlguard.guards.stats.reduction import combine_local as _combine_local
+from rlguard.guards.stats.reduction import kinds as _kinds
 from rlguard.metrics import WEIGHTS
 
 #: the weight of each objective metric of ``LossOutput.metrics``: unmasked tokens, live sequences, or 1

@@ -1,0 +1,66 @@
+"""Acting on a decision: the actuator contract (:mod:`.contract`), the one executor (:mod:`.executor`), rollback
+snapshots and their budget (:mod:`.snapshot`, :mod:`.budget`), the size of the last update (:mod:`.update_meter`) and
+the plain-torch actuator (:mod:`.torch_actuator`).
+
+The torch-backed names (``TorchActuator``, ``ModelSnapshot``, ``snapshot_cost``) load on first use (PEP 562), so
+the contract and the executor import without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rlguard.guards.actuation.budget import SnapshotBudgetError, SnapshotCost, check_snapshot_budget
+from rlguard.guards.actuation.contract import (
+    CAPABILITIES,
+    OUTCOME_CAPABILITY,
+    Actuator,
+    Applied,
+    Capability,
+    check_capabilities,
+)
+from rlguard.guards.actuation.executor import apply_decision, bind_guard
+from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.state import GUARD_STATE_FILE
+
+if TYPE_CHECKING:
+    from rlguard.guards.actuation.snapshot import ModelSnapshot, snapshot_cost
+    from rlguard.guards.actuation.torch_actuator import TorchActuator
+    from rlguard.guards.actuation.update_meter import UpdateMeter
+
+_TORCH_NAMES = {
+    "ModelSnapshot": "rlguard.guards.actuation.snapshot",
+    "snapshot_cost": "rlguard.guards.actuation.snapshot",
+    "TorchActuator": "rlguard.guards.actuation.torch_actuator",
+    "UpdateMeter": "rlguard.guards.actuation.update_meter",
+}
+
+__all__ = [
+    "CAPABILITIES",
+    "EVENTS_FILE",
+    "GUARD_STATE_FILE",
+    "OUTCOME_CAPABILITY",
+    "SEVERITY_CODE",
+    "Actuator",
+    "Applied",
+    "Capability",
+    "ModelSnapshot",
+    "SnapshotBudgetError",
+    "SnapshotCost",
+    "TorchActuator",
+    "UpdateMeter",
+    "apply_decision",
+    "bind_guard",
+    "check_capabilities",
+    "check_snapshot_budget",
+    "snapshot_cost",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        value = getattr(importlib.import_module(_TORCH_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlguard.guards.actuation' has no attribute {name!r}")

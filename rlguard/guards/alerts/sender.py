@@ -1,0 +1,184 @@
+"""Delivery of the guard's alerts off the training thread: a bounded queue, one daemon worker, a rate limit, a
+timeout on every request; only the standard library (``urllib``).
+
+The training thread only puts a message on the queue (``put_nowait``: it never waits, and a full queue drops the
+message and counts it). The worker sends at most one request per ``min_interval_s``; messages that arrive in between
+are combined into the next request, so nothing is lost to the rate limit. A request that fails or times out is a
+logged warning, never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send what is
+still queued (the alert of a halt is often the last thing a run does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import queue
+import sys
+import threading
+import time
+import urllib.request
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+logger = logging.getLogger("rlguard.alerts")
+
+__all__ = ["AlertSender", "post_json"]
+
+#: a message for the worker: (text, severity, JSON record), severity ``warn`` or ``critical``
+Message = tuple[str, str, dict[str, Any]]
+_STOP = object()
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
+    """POST ``payload`` as JSON to ``url`` (http or https), raising on a status >= 400 or after ``timeout`` s."""
+    data = json.dumps(payload).encode("utf-8")
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json", "User-Agent": "rlguard"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # the scheme is checked (http/https)
+        response.read()
+
+
+class AlertSender:
+    """A daemon worker that delivers messages to a webhook (``url``, payloads from ``make_payload``) and to the
+    active W&B run (``wandb=True``: ``wandb.run.alert`` when the training process has imported wandb and started a
+    run; rlguard never imports it). Started on the first message."""
+
+    def __init__(
+        self,
+        *,
+        url: str | None,
+        make_payload: Callable[[Sequence[Message], int], dict[str, Any]],
+        wandb: bool,
+        min_interval_s: float,
+        timeout_s: float,
+        queue_size: int,
+        post: Callable[[str, dict[str, Any], float], None] = post_json,
+    ) -> None:
+        self._url = url
+        self._make_payload = make_payload
+        self._wandb = wandb
+        self._min_interval = min_interval_s
+        self._timeout = timeout_s
+        self._post = post
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=queue_size)
+        self._dropped = 0  # messages the full queue refused, reported in the next request
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._flush_now = threading.Event()
+        self._pending = 0  # messages queued and not yet delivered (under the lock)
+        self._idle = threading.Event()  # set while nothing is pending
+        self._idle.set()
+        self.sent = 0  # requests made (webhook and W&B count once together)
+        self.failures = 0
+
+    def send(self, message: Message) -> None:
+        """Queue ``message``; returns at once whatever the endpoint does."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rlguard-alerts", daemon=True)
+                self._thread.start()
+                _SENDERS.add(self)
+            try:
+                self._queue.put_nowait(message)
+            except queue.Full:
+                self._dropped += 1
+                if self._dropped == 1:
+                    logger.warning("rlguard alerts: the queue is full (endpoint too slow); dropping alerts meanwhile")
+                return
+            self._pending += 1
+            self._idle.clear()
+
+    def flush(self, timeout: float) -> bool:
+        """Send what is queued now, ignoring the rate limit; wait up to ``timeout`` s. True if all was sent."""
+        if self._thread is None:
+            return True
+        self._flush_now.set()
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        """Stop the worker once it has sent what is queued (rate limit included); returns at once."""
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(_STOP)
+
+    def _run(self) -> None:
+        next_allowed = 0.0
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            batch: list[Message] = [item]  # type: ignore[list-item]
+            # the rate limit: wait for the window (unless a flush is asked for), gathering what arrives meanwhile
+            while not self._flush_now.is_set() and time.monotonic() < next_allowed:
+                self._flush_now.wait(min(0.05, max(0.0, next_allowed - time.monotonic())))
+            stop = self._drain(batch)
+            with self._lock:
+                dropped, self._dropped = self._dropped, 0
+            self._deliver(batch, dropped)
+            next_allowed = time.monotonic() + self._min_interval
+            with self._lock:
+                self._pending -= len(batch)
+                if self._pending == 0:
+                    self._flush_now.clear()
+                    self._idle.set()
+            if stop:
+                return
+
+    def _drain(self, batch: list[Message]) -> bool:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            batch.append(item)  # type: ignore[arg-type]
+
+    def _deliver(self, batch: Sequence[Message], dropped: int) -> None:
+        self.sent += 1
+        if self._url is not None:
+            try:
+                self._post(self._url, self._make_payload(batch, dropped), self._timeout)
+            except Exception as err:  # refused, timed out, an HTTP error status: never an exception in training
+                self.failures += 1
+                reason = getattr(err, "reason", None) or err
+                logger.warning(
+                    "rlguard alerts: the webhook did not take %d alert(s): %s: %s (training goes on)",
+                    len(batch),
+                    type(err).__name__,
+                    reason,
+                )
+        if self._wandb:
+            self._wandb_alert(batch)
+
+    def _wandb_alert(self, batch: Sequence[Message]) -> None:
+        run = getattr(sys.modules.get("wandb"), "run", None)
+        if run is None:
+            return
+        critical = any(severity == "critical" for _, severity, _ in batch)
+        title = batch[0][2].get("title", "rlguard") + (f" (+{len(batch) - 1} more)" if len(batch) > 1 else "")
+        try:
+            run.alert(
+                title=title,
+                text="\n\n".join(text for text, _, _ in batch),
+                level="ERROR" if critical else "WARN",
+                wait_duration=self._min_interval,
+            )
+        except Exception as err:  # W&B's errors must never reach training
+            self.failures += 1
+            logger.warning("rlguard alerts: wandb.run.alert failed: %s: %s (training goes on)", type(err).__name__, err)
+
+
+_SENDERS: weakref.WeakSet[AlertSender] = weakref.WeakSet()
+#: seconds each sender gets at interpreter exit to deliver what is queued
+EXIT_FLUSH_S = 10.0
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for sender in list(_SENDERS):
+        sender.flush(min(EXIT_FLUSH_S, sender._timeout + 1.0))

@@ -1,0 +1,330 @@
+"""The consequence rule as findings are made, from the past only (the live guard with
+``GuardConfig(consequence="online")``): :class:`OnlineConsequence`.
+
+A critical observation is critical at once when it is unrecoverable or sustained; a lone one is a warning (its step
+may still be skipped: ``Finding.observed`` keeps the detector's own severity) until lost control follows within the
+horizon, or recovery does not show, and is raised to critical at that later step. What it cannot apply is what
+needs the future: the exemptions of a rising reward (a condition present from the first observations, or of the
+budget), and "the log ends before recovery". "An established peak" becomes an established *level*:
+:class:`RewardLevel`, the reward's EWMA clearly above the floor of its range (a run warm-started at 0.5 that falls
+has collapsed, though it never rose above its start). The rule itself is :mod:`rlguard.guards.consequence.rule`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from rlguard.guards.consequence.rule import (
+    CONTROL_CLASSES,
+    ConsequenceRule,
+    RecoveryWatch,
+    ewma_margin,
+    sustained_count,
+)
+from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.robust import RollingWindow
+from rlguard.guards.state import GuardStateError, state_count, state_list, state_object
+
+if TYPE_CHECKING:
+    from rlguard.guards.detectors.base import Detector
+
+__all__ = ["OnlineConsequence", "OnlineVerdict", "RewardLevel"]
+
+
+class RewardLevel:
+    """Whether the reward has an established level, from the rewards seen so far: at least
+    ``rule.peak_observations`` observations at which its EWMA was clearly above the floor of its range (the lowest
+    reward seen, widened to 0 as in :func:`normalized_reward`: rewards of verifiable tasks are accuracies or sums of
+    them, whose least value is 0), by :func:`ewma_margin` with the range seen (widened to ``[0, 1]``). A reward at 0
+    with blips has no level; a run warm-started at 0.5 has one from its first observations, so a fall from it is a
+    collapse though it never rose above its start (the doctor's peak,
+    :func:`~rlguard.guards.consequence.rule.established_peak`, reads it with the whole log; live, "above the start"
+    misses the collapses of warm-started runs, most of those of ``benchmarks/collapse_long``).
+
+    Bounded memory: the ``rule.peak_observations`` largest EWMA values (there are that many above a bound exactly
+    when the least of them is), the extremes, and the last ``rule.level_window`` rewards for the noise.
+    """
+
+    def __init__(self, rule: ConsequenceRule) -> None:
+        self.rule = rule
+        self.ewma: float | None = None
+        self.lowest, self.highest = math.inf, -math.inf
+        self.top: list[float] = []  # the largest EWMA values seen, at most rule.peak_observations
+        self.recent = RollingWindow(rule.level_window)
+
+    def push(self, reward: float) -> None:
+        """One more ``reward_mean`` observation (non-finite values are ignored)."""
+        if not math.isfinite(reward):
+            return
+        alpha = self.rule.alpha
+        self.ewma = reward if self.ewma is None else (1 - alpha) * self.ewma + alpha * reward
+        self.lowest, self.highest = min(self.lowest, reward), max(self.highest, reward)
+        self.top = sorted([*self.top, self.ewma], reverse=True)[: self.rule.peak_observations]
+        self.recent.push(reward)
+
+    def floor(self) -> float:
+        """The floor of the reward's range: the lowest reward seen, or 0 below it."""
+        return min(self.lowest, 0.0)
+
+    def established(self) -> bool:
+        """At least ``rule.peak_observations`` EWMA observations clearly above :meth:`floor`."""
+        if len(self.top) < self.rule.peak_observations:
+            return False
+        span = max(self.highest, 1.0) - self.floor()
+        return self.top[-1] > self.floor() + ewma_margin(list(self.recent.values), span, self.rule)
+
+
+@dataclass
+class _Lone:
+    """A lone critical observation the live rule has not judged yet."""
+
+    position: int
+    step: int
+    finding: Finding
+    watch: RecoveryWatch
+    recovered: bool = False
+
+
+@dataclass(frozen=True)
+class OnlineVerdict:
+    """The live rule's verdict on one step.
+
+    Attributes:
+        findings: this step's findings by detector, with severity by consequence (``Finding.observed``: the
+            detector's own, where the rule labelled it otherwise).
+        raised: earlier lone critical findings raised to critical at this step, by detector: the finding as it
+            was made, its message saying why and when.
+    """
+
+    findings: dict[str, Finding]
+    raised: dict[str, Finding] = field(default_factory=dict)
+
+
+class OnlineConsequence:
+    """The rule of :func:`~rlguard.guards.consequence.offline.label_findings` applied as findings are made, from
+    the past only: a critical finding is critical at once when it is unrecoverable, or sustained
+    (:func:`sustained_count`), or lone with a detector of lost control intrinsically critical at the same step; a
+    lone one is otherwise a warning, raised to critical
+    at a later step when, within ``rule.horizon`` logged steps, a detector of lost control becomes intrinsically
+    critical, or when its own detector does not recover (:class:`RecoveryWatch`: the verdict comes after the
+    horizon, so the delay is at least ``horizon + 1`` logged steps). A ``reward``-class finding is critical at
+    once with an established level (:class:`RewardLevel`; the finding is itself the fall of a smoothed reward,
+    found ``patience`` times in a row), a warning without one.
+
+    Only findings whose streak reached the detector's patience are watched: the others raise no alarm in the guard
+    either. Counted in logged steps (calls of :meth:`judge_step`) and per detector in its observations, as the doctor's.
+    """
+
+    def __init__(self, detectors: Mapping[str, Detector], rule: ConsequenceRule | None = None) -> None:
+        self.rule = rule or ConsequenceRule()
+        self.classes = {name: det.finding_class for name, det in detectors.items()}
+        self.level = RewardLevel(self.rule)
+        self._position = -1
+        self._observations = dict.fromkeys(detectors, 0)
+        self._critical: dict[str, deque[int]] = {n: deque(maxlen=self.rule.within) for n in detectors}
+        self._pending: dict[str, list[_Lone]] = {n: [] for n in detectors}
+
+    def reset(self) -> None:
+        """Forget the criticals and lone observations seen (after a rollback the run is judged afresh; the reward's
+        level is the task's and stays)."""
+        for recent in self._critical.values():
+            recent.clear()
+        for pending in self._pending.values():
+            pending.clear()
+
+    def judge_step(
+        self,
+        step: int,
+        stats: Mapping[str, float],
+        observed: Collection[str],
+        findings: Mapping[str, Finding],
+        patient: Collection[str],
+    ) -> OnlineVerdict:
+        """Label this step's ``findings`` (of the detectors that ``observed`` it; ``patient``: those whose streak
+        of findings reached their patience) and judge the lone critical findings of earlier steps."""
+        rule, p = self.rule, self._position + 1
+        self._position = p
+        reward = stats.get("reward_mean")
+        if reward is not None:
+            self.level.push(float(reward))
+        labels: dict[str, tuple[Severity, str]] = {}
+        intrinsic: list[str] = []
+        lone: list[str] = []
+        for name in observed:
+            k, self._observations[name] = self._observations[name], self._observations[name] + 1
+            f = findings.get(name)
+            if f is None or f.severity != "critical":
+                continue
+            self._critical[name].append(k)
+            if f.unrecoverable:
+                labels[name] = ("critical", "")
+                intrinsic.append(name)
+            elif self.classes[name] == "reward":
+                # the drawdown of a smoothed reward below its best, found ``patience`` times in a row: many
+                # observations already; what it needs is a level to fall from
+                if self.level.established():
+                    labels[name] = ("critical", "a drawdown from an established reward level")
+                    intrinsic.append(name)
+                else:
+                    labels[name] = ("warn", "no established reward level to fall from (never clearly above its floor)")
+            elif (recent := sustained_count(self._critical[name].__contains__, k, rule)) >= rule.sustained:
+                labels[name] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
+                intrinsic.append(name)
+            else:
+                lone.append(name)
+        for name in lone:
+            lost = self._lost_control(name, intrinsic, step)
+            if lost is not None:
+                labels[name] = ("critical", f"followed by lost control ({lost})")
+                continue
+            labels[name] = (
+                "warn",
+                f"a single critical observation: critical if {rule.recovered} clean observations do not follow "
+                f"within {rule.horizon} logged steps, or lost control does",
+            )
+            if name in patient:
+                self._pending[name].append(
+                    _Lone(p, step, findings[name], RecoveryWatch(p + rule.horizon, rule.recovered))
+                )
+        raised = self._judge_pending(p, step, observed, findings, intrinsic)
+        labelled = dict(findings)
+        for name, (severity, why) in labels.items():
+            f = findings[name]
+            note = f" [{severity} by consequence: {why}]" if why else ""
+            labelled[name] = replace(
+                f, severity=severity, observed=f.severity if severity != f.severity else None, message=f.message + note
+            )
+        return OnlineVerdict(labelled, raised)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to judge alike (JSON-ready): positions, recent criticals, lone findings not
+        judged yet, the reward's level."""
+        lv = self.level
+        return {
+            "position": self._position,
+            "observations": dict(self._observations),
+            "critical": {n: list(d) for n, d in self._critical.items()},
+            "pending": {
+                n: [
+                    {"position": x.position, "step": x.step, "streak": x.watch.streak, "recovered": x.recovered}
+                    | {k: getattr(x.finding, k) for k in _FINDING_FIELDS}
+                    for x in pending
+                ]
+                for n, pending in self._pending.items()
+            },
+            "level": {
+                "ewma": lv.ewma,
+                "lowest": lv.lowest,
+                "highest": lv.highest,
+                "top": list(lv.top),
+                "recent": list(lv.recent.values),
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, where: str = "consequence") -> None:
+        """Restore :meth:`state_dict`, validated first (:class:`~rlguard.guards.state.GuardStateError` naming
+        ``where`` and the key; nothing changes then); detectors this rule does not judge are ignored."""
+        state = state_object(state, where, ("position", "observations", "critical", "pending", "level"))
+        position = state_count(state["position"], f"{where}.position", least=-1)
+        seen = {
+            n: v for n, v in state_object(state["observations"], f"{where}.observations").items() if n in self.classes
+        }
+        observations = {n: state_count(v, f"{where}.observations.{n}") for n, v in seen.items()}
+        critical: dict[str, list[int]] = {}
+        for n, v in state_object(state["critical"], f"{where}.critical").items():
+            if n in self.classes:
+                critical[n] = [state_count(k, f"{where}.critical.{n}") for k in state_list(v, f"{where}.critical.{n}")]
+        pending: dict[str, list[_Lone]] = {}
+        for n, v in state_object(state["pending"], f"{where}.pending").items():
+            if n in self.classes:
+                pending[n] = [
+                    self._lone(x, f"{where}.pending.{n}[{i}]")
+                    for i, x in enumerate(state_list(v, f"{where}.pending.{n}"))
+                ]
+        lv = state_object(state["level"], f"{where}.level", ("ewma", "lowest", "highest", "top", "recent"))
+        ewma = None if lv["ewma"] is None else _number(lv["ewma"], f"{where}.level.ewma")
+        bounds = [_number(lv[k], f"{where}.level.{k}") for k in ("lowest", "highest")]
+        top, recent = (
+            [_number(x, f"{where}.level.{k}") for x in state_list(lv[k], f"{where}.level.{k}")]
+            for k in ("top", "recent")
+        )
+        self._position = position
+        self._observations.update(observations)
+        for n, ks in critical.items():
+            self._critical[n] = deque(ks, maxlen=self.rule.within)
+        self._pending.update(pending)
+        self.level.ewma, (self.level.lowest, self.level.highest) = ewma, bounds
+        self.level.top = top[: self.rule.peak_observations]
+        self.level.recent = RollingWindow(self.rule.level_window, recent)
+
+    def _lone(self, value: Any, where: str) -> _Lone:
+        if isinstance(value, Mapping):  # states written before Finding lost its unread ``transient`` field
+            value = {k: v for k, v in value.items() if k != "transient"}
+        x = state_object(value, where, ("position", "step", "streak", "recovered", *_FINDING_FIELDS))
+        if not isinstance(x["recovered"], bool):
+            raise GuardStateError(f"{where}: recovered must be true or false")
+        if not isinstance(x["unrecoverable"], bool) or not isinstance(x["message"], str):
+            raise GuardStateError(f"{where}: unrecoverable must be true or false, message a string")
+        if x["severity"] not in SEVERITY_LEVEL or x["observed"] not in (None, *SEVERITY_LEVEL):
+            raise GuardStateError(f"{where}: severity must be one of {sorted(SEVERITY_LEVEL)}")
+        position = state_count(x["position"], f"{where}.position")
+        watch = RecoveryWatch(position + self.rule.horizon, self.rule.recovered)
+        watch.streak = state_count(x["streak"], f"{where}.streak")
+        finding = Finding(
+            x["severity"],
+            _number(x["value"], f"{where}.value"),
+            _number(x["threshold"], f"{where}.threshold"),
+            x["message"],
+            x["unrecoverable"],
+            x["observed"],
+        )
+        return _Lone(position, state_count(x["step"], f"{where}.step"), finding, watch, x["recovered"])
+
+    def _lost_control(self, name: str, intrinsic: Sequence[str], step: int) -> str | None:
+        other = next((n for n in intrinsic if n != name and self.classes[n] in CONTROL_CLASSES), None)
+        return None if other is None else f"{other} at step {step}"
+
+    def _judge_pending(
+        self, p: int, step: int, observed: Collection[str], findings: Mapping[str, Finding], intrinsic: Sequence[str]
+    ) -> dict[str, Finding]:
+        """Raise the earlier lone critical findings whose consequence showed at this step; drop those judged."""
+        raised: dict[str, Finding] = {}
+        for name, pending in self._pending.items():
+            keep: list[_Lone] = []
+            for lone in pending:
+                within = p <= lone.watch.until
+                why = None
+                if lone.position == p:
+                    keep.append(lone)
+                    continue
+                if within and name in intrinsic:
+                    continue  # sustained by its own detector: this step's finding is critical itself
+                lost = self._lost_control(name, intrinsic, step) if within else None
+                if lost is not None:
+                    why = f"followed by lost control ({lost})"
+                elif not lone.recovered and name in observed:
+                    verdict = lone.watch.see(p, name in findings)
+                    lone.recovered = verdict is True
+                    if verdict is False:
+                        why = f"no sign of recovery within {self.rule.horizon} logged steps"
+                if why is not None:
+                    if name not in raised:
+                        note = f" [critical by consequence at step {step}: the observation of step {lone.step}, {why}]"
+                        raised[name] = replace(lone.finding, message=lone.finding.message + note)
+                elif within or not lone.recovered:
+                    keep.append(lone)
+            self._pending[name] = keep
+        return raised
+
+
+_FINDING_FIELDS = ("severity", "value", "threshold", "message", "unrecoverable", "observed")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GuardStateError(f"{where}: expected a number; got {type(value).__name__} {value!r:.80}")
+    return float(value)

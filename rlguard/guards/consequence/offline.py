@@ -1,0 +1,278 @@
+"""The consequence rule over a whole log, with hindsight (the doctor): :func:`label_findings` labels each critical
+finding by what followed it, :func:`judge_log` replays the alarms with those labels, :func:`relabel` revisits the
+events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequence.rule`."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from rlguard.guards.consequence.rule import (
+    CONTROL_CLASSES,
+    ConsequenceRule,
+    RecoveryWatch,
+    established_peak,
+    reward_rises,
+    sustained_count,
+)
+from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
+
+if TYPE_CHECKING:
+    from rlguard.guards.detectors.base import Detector
+
+__all__ = ["Timeline", "judge_log", "label_findings", "relabel"]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A log as the guard judged it, one entry per logged step.
+
+    Attributes:
+        steps: the logged steps, increasing.
+        rewards: ``reward_mean`` at each step (NaN where the step has none).
+        findings: each step's findings by detector (``Guard.last_findings``).
+        observed: the detectors that judged each step (the step carried their stats).
+    """
+
+    steps: Sequence[int]
+    rewards: Sequence[float]
+    findings: Sequence[Mapping[str, Finding]]
+    observed: Sequence[frozenset[str]]
+
+
+@dataclass(frozen=True)
+class _Episode:
+    first: int  # position (index into the timeline) of its first finding
+    last: int  # position of its last finding
+    first_obs: int  # index of its first finding among the detector's observations
+
+
+def _episodes(obs: list[int], found: Mapping[int, Finding], clear_after: int) -> dict[int, _Episode]:
+    """position of each finding -> its episode: findings separated by fewer than ``clear_after`` clean
+    observations (the alarm's hysteresis) belong together."""
+    out: dict[int, _Episode] = {}
+    current: list[tuple[int, int]] = []  # (obs index, position)
+    clean = 0
+
+    def close() -> None:
+        if current:
+            ep = _Episode(current[0][1], current[-1][1], current[0][0])
+            out.update({p: ep for _, p in current})
+
+    for k, p in enumerate(obs):
+        if p in found:
+            if clean >= max(clear_after, 1):
+                close()
+                current = []
+            current.append((k, p))
+            clean = 0
+        else:
+            clean += 1
+    close()
+    return out
+
+
+def _label(
+    name: str,
+    det: Detector,
+    timeline: Timeline,
+    obs: list[int],
+    intrinsic: Mapping[str, set[int]],
+    classes: Mapping[str, str],
+    rule: ConsequenceRule,
+) -> tuple[dict[int, tuple[Severity, str]], set[int]]:
+    """Labels of ``name``'s critical findings (position -> severity, why) and the positions that are critical in
+    themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals."""
+    n = len(timeline.steps)
+    found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
+    critical = [k for k, p in enumerate(obs) if p in found and found[p].severity == "critical"]
+    is_critical = set(critical)
+    episodes = _episodes(obs, found, det.clear_after)
+    kind = classes.get(name, "control")
+    labels: dict[int, tuple[Severity, str]] = {}
+    mine: set[int] = set()
+
+    def lost_control(lo: int, hi: int) -> str | None:
+        for other, positions in intrinsic.items():
+            if other != name and classes.get(other, "control") in CONTROL_CLASSES:
+                hit = next((p for p in sorted(positions) if lo <= p <= hi), None)
+                if hit is not None:
+                    return f"{other} at step {timeline.steps[hit]}"
+        return None
+
+    for k in critical:
+        p = obs[k]
+        f, ep = found[p], episodes[p]
+        if f.unrecoverable:
+            labels[p] = ("critical", "")
+            mine.add(p)
+            continue
+        if kind == "reward" and not established_peak(timeline.rewards, ep.first, rule):
+            labels[p] = ("warn", "no established reward peak to collapse from (never clearly above its start)")
+            continue
+        recent = sustained_count(is_critical.__contains__, k, rule)
+        if recent < rule.sustained:
+            continue  # a lone observation: judged once the others' intrinsic criticals are known
+        window_end = min(ep.last + rule.horizon, n - 1)
+        rising = reward_rises(timeline.rewards[ep.first : window_end + 1], rule.trend_z)
+        from_start = ep.first_obs < det.warmup + rule.start
+        lost = lost_control(ep.first, window_end)
+        if rising and lost is None and (kind == "budget" or from_start):
+            where = "present from the first observations" if from_start else "a condition of the generation budget"
+            labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
+        else:
+            labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
+            mine.add(p)
+    # the first observations of an exempted episode (before it counted as sustained) share its label
+    exempt = {episodes[p]: lab for p, lab in labels.items() if lab[0] == "warn"}
+    for k in critical:
+        if obs[k] not in labels and episodes[obs[k]] in exempt:
+            labels[obs[k]] = exempt[episodes[obs[k]]]
+    return labels, mine
+
+
+def _lone(
+    name: str,
+    timeline: Timeline,
+    obs: list[int],
+    labels: dict[int, tuple[Severity, str]],
+    intrinsic: Mapping[str, set[int]],
+    classes: Mapping[str, str],
+    rule: ConsequenceRule,
+) -> None:
+    """Label ``name``'s lone critical observations: critical when lost control follows within the horizon or the
+    log ends before recovery shows; a warning otherwise."""
+    n = len(timeline.steps)
+    for k, p in enumerate(obs):
+        f = timeline.findings[p].get(name)
+        if f is None or f.severity != "critical" or p in labels:
+            continue
+        hi = min(p + rule.horizon, n - 1)
+        own = next((q for q in sorted(intrinsic.get(name, ())) if p <= q <= hi), None)
+        lost = next(
+            (
+                f"{other} at step {timeline.steps[q]}"
+                for other, positions in intrinsic.items()
+                if other != name and classes.get(other, "control") in CONTROL_CLASSES
+                for q in sorted(positions)
+                if p <= q <= hi
+            ),
+            None,
+        )
+        recovery = _recovery(name, timeline, obs[k + 1 :], p + rule.horizon, rule.recovered)
+        if own is not None:
+            labels[p] = (
+                "critical",
+                f"sustained: critical in {rule.sustained} of {rule.within} observations by step {timeline.steps[own]}",
+            )
+        elif lost is not None:
+            labels[p] = ("critical", f"followed by lost control ({lost})")
+        elif not recovery:
+            why = (
+                "the log ends before" if p + rule.horizon >= n else f"no sign of it within {rule.horizon} logged steps:"
+            )
+            labels[p] = ("critical", f"{why} recovery ({rule.recovered} clean observations in a row)")
+        else:
+            labels[p] = (
+                "warn",
+                "a single observation the run recovered from: nothing lost control after it (the live guard skips "
+                "such a step)",
+            )
+
+
+def _recovery(name: str, timeline: Timeline, after: list[int], until: int, clean: int) -> bool:
+    """Whether ``name`` recovered over the positions ``after`` (its observations after a lone critical one):
+    :class:`RecoveryWatch`; a log that ends first has not."""
+    watch = RecoveryWatch(until, clean)
+    for q in after:
+        verdict = watch.see(q, name in timeline.findings[q])
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def label_findings(
+    timeline: Timeline, detectors: Mapping[str, Detector], rule: ConsequenceRule | None = None
+) -> dict[str, dict[int, tuple[Severity, str]]]:
+    """Detector -> position -> (severity by consequence, why) for each of its critical findings over the log."""
+    rule = rule or ConsequenceRule()
+    classes = {name: det.finding_class for name, det in detectors.items()}
+    obs = {name: [p for p, seen in enumerate(timeline.observed) if name in seen] for name in detectors}
+    intrinsic: dict[str, set[int]] = {
+        name: {p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"}
+        for name in detectors
+    }
+    labels: dict[str, dict[int, tuple[Severity, str]]] = {}
+    for _ in range(3):  # exemptions need the others' intrinsic criticals, which need theirs: iterate to a fixpoint
+        results = {n: _label(n, d, timeline, obs[n], intrinsic, classes, rule) for n, d in detectors.items()}
+        new = {n: mine for n, (_, mine) in results.items()}
+        labels = {n: lab for n, (lab, _) in results.items()}
+        if new == intrinsic:
+            break
+        intrinsic = new
+    for name in detectors:
+        _lone(name, timeline, obs[name], labels[name], intrinsic, classes, rule)
+    return labels
+
+
+def judge_log(
+    timeline: Timeline,
+    detectors: Mapping[str, Detector],
+    rule: ConsequenceRule | None = None,
+    labels: Mapping[str, Mapping[int, tuple[Severity, str]]] | None = None,
+) -> list[Event]:
+    """The detectors' events over the log with severity by consequence, in step order: each detector's alarm is
+    replayed as the guard raises it (``patience`` findings in a row, cleared after ``clear_after`` clean
+    observations), from its findings labelled by :func:`label_findings` (or ``labels``, already computed); a
+    label's reason ends its message."""
+    labels = labels if labels is not None else label_findings(timeline, detectors, rule)
+    events: list[Event] = []
+    for name, det in detectors.items():
+        level = streak = clean = 0
+        for p, seen in enumerate(timeline.observed):
+            if name not in seen:
+                continue
+            f = timeline.findings[p].get(name)
+            if f is None:
+                streak, clean = 0, clean + 1
+                if level and clean >= det.clear_after:
+                    level = 0
+                continue
+            streak, clean = streak + 1, 0
+            severity, why = labels.get(name, {}).get(p, (f.severity, ""))
+            if streak >= det.patience and SEVERITY_LEVEL[severity] > level:
+                level = SEVERITY_LEVEL[severity]
+                note = f" [{severity}: {why}]" if why else ""
+                events.append(Event(timeline.steps[p], name, severity, f.value, f.message + note, f.threshold))
+    return sorted(events, key=lambda e: e.step)
+
+
+def relabel(
+    events: Sequence[Event],
+    timeline: Timeline,
+    labels: Mapping[str, Mapping[int, tuple[Severity, str]]],
+    checked: frozenset[str],
+    rule: ConsequenceRule | None = None,
+) -> list[Event]:
+    """``events`` a live guard recorded, with the hindsight of the log: a critical event of a detector that judged
+    the log (``checked``) stays critical if the log's own labels (``labels``, from :func:`label_findings`) have it
+    critical within ``rule.horizon`` logged steps from the event, or the log ends sooner; otherwise it becomes a
+    warning (the live guard decided on the step itself). Events of detectors that could not judge the log, and
+    the guard's actions, are kept as recorded."""
+    rule = rule or ConsequenceRule()
+    steps = list(timeline.steps)
+    out = []
+    for e in events:
+        if e.severity != "critical" or e.detector.startswith("action:") or e.detector not in checked:
+            out.append(e)
+            continue
+        at = bisect.bisect_left(steps, e.step)
+        mine = labels.get(e.detector, {})
+        lasting = at + rule.horizon >= len(steps) or any(
+            mine.get(q, ("warn", ""))[0] == "critical" for q in range(at, at + rule.horizon + 1)
+        )
+        note = " [warn in hindsight: the log shows it did not last and nothing lost control after it]"
+        out.append(e if lasting else replace(e, severity="warn", message=e.message + note))
+    return out

@@ -1,0 +1,195 @@
+"""Severity by consequence: the one rule that says when a detector's finding is critical, for every detector,
+absolute bounds included.
+
+``critical`` means the run is failing or will fail:
+
+- the state cannot recover (``Finding.unrecoverable``: non-finite values, one-token completions), or
+- the condition is **sustained**: critical in ``sustained`` of ``within`` consecutive observations of its detector
+  (the run rules of Shewhart charts: one point beyond the limits may be chance, several in a short run are a
+  shift; Western Electric, *Statistical Quality Control Handbook*, 1956), or
+- a lone critical observation is **followed by lost control** (a sustained critical finding of a detector of
+  reward, entropy, KL, length or gradients within ``horizon`` logged steps after it), or not followed by
+  recovery (``recovered`` clean observations in a row of its detector, starting within the horizon).
+
+Everything else is a ``warn``:
+
+- a single observation the run recovered from, whatever its size (the live guard still skips that step: it
+  decides on the step itself; this rule needs what followed);
+- a condition present from the first observations while the reward rises (the run learns with it);
+- a condition of the budget (``truncation``) while the reward rises;
+- groups without reward variance in a run whose reward is at the top of its range (converged, nothing left to
+  learn: :func:`converged`, applied by the detector itself);
+- a reward drawdown without an established peak (:func:`established_peak`): a reward at zero with blips has no
+  level to collapse from.
+
+Each detector declares its class (``Detector.finding_class``): ``control`` (the default: the condition is a loss of
+control), ``budget`` (a property of the generation budget), ``signal`` (groups that carry no gradient) or
+``reward`` (a drawdown, which needs a peak).
+
+This module holds the rule's thresholds and the pieces both of its uses share; :mod:`rlguard.guards.consequence.offline`
+applies it over a log with hindsight (the doctor), :mod:`rlguard.guards.consequence.live` as findings are made, from the
+past only (the live guard with ``GuardConfig(consequence="online")``). :func:`converged` is applied by
+``zero_variance_groups`` on each step, so the live guard labels alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rlguard.guards.robust import RollingWindow, mann_kendall_z
+
+__all__ = [
+    "CONTROL_CLASSES",
+    "ConsequenceRule",
+    "RecoveryWatch",
+    "converged",
+    "established_peak",
+    "ewma_margin",
+    "ewma_path",
+    "normalized_reward",
+    "reward_rises",
+    "sustained_count",
+]
+
+#: consequence classes whose sustained critical finding is lost control (what makes a lone spike critical)
+CONTROL_CLASSES = frozenset({"control", "reward"})
+
+
+@dataclass(frozen=True)
+class ConsequenceRule:
+    """The rule's thresholds, all counted in observations (logged steps that carry the detector's stats).
+
+    Attributes:
+        sustained: critical observations among ``within`` consecutive ones that make a condition sustained
+            (3 of 5: a Shewhart run rule; a lone point beyond the limits is 1 in 370 for a Gaussian at 3 sigma).
+        within: see ``sustained``.
+        horizon: logged steps after a lone critical observation in which lost control makes it critical
+            (the consequences of a bad update show within a few updates: the next rollouts come from it).
+        recovered: clean observations in a row of its detector, starting within ``horizon`` logged steps of a lone
+            critical one, that show the run recovered from it; without them (the condition lingers, or the log
+            ends first) it stays critical.
+        start: a condition whose first finding comes within the detector's warm-up plus this many observations
+            is present from the first observations.
+        trend_z: Mann-Kendall z above which the reward rises (one-sided, 2.3% by chance; Mann 1945, Kendall 1975).
+        anchor: first reward observations whose median is the run's start.
+        peak_observations: smoothed-reward observations clearly above the start that establish a peak.
+        peak_sigmas: "clearly above": this many sigmas of the smoothed reward's noise ...
+        peak_share: ... and this share of the reward's range over the log (widened to ``[0, 1]``).
+        alpha: smoothing of the reward (EWMA), as ``reward_collapse``'s.
+        level_window: the last rewards from which the live rule estimates the EWMA's noise (:class:`RewardLevel`:
+            bounded memory; the doctor uses every reward before the finding).
+    """
+
+    sustained: int = 3
+    within: int = 5
+    horizon: int = 10
+    recovered: int = 3
+    start: int = 10
+    trend_z: float = 2.0
+    anchor: int = 10
+    peak_observations: int = 5
+    peak_sigmas: float = 3.0
+    peak_share: float = 0.1
+    alpha: float = 0.2
+    level_window: int = 200
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.sustained <= self.within:
+            raise ValueError(f"ConsequenceRule needs 1 <= sustained <= within; got {self.sustained}, {self.within}.")
+        for name in ("horizon", "recovered", "start", "anchor", "peak_observations", "level_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ConsequenceRule.{name} must be >= 1; got {getattr(self, name)}.")
+
+
+def normalized_reward(level: float, lowest: float, highest: float) -> float:
+    """``level`` as a share of the reward's range, the range being what was seen widened to ``[0, 1]`` (rewards
+    of verifiable tasks are accuracies or sums of them; a run seen only at 0.99 is at the top of ``[0, 1]``)."""
+    lo, hi = min(lowest, 0.0), max(highest, 1.0)
+    return (level - lo) / (hi - lo)
+
+
+def converged(level: float, lowest: float, highest: float, failing_share: float = 0.2) -> bool:
+    """Whether groups without reward variance come from a converged run: with a normalised reward ``p`` at most
+    a share ``1 - p`` of the groups can be all-failed (each contributes the lowest reward), so at
+    ``p >= 1 - failing_share`` the groups left without signal are mostly solved: nothing is left to learn."""
+    return normalized_reward(level, lowest, highest) >= 1.0 - failing_share
+
+
+def reward_rises(rewards: Sequence[float], trend_z: float = 2.0) -> bool:
+    """A rising reward: Mann-Kendall z >= ``trend_z`` over the finite values (at least 8) and the median of their
+    last third above that of their first third (a trend that moved the level)."""
+    values = [r for r in rewards if math.isfinite(r)]
+    if len(values) < 8:
+        return False
+    third = len(values) // 3
+    gained = statistics.median(values[-third:]) > statistics.median(values[:third])
+    return gained and mann_kendall_z(values) >= trend_z
+
+
+def ewma_margin(rewards: Sequence[float], span: float, rule: ConsequenceRule) -> float:
+    """How far the reward's EWMA must be above a reference to be "clearly above" it: ``rule.peak_sigmas`` sigmas of
+    the EWMA's noise (``sigma * sqrt(alpha / (2 - alpha))``, the stationary sd of an EWMA of white noise; Roberts
+    1959) and ``rule.peak_share`` of the reward's range ``span``. The reward's noise comes from its successive
+    differences (``sd(x_t - x_t-1) = sqrt(2) sigma``, so that a trend does not inflate it): their robust sigma, or
+    their root mean square where that is larger (rewards of a few prompts are bimodal, MAD near 0)."""
+    diffs = [b - a for a, b in itertools.pairwise(rewards)]
+    noise = 0.0
+    if diffs:
+        std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+        noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+    return max(rule.peak_sigmas * noise * math.sqrt(rule.alpha / (2 - rule.alpha)), rule.peak_share * span)
+
+
+def ewma_path(rewards: Sequence[float], alpha: float) -> list[float]:
+    """The reward's EWMA after each observation, started at the first: ``e_t = (1 - alpha) e_t-1 + alpha x_t``."""
+    out: list[float] = []
+    ewma = rewards[0] if rewards else 0.0
+    for r in rewards:
+        ewma = (1 - alpha) * ewma + alpha * r
+        out.append(ewma)
+    return out
+
+
+def established_peak(rewards: Sequence[float], before: int, rule: ConsequenceRule) -> bool:
+    """Whether the reward had a peak to collapse from before position ``before``: at least
+    ``rule.peak_observations`` observations at which its EWMA was clearly above the run's start (the median of
+    its first ``rule.anchor`` observations), by :func:`ewma_margin` with the reward's range over the whole log
+    (5th to 95th percentile, widened to ``[0, 1]``: a blip of a reward at zero is no peak)."""
+    seen = [r for r in rewards[:before] if math.isfinite(r)]
+    every = sorted(r for r in rewards if math.isfinite(r))
+    if len(seen) < rule.anchor + rule.peak_observations:
+        return False
+    start = statistics.median(seen[: rule.anchor])
+    # the reward's range over the log (5th to 95th percentile), widened to [0, 1] as in normalized_reward
+    span = max(every[int(0.95 * (len(every) - 1))], 1.0) - min(every[int(0.05 * (len(every) - 1))], 0.0)
+    margin = ewma_margin(seen, span, rule)
+    return sum(e > start + margin for e in ewma_path(seen, rule.alpha)) >= rule.peak_observations
+
+
+def sustained_count(critical: Callable[[int], bool], k: int, rule: ConsequenceRule) -> int:
+    """Critical observations among the ``rule.within`` of a detector that end at its observation ``k`` (counting
+    it); ``critical(j)`` says whether observation ``j`` was. Sustained at ``>= rule.sustained``."""
+    return sum(1 for j in range(max(k - rule.within + 1, 0), k + 1) if critical(j))
+
+
+class RecoveryWatch:
+    """Whether a detector recovered after a lone critical observation: ``clean`` observations in a row without a
+    finding of it, starting at or before position ``until`` (the observation's position plus the horizon). Fed one
+    observation of the detector at a time, in order: the doctor feeds the log's, the live guard each step's."""
+
+    def __init__(self, until: int, clean: int) -> None:
+        self.until, self.clean = until, clean
+        self.streak = 0  # clean observations in a row so far
+
+    def see(self, position: int, found: bool) -> bool | None:
+        """Feed the observation at ``position`` (``found``: it has a finding of the detector, any severity): True
+        once recovered, False once recovery can no longer start within the horizon, None while undecided."""
+        if found or (not self.streak and position > self.until):
+            self.streak = 0
+            return False if position > self.until else None
+        self.streak += 1
+        return True if self.streak >= self.clean else None

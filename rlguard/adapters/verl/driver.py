@@ -43,13 +43,12 @@ from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuator import (
     EVENTS_FILE,
     GUARD_STATE_FILE,
-    SEVERITY_CODE,
     apply_decision,
     bind_guard,
     make_guard,
 )
 from rlguard.guards.config import PRESETS, check_preset
-from rlguard.guards.decision import Controls, action_code
+from rlguard.guards.decision import Controls, tracker_metrics
 from rlguard.guards.state import missing_state_message, read_state_file, write_state_file
 from rlguard.metrics import canonical_stats
 
@@ -196,12 +195,6 @@ class VerlGuardDriver:
             # verl's first step is 1, or the step after the checkpoint it resumed from
             self.guard.open_events(self.events_path, resume_step=step - 1 if step > 1 else None)
         decision = self.guard.observe(step, driver_stats(data))
-        logged = {
-            "rlguard/guard/action": action_code(decision),
-            "rlguard/guard/lr_scale": decision.controls.lr_scale,
-            "rlguard/guard/clip_scale": decision.controls.clip_scale,
-        }
-        logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
         self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
         self._next_lr_scale = 1.0  # a decision restates its scale; none (1) is the scheduler's LR
         applied = apply_decision(decision, self)
@@ -213,13 +206,12 @@ class VerlGuardDriver:
             if decision.outcome == "rollback":
                 why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
                 self.halted = dataclasses.replace(decision, outcome="halt", reason=f"{decision.reason}; {why}")
-        if self._restored_from is not None:
-            logged["rlguard/guard/rollback_to"] = float(_step_of(self._restored_from))
         folder = self.step_folder(step)
         if folder.is_dir():
             self.save(folder)  # this step's checkpoint also holds the guard's judgement of the step
-        logged["rlguard/guard/halted"] = float(self.halted is not None)
-        return logged
+        restored = None if self._restored_from is None else _step_of(self._restored_from)
+        # verl logs a step after its update: a skip is recorded, never carried out
+        return tracker_metrics(decision, skipped=False, rollback_to=restored, halted=applied.outcome == "halt")
 
     # -- acting on verl -------------------------------------------------------------------------------------
     def actor_config(self) -> Any:

@@ -34,7 +34,7 @@ try:
     from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
     from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
     from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
-    from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
+    from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, VerlLossInputs, policy_loss
     from rlguard.adapters.verl.mapping import (
         LOSS_MODE_PREFIX,
         VERL_LOSS_AGG_MODES,
@@ -59,6 +59,7 @@ __all__ = [
     "Normalisers",
     "RLGuardPolicyLossConfig",
     "VerlGuardDriver",
+    "VerlLossInputs",
     "guarded_policy_loss",
     "guarded_trainer_class",
     "loss_mode",

@@ -18,8 +18,8 @@ TRL >= 1.0 installed (:mod:`~rlguard.adapters.verl.compat`, which holds every pa
 
 Modules (``docs/design.md``, "Adapters"): :mod:`~rlguard.adapters.verl.mapping` (pure translation),
 :mod:`~rlguard.adapters.verl.loss` (the loss glue), :mod:`~rlguard.adapters.verl.guarded` (the workers' actuator),
-:mod:`~rlguard.adapters.verl.driver` (the guard on the driver), :mod:`~rlguard.adapters.verl.registration` and
-:mod:`~rlguard.adapters.verl.compat`.
+:mod:`~rlguard.adapters.verl.driver` (the guard on the driver), :mod:`~rlguard.adapters.verl.settings` (what the
+driver reads from verl's config), :mod:`~rlguard.adapters.verl.registration` and :mod:`~rlguard.adapters.verl.compat`.
 """
 
 from __future__ import annotations

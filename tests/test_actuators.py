@@ -19,17 +19,21 @@ import pytest
 import torch
 
 from rlguard.core_losses import Objective, get_objective
-from rlguard.guards import Controls, Decision, Guard, GuardConfig
+from rlguard.guards import Controls, Decision, Event, Guard, GuardConfig
 from rlguard.guards.actuation import CAPABILITIES, TorchActuator, apply_decision, bind_guard, check_capabilities
 from rlguard.guards.decision import decision_action
 
 LR = 0.1
 #: the script: snapshot, half LR and clip range, a skip (the LR scale stays), clip-higher with beta and entropy
-#: coefficient, a rollback to the snapshot, a halt
+#: coefficient, a rollback to the snapshot, a halt; two steps with events (for the tracker's keys)
 SCRIPT: tuple[Decision, ...] = (
     Decision(1, snapshot=True),
-    Decision(2, controls=Controls(lr_scale=0.5, clip_scale=0.5)),
-    Decision(3, "skip", Controls(lr_scale=0.5, clip_scale=0.5)),
+    Decision(
+        2, controls=Controls(lr_scale=0.5, clip_scale=0.5), events=(Event(2, "action:scale_lr", "warn", 0.5, "LR"),)
+    ),
+    Decision(
+        3, "skip", Controls(lr_scale=0.5, clip_scale=0.5), events=(Event(3, "nonfinite", "critical", 1.0, "NaN"),)
+    ),
     Decision(4, controls=Controls(clip_high_scale=2.0, beta=0.01, entropy_coef=0.02)),
     Decision(5, "rollback", rollback_to=1),
     Decision(6, "halt"),
@@ -164,10 +168,11 @@ def trainer_stand_in(guarded_trainer: type) -> type:
     return StandIn
 
 
-def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
+def trl_ddp_loop(tmp_path: Path, logged: list[dict[str, float]] | None = None) -> tuple[list[Record], bool]:
     """transformers' Trainer without DeepSpeed: StabilityCallback's events in the trainer's order; the trainer
     runs ``optimizer.step()`` itself. The trainer is a stand-in carrying GuardedGRPOTrainer's real
-    ``rlguard_set_controls``."""
+    ``rlguard_set_controls``. Each step's record in TRL's metrics (one value per key) goes to ``logged``, as TRL's
+    log after every step would take it."""
     pytest.importorskip("trl")
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -195,6 +200,10 @@ def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
         state.global_step += 1
         stopped = stopped or control.should_training_stop
         records.append(record(model, optimizer, lrs, trainer.rlguard_objective))
+        if logged is not None:
+            metrics = trainer._metrics["train"]
+            logged.append({key: value for key, (value,) in metrics.items()})
+            metrics.clear()
     return records, stopped
 
 
@@ -223,10 +232,9 @@ def test_every_actuator_carries_out_the_script_like_the_reference(loop: str, tmp
     assert stopped
 
 
-def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp_path: Path) -> None:
-    """verl's driver with verl's stock workers: no drop_update and no lr_scale (declared); snapshot is a verl
-    checkpoint, rollback loads the newest one at or before ``rollback_to``, halt ends fit; the controls reach the
-    workers' config."""
+def verl_driver(tmp_path: Path) -> tuple[Any, Any]:
+    """verl's driver on the stand-in trainer of ``test_verl_guard.py`` (verl's stock workers), guarded by the
+    script; with the KL loss and an entropy coefficient, so that ``beta`` and ``entropy_coef`` reach verl."""
     pytest.importorskip("verl")
     from test_verl_guard import FakeTrainer, trainer_config
 
@@ -237,7 +245,21 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     config.actor_rollout_ref.actor.kl_loss_coef = 0.04
     config.actor_rollout_ref.actor.entropy_coeff = 0.001
     trainer = FakeTrainer(config, [])
-    driver = VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT}))
+    return VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT})), trainer
+
+
+def verl_step(driver: Any, trainer: Any, decision: Decision) -> dict[str, float]:
+    """The driver judges ``decision``'s step after its update, as verl's ``fit`` logs it; returns what it logs."""
+    trainer.global_steps = decision.step
+    trainer.actor_rollout_wg.version = decision.step
+    return driver.on_log({"training/global_step": decision.step}, decision.step)  # type: ignore[no-any-return]
+
+
+def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp_path: Path) -> None:
+    """verl's driver with verl's stock workers: no drop_update and no lr_scale (declared); snapshot is a verl
+    checkpoint, rollback loads the newest one at or before ``rollback_to``, halt ends fit; the controls reach the
+    workers' config."""
+    driver, trainer = verl_driver(tmp_path)
     # rollout_correction: verl's algorithm.rollout_correction, set by the driver (verl's yaml returns the engine's
     # log-probs; tests/test_verl_rollout_correction.py); not rollout_mask (verl has no exact geometric mask)
     assert driver.capabilities == CAPABILITIES - {
@@ -249,9 +271,7 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     }
     applied = []
     for d in SCRIPT:
-        trainer.global_steps = d.step
-        trainer.actor_rollout_wg.version = d.step
-        driver.on_log({"training/global_step": d.step}, d.step)
+        verl_step(driver, trainer, d)
         applied.append(driver.halted is not None)
         sent = trainer.actor_rollout_wg.loss_fns[-1].keywords["config"] if trainer.actor_rollout_wg.loss_fns else None
         if d.step == 2:
@@ -264,6 +284,26 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
             assert trainer.actor_rollout_wg.version == 1
             assert (sent.kl_loss_coef, sent.entropy_coeff) == (0.04, 0.001)  # type: ignore[union-attr]
     assert applied == [False] * 5 + [True]
+
+
+def test_trl_and_verl_log_the_script_under_the_same_keys(tmp_path: Path) -> None:
+    """Both adapters log a decision through ``tracker_metrics``: the same keys at every step of the script, the
+    same values, but where the actuator carried out less than decided (verl judges a step after its update, so
+    its skip is recorded only: ``skipped`` 0, and ``action`` says what was decided)."""
+    pytest.importorskip("trl")
+    trl: list[dict[str, float]] = []
+    trl_ddp_loop(tmp_path / "trl", trl)
+    driver, trainer = verl_driver(tmp_path / "verl")
+    verl = [verl_step(driver, trainer, d) for d in SCRIPT]
+    assert [sorted(record) for record in trl] == [sorted(record) for record in verl]
+    assert [record["rlguard/guard/action"] for record in trl] == [0.0, 2.0, 3.0, 0.0, 4.0, 5.0]
+    assert [record["rlguard/guard/skipped"] for record in trl] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert [record["rlguard/guard/skipped"] for record in verl] == [0.0] * 6
+    assert [record["rlguard/guard/halted"] for record in verl] == [0.0] * 5 + [1.0]
+    assert trl[4]["rlguard/guard/rollback_to"] == 1.0 and trl[2]["rlguard/event/nonfinite"] == 2.0
+    assert [record.get("rlguard/guard/rollback_to") for record in verl] == [None] * 4 + [1.0, None]
+    for step, (t, v) in enumerate(zip(trl, verl, strict=True), start=1):
+        assert {**t, "rlguard/guard/skipped": 0.0} == v, step
 
 
 def test_the_executor_calls_only_what_an_actuator_declares() -> None:

@@ -11,6 +11,8 @@ Needs ``pip install rlguard[verl]``; skipped where verl is not installed.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import subprocess
 import sys
@@ -367,6 +369,19 @@ def test_every_objective_is_registered() -> None:
         fn = core_algos.get_policy_loss_fn(f"rlguard.{name}")
         assert fn.rlguard_objective == name
     assert adapter.register() == [f"rlguard.{name}" for name in list_objectives()]  # idempotent
+
+
+def test_registered_losses_take_verl_s_own_signature_and_name_it_once() -> None:
+    """``rlguard.<name>`` has the signature of verl's own losses, and ``VerlLossInputs`` (what it hands the guarded
+    and the plain loss) its arguments in the same order with the same defaults."""
+    verl = inspect.signature(core_algos.compute_policy_loss_vanilla).parameters
+    ours = inspect.signature(core_algos.get_policy_loss_fn("rlguard.grpo")).parameters
+    inputs = {f.name: f.default for f in dataclasses.fields(adapter.VerlLossInputs)}
+    assert list(ours) == list(verl) == list(inputs)
+    assert [p.default for p in ours.values()] == [p.default for p in verl.values()]
+    assert [p.default for p in verl.values() if p.default is not inspect.Parameter.empty] == [
+        v for v in inputs.values() if v is not dataclasses.MISSING
+    ]
 
 
 def test_a_foreign_registration_is_not_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:

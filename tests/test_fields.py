@@ -11,7 +11,7 @@ from typing import Any, Literal
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.alerts.config import AlertConfig
+from rlguard.guards.alerts import AlertConfig
 from rlguard.guards.fields import FieldError, check_fields, check_value
 from rlguard.guards.registry import detector_registry, intervention_registry
 
@@ -105,11 +105,11 @@ def test_check_value_by_type() -> None:
 
 def test_trl_guard_json_refuses_a_string_boolean() -> None:
     pytest.importorskip("trl")
-    from rlguard.adapters.trl.config import guard_from_spec
+    from rlguard.adapters.trl.config import parse_guard_flag
 
     with pytest.raises(FieldError, match=r"guard\.observe_only: expected true or false \(a boolean\); got str"):
-        guard_from_spec('{"observe_only": "false"}')
-    config = guard_from_spec('{"observe_only": false}')
+        parse_guard_flag('{"observe_only": "false"}')
+    config = parse_guard_flag('{"observe_only": false}')
     assert isinstance(config, GuardConfig) and config.observe_only is False
 
 
@@ -117,12 +117,12 @@ def test_verl_guard_mapping_refuses_a_string_boolean() -> None:
     pytest.importorskip("verl")
     from omegaconf import OmegaConf
 
-    from rlguard.adapters.verl.driver import guard_from_spec
+    from rlguard.adapters.verl.settings import resolve_guard_setting
 
     spec = OmegaConf.create({"preset": "strict", "observe_only": "false"})
     with pytest.raises(FieldError, match=r"trainer\.rlguard_guard\.observe_only: expected true or false"):
-        guard_from_spec(spec)
+        resolve_guard_setting(spec)
     with pytest.raises(FieldError, match=r"trainer\.rlguard_guard: unknown GuardConfig field\(s\) \['observe'\]"):
-        guard_from_spec(OmegaConf.create({"observe": True}))
-    config = guard_from_spec(OmegaConf.create({"preset": "strict", "observe_only": True}))
+        resolve_guard_setting(OmegaConf.create({"observe": True}))
+    config = resolve_guard_setting(OmegaConf.create({"preset": "strict", "observe_only": True}))
     assert isinstance(config, GuardConfig) and config.observe_only and config.snapshot_interval == 5

@@ -4,6 +4,7 @@ Whole TRL runs with injected faults are in ``integration_tests/test_trl_guard_fa
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import warnings
@@ -161,6 +162,18 @@ def test_make_guard_and_config_validate() -> None:
     strict = GuardConfig.preset("strict")
     args = GuardedGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", guard=strict)
     assert json.loads(args.to_json_string())["guard"] == repr(strict)  # report_to integrations log the config
+
+
+def test_guard_from_spec_is_a_deprecated_name_of_parse_guard_flag() -> None:
+    from rlguard.adapters.trl.config import parse_guard_flag
+
+    for module in ("config", "trainer"):  # defined in config, exported by trainer too
+        with pytest.warns(
+            DeprecationWarning, match=rf"trl\.{module}\.guard_from_spec is deprecated: use .*\.parse_guard_flag"
+        ):
+            old = importlib.import_module(f"rlguard.adapters.trl.{module}").guard_from_spec
+        assert old is parse_guard_flag
+    assert parse_guard_flag('{"preset": "strict"}') == GuardConfig.preset("strict")
 
 
 def test_guard_keys_are_not_stats() -> None:

@@ -1,5 +1,5 @@
 """Deprecated: moved to :mod:`rlguard.guards.interventions.entropy_coef`; a deprecated path (``DeprecationWarning``)."""
 
-from rlguard._moved import moved
+from rlguard._deprecated import moved
 
 __getattr__ = moved(__name__, ["rlguard.guards.interventions.entropy_coef"])

@@ -4,7 +4,8 @@
 
 How decisions are logged is fixed, so that every log the doctor reads means the same: the guard's events name the
 action of a proposal ``action:<name>`` (:func:`logged_action`), trackers get a decision's action as a number
-(``rlguard/guard/action``, :func:`action_code`), both from :data:`LOGGED_ACTIONS`.
+(``rlguard/guard/action``, :func:`action_code`), both from :data:`LOGGED_ACTIONS`; every adapter logs a decision
+under the keys of :func:`tracker_metrics`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from types import MappingProxyType
 from typing import Literal, get_args
 
 from rlguard.core_losses.controls import Controls
-from rlguard.guards.events import Event
+from rlguard.guards.events import SEVERITY_LEVEL, Event
 
 __all__ = [
     "LOGGED_ACTIONS",
@@ -27,6 +28,7 @@ __all__ = [
     "action_code",
     "decision_action",
     "logged_action",
+    "tracker_metrics",
 ]
 
 Outcome = Literal["step", "skip", "rollback", "halt"]
@@ -129,3 +131,28 @@ def decision_action(decision: Decision) -> str:
 def action_code(decision: Decision) -> float:
     """``rlguard/guard/action``: the position of :func:`decision_action` in :data:`LOGGED_ACTIONS` (0 ... 5)."""
     return float(LOGGED_ACTIONS.index(decision_action(decision)))
+
+
+def tracker_metrics(decision: Decision, *, skipped: bool, rollback_to: int | None, halted: bool) -> dict[str, float]:
+    """The tracker's record of ``decision`` once carried out, the same keys in every adapter (TRL's logs, verl's
+    loggers). What the framework carried out is given, since an actuator may not do all that was decided:
+
+    - ``rlguard/guard/action``: :func:`action_code` of the decision (what the guard decided);
+    - ``rlguard/guard/lr_scale``, ``rlguard/guard/clip_scale``: its controls' LR and clip-range multipliers;
+    - ``rlguard/guard/skipped``: 1 where this step's update was dropped by a skip (``skipped``), else 0;
+    - ``rlguard/guard/rollback_to``: the step whose snapshot was restored, only where a rollback was carried out
+      (``rollback_to``; None: none);
+    - ``rlguard/guard/halted``: 1 where training stops at this step (``halted``), else 0;
+    - ``rlguard/event/<detector>``: each event of the step, 1 for warn, 2 for critical.
+    """
+    logged = {
+        "rlguard/guard/action": action_code(decision),
+        "rlguard/guard/lr_scale": float(decision.controls.lr_scale),
+        "rlguard/guard/clip_scale": float(decision.controls.clip_scale),
+        "rlguard/guard/skipped": float(skipped),
+        "rlguard/guard/halted": float(halted),
+    }
+    if rollback_to is not None:
+        logged["rlguard/guard/rollback_to"] = float(rollback_to)
+    logged.update({f"rlguard/event/{e.detector}": float(SEVERITY_LEVEL[e.severity]) for e in decision.events})
+    return logged

@@ -45,7 +45,8 @@ from rlguard.adapters.trl.compat import (
 )
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuation import Applied, bind_guard
-from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.decision import tracker_metrics
+from rlguard.guards.events import EVENTS_FILE
 from rlguard.guards.guard import make_guard
 from rlguard.guards.interventions.trust_region import measures_update
 from rlguard.guards.state import GUARD_STATE_FILE, missing_state_message, read_state_file, write_state_file
@@ -342,17 +343,14 @@ class StabilityCallback(TrainerCallback):
         self._guarded_step(self._trainer.state.global_step + 1, grad_norm, lr, self._actuator)
 
     def _log(self, decision: Decision, applied: Applied) -> None:
+        """The decision's tracker keys (:func:`~rlguard.guards.decision.tracker_metrics`) into TRL's next log."""
         metrics = logged_metrics(self._trainer)
-        metrics["rlguard/guard/lr_scale"].append(decision.controls.lr_scale)
-        metrics["rlguard/guard/clip_scale"].append(decision.controls.clip_scale)
-        if applied.outcome == "skip":
-            metrics["rlguard/guard/skipped"].append(1.0)
-        if applied.outcome == "rollback":
-            metrics["rlguard/guard/rollback_to"].append(float(self.snapshot_step or 0))
-        if applied.outcome == "halt":
-            metrics["rlguard/guard/halted"].append(1.0)
-        for event in decision.events:
-            metrics[f"rlguard/event/{event.detector}"].append(SEVERITY_CODE[event.severity])
+        rollback_to = self.snapshot_step if applied.outcome == "rollback" else None
+        logged = tracker_metrics(
+            decision, skipped=applied.outcome == "skip", rollback_to=rollback_to, halted=applied.outcome == "halt"
+        )
+        for key, value in logged.items():
+            metrics[key].append(value)
 
     def _load_guard_state(self, args: TrainingArguments, state: TrainerState) -> None:
         assert self.guard is not None

@@ -24,11 +24,12 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
+from rlguard._deprecated import renamed
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config, paper_trl_settings
 from rlguard.guards import PRESETS, GuardConfig
 from rlguard.guards.config import check_preset
 
-__all__ = ["GuardedGRPOConfig", "guard_from_spec"]
+__all__ = ["GuardedGRPOConfig", "parse_guard_flag"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class GuardedGRPOConfig(GRPOConfig):
             raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
         if "aggregation" in used and "aggregation" not in self.objective_kwargs:
             self.objective_kwargs = {**self.objective_kwargs, "aggregation": used["aggregation"]}
-        self.guard = guard_from_spec(self.guard)
+        self.guard = parse_guard_flag(self.guard)
         #: how this config translates into an rlguard objective (warnings emitted once, here)
         self.rlguard_mapping: TRLLossMapping = map_trl_config(self)
         if self.objective is not None:
@@ -182,8 +183,9 @@ _TRL_DEFAULTS: dict[str, Any] = {
 }
 
 
-def guard_from_spec(spec: GuardConfig | str | Mapping[str, Any] | None) -> GuardConfig | str | None:
-    """``GuardedGRPOConfig.guard`` as given -> a preset name, a ``GuardConfig`` or None.
+def parse_guard_flag(spec: GuardConfig | str | Mapping[str, Any] | None) -> GuardConfig | str | None:
+    """``GuardedGRPOConfig.guard`` as given (``--guard`` on the command line, a YAML value or Python) -> a preset
+    name, a ``GuardConfig`` or None.
 
     A JSON object (string) or a mapping holds ``GuardConfig`` fields, with an optional ``"preset"`` they change
     (``"default"`` without one), type-checked strictly (:meth:`GuardConfig.from_mapping`: ``{"observe_only":
@@ -226,3 +228,6 @@ def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> No
         " and ".join(parts),
         hint,
     )
+
+
+__getattr__ = renamed(__name__, guard_from_spec=parse_guard_flag)  # its old name, deprecated

@@ -42,9 +42,10 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
+from rlguard._deprecated import renamed
 from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import FORWARD_KEYS, check_logged_metrics, check_trl_compatibility, logged_metrics
-from rlguard.adapters.trl.config import GuardedGRPOConfig, guard_from_spec
+from rlguard.adapters.trl.config import GuardedGRPOConfig, parse_guard_flag
 from rlguard.adapters.trl.logprobs import (
     FUSED_REQUEST,
     FusedRequest,
@@ -61,7 +62,7 @@ from rlguard.guards.registry import detector_registry
 from rlguard.guards.stats.collect import add_metric_values
 from rlguard.guards.stats.reduction import reduce_rows
 
-__all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "guard_from_spec"]
+__all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "parse_guard_flag"]
 
 
 class GuardedGRPOTrainer(GRPOTrainer):
@@ -357,3 +358,6 @@ def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:
             "one of them (GuardConfig.schedules['entropy_coef'] or use_adaptive_entropy)."
         )
     guard.interventions[adaptive.name] = adaptive
+
+
+__getattr__ = renamed(__name__, guard_from_spec=parse_guard_flag)  # its old name here, deprecated

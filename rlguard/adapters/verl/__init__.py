@@ -18,8 +18,8 @@ TRL >= 1.0 installed (:mod:`~rlguard.adapters.verl.compat`, which holds every pa
 
 Modules (``docs/design.md``, "Adapters"): :mod:`~rlguard.adapters.verl.mapping` (pure translation),
 :mod:`~rlguard.adapters.verl.loss` (the loss glue), :mod:`~rlguard.adapters.verl.guarded` (the workers' actuator),
-:mod:`~rlguard.adapters.verl.driver` (the guard on the driver), :mod:`~rlguard.adapters.verl.registration` and
-:mod:`~rlguard.adapters.verl.compat`.
+:mod:`~rlguard.adapters.verl.driver` (the guard on the driver), :mod:`~rlguard.adapters.verl.settings` (what the
+driver reads from verl's config), :mod:`~rlguard.adapters.verl.registration` and :mod:`~rlguard.adapters.verl.compat`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ try:
     from rlguard.adapters.verl.compat import check_verl_compatibility, patch_verl_trl_value_head_check
     from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver
     from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss, poisoned_sequences
-    from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, policy_loss
+    from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, VerlLossInputs, policy_loss
     from rlguard.adapters.verl.mapping import (
         LOSS_MODE_PREFIX,
         VERL_LOSS_AGG_MODES,
@@ -59,6 +59,7 @@ __all__ = [
     "Normalisers",
     "RLGuardPolicyLossConfig",
     "VerlGuardDriver",
+    "VerlLossInputs",
     "guarded_policy_loss",
     "guarded_trainer_class",
     "loss_mode",

@@ -19,7 +19,6 @@ checkpoints, a halt by returning from ``fit``. What each does, what verl 0.9.1 d
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import warnings
@@ -31,19 +30,19 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rlguard._deprecated import renamed
 from rlguard.adapters.verl.compat import LR_SCALE_METHOD, LR_SCALE_STRATEGIES, check_verl_trainer, worker_sets_lr
-from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig
 from rlguard.adapters.verl.mapping import (
     engine_log_probs_beside_pi_old,
     rollout_correction_fields,
 )
+from rlguard.adapters.verl.settings import GUARDED_TARGET, check_trainer_config, resolve_guard_setting
 from rlguard.adapters.verl.state import driver_state, read_driver_state
 from rlguard.core_losses import Objective, get_objective
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuation import bind_guard
-from rlguard.guards.config import PRESETS, check_preset
-from rlguard.guards.decision import Controls, action_code
-from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.decision import Controls, tracker_metrics
+from rlguard.guards.events import EVENTS_FILE
 from rlguard.guards.guard import make_guard
 from rlguard.guards.state import GUARD_STATE_FILE, missing_state_message, read_state_file, write_state_file
 from rlguard.metrics import canonical_stats
@@ -53,13 +52,9 @@ __all__ = [
     "GuardHalt",
     "VerlGuardDriver",
     "driver_stats",
-    "guard_from_spec",
     "v1_mode",
 ]
 
-#: ``policy_loss._target_`` of the guarded loss config; the defining module's path is accepted too
-GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
-_GUARDED_TARGETS = (GUARDED_TARGET, f"{GuardedPolicyLossConfig.__module__}.{GuardedPolicyLossConfig.__name__}")
 #: the capabilities of the controls verl applies outside the policy loss, through its own keys (the actor's
 #: ``kl_loss_coef``, ``entropy_coeff``; ``algorithm.rollout_correction``, whose weights the loss receives: never also
 #: the objective's own ``rollout_is``), the rest go to the workers' loss, which applies them to the objective; and of
@@ -99,7 +94,7 @@ class VerlGuardDriver:
     def __init__(self, trainer: Any, guard: str | GuardConfig | Guard = "default") -> None:
         self.trainer = trainer
         check_verl_trainer(trainer)
-        _check_trainer_config(trainer.config)
+        check_trainer_config(trainer.config)
         self.guard = make_guard(guard)
         #: the guard's events file: opened at the first training step, which tells a fresh run from a resume
         self.events_path = Path(self.guard.config.events_path or self.checkpoint_root / EVENTS_FILE)
@@ -191,12 +186,6 @@ class VerlGuardDriver:
             # verl's first step is 1, or the step after the checkpoint it resumed from
             self.guard.open_events(self.events_path, resume_step=step - 1 if step > 1 else None)
         decision = self.guard.observe(step, driver_stats(data))
-        logged = {
-            "rlguard/guard/action": action_code(decision),
-            "rlguard/guard/lr_scale": decision.controls.lr_scale,
-            "rlguard/guard/clip_scale": decision.controls.clip_scale,
-        }
-        logged.update({f"rlguard/event/{e.detector}": SEVERITY_CODE[e.severity] for e in decision.events})
         self._step, self._rollback_to, self._restored_from = step, decision.rollback_to, None
         self._next_lr_scale = 1.0  # a decision restates its scale; none (1) is the scheduler's LR
         applied = self.guard.apply(decision, self)
@@ -208,13 +197,12 @@ class VerlGuardDriver:
             if decision.outcome == "rollback":
                 why = f"no checkpoint at or before step {decision.rollback_to} (set trainer.save_freq)"
                 self.halted = dataclasses.replace(decision, outcome="halt", reason=f"{decision.reason}; {why}")
-        if self._restored_from is not None:
-            logged["rlguard/guard/rollback_to"] = float(_step_of(self._restored_from))
         folder = self.step_folder(step)
         if folder.is_dir():
             self.save(folder)  # this step's checkpoint also holds the guard's judgement of the step
-        logged["rlguard/guard/halted"] = float(self.halted is not None)
-        return logged
+        restored = None if self._restored_from is None else _step_of(self._restored_from)
+        # verl logs a step after its update: a skip is recorded, never carried out
+        return tracker_metrics(decision, skipped=False, rollback_to=restored, halted=applied.outcome == "halt")
 
     # -- acting on verl -------------------------------------------------------------------------------------
     def actor_config(self) -> Any:
@@ -319,39 +307,6 @@ class VerlGuardDriver:
         return True
 
 
-def guard_from_spec(spec: str | GuardConfig | Guard | Mapping[str, Any]) -> str | GuardConfig | Guard:
-    """``trainer.rlguard_guard`` as the driver's ``guard``: a preset name, a mapping of ``GuardConfig`` fields with
-    an optional ``preset`` they change (``+trainer.rlguard_guard='{preset: strict, alerts: {webhook_env: X}}'``),
-    or ``"module:factory"`` naming a callable (importable in verl's task-runner process) that returns a
-    ``GuardConfig`` or a ``Guard``. A mapping is type-checked strictly (:meth:`GuardConfig.from_mapping`).
-
-    Security: ``module:factory`` imports that module and calls that function, like Hydra's ``_target_``: whoever
-    writes the config runs code in the training job. Take it only from configs you trust (your own files and
-    command lines), never from a config a third party can edit.
-    """
-    if isinstance(spec, Mapping):
-        from omegaconf import OmegaConf
-
-        fields = OmegaConf.to_container(OmegaConf.create(dict(spec)), resolve=True)
-        return GuardConfig.from_mapping(fields, where="trainer.rlguard_guard")  # type: ignore[arg-type]
-    if not isinstance(spec, str):
-        return spec
-    if ":" not in spec:
-        return check_preset(spec)
-    module_name, _, attribute = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(
-            f"trainer.rlguard_guard={spec!r} names no importable callable ({err}); give a preset "
-            f"({', '.join(map(repr, PRESETS))}) or 'module:factory' with the module on PYTHONPATH."
-        ) from err
-    guard = factory()
-    if not isinstance(guard, (GuardConfig, Guard)):
-        raise ValueError(f"trainer.rlguard_guard={spec!r} returned {guard!r}; expected a GuardConfig or a Guard.")
-    return guard
-
-
 def v1_mode(cls: type) -> str | None:
     """The name verl's V1 trainer registry gives ``cls`` or its nearest registered base (``"sync"`` for
     ``PPOTrainerSync`` and its subclasses); None for a class outside that registry (the legacy trainer)."""
@@ -384,20 +339,6 @@ def _loss_objective(loss_mode: str) -> Objective:
     return get_objective(str(loss_mode).removeprefix("rlguard."))
 
 
-def _check_trainer_config(config: Any) -> None:
-    policy = config.actor_rollout_ref.actor.policy_loss
-    mode, target = policy.get("loss_mode", ""), policy.get("_target_", "")
-    expected = GUARDED_TARGET
-    if not str(mode).startswith("rlguard.") or target not in _GUARDED_TARGETS:
-        raise ValueError(
-            "the verl guard acts through rlguard's losses: set actor_rollout_ref.actor.policy_loss.loss_mode="
-            f"rlguard.<objective> and policy_loss._target_={expected}; got loss_mode={mode!r}, _target_={target!r}."
-        )
-    distillation = config.get("distillation")
-    if distillation is not None and distillation.get("enabled", False):
-        raise ValueError("the verl guard does not support distillation (distillation_ppo_loss); set enabled=false.")
-
-
 def _plain(node: Any) -> dict[str, Any] | None:
     """A config node (a DictConfig or a mapping: verl's dataclass configs are mappings) as a plain dict, or None."""
     if isinstance(node, DictConfig):
@@ -414,3 +355,6 @@ def _step_of(folder: Path) -> int:
 
 def _nonempty(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
+
+
+__getattr__ = renamed(__name__, guard_from_spec=resolve_guard_setting)  # its old name here, deprecated

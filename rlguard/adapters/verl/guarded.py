@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, objective_loss, verl_objective
+from rlguard.adapters.verl.loss import RLGuardPolicyLossConfig, VerlLossInputs, objective_loss
 from rlguard.adapters.verl.mapping import config_get
 from rlguard.core_losses import Controls
 
@@ -92,43 +92,27 @@ def poisoned_sequences(response_mask: Tensor, *tensors: Tensor | None) -> tuple[
     return bad.any(dim=-1), count
 
 
-def guarded_policy_loss(
-    name: str,
-    *,
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """rlguard objective ``name`` under ``config.policy_loss`` (a :class:`GuardedPolicyLossConfig`), with verl's
-    calling convention; all tensors ``(B, T)``. See the module for what it masks, skips and reports."""
-    guard = config_get(config, "policy_loss")
+def guarded_policy_loss(name: str, inputs: VerlLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """rlguard objective ``name`` on verl's ``inputs`` under their ``config.policy_loss`` (a
+    :class:`GuardedPolicyLossConfig`); all tensors ``(B, T)``. See the module for what it masks, skips and reports."""
+    guard = config_get(inputs.config, "policy_loss")
     if not isinstance(guard, GuardedPolicyLossConfig):
         raise ValueError(
             "guarded_policy_loss needs config.policy_loss to be a GuardedPolicyLossConfig; got "
             f"{type(guard).__name__}. Set policy_loss._target_=rlguard.adapters.verl.GuardedPolicyLossConfig."
         )
-    mask = response_mask.bool()  # (B, T)
-    poisoned, nonfinite = poisoned_sequences(mask, log_prob, old_log_prob, advantages, rollout_is_weights)  # (B,)
+    log_prob, mask = inputs.log_prob, inputs.response_mask.bool()  # (B, T)
+    poisoned, nonfinite = poisoned_sequences(  # (B,)
+        mask, log_prob, inputs.old_log_prob, inputs.advantages, inputs.rollout_is_weights
+    )
     kept = mask & ~poisoned.unsqueeze(-1)  # (B, T)
     live = mask.any(dim=-1)  # (B,)
     poisoned_frac = poisoned.sum() / live.sum().clamp(min=1)
     skip = (poisoned_frac > guard.max_poisoned_frac) | guard.skip  # () bool, no host sync
     controls = Controls.from_dict(guard.controls)
-    configured, norm = verl_objective(name, config, loss_agg_mode)
+    configured, norm = inputs.objective(name)
     objective = configured.with_controls(controls)
-    loss, metrics = objective_loss(
-        objective,
-        norm,
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=kept.to(response_mask.dtype),
-        rollout_is_weights=rollout_is_weights,
-    )
+    loss, metrics = objective_loss(objective, norm, inputs, mask=kept.to(inputs.response_mask.dtype))
     # zero loss, zero gradient, graph intact (every rank's FSDP backward must run)
     zero = torch.where(torch.zeros_like(mask), log_prob, torch.zeros_like(log_prob)).sum().to(loss.dtype)
     loss = torch.where(skip, zero, loss)
@@ -153,6 +137,3 @@ def guarded_policy_loss(
         if value is not None:
             metrics[f"rlguard/guard/{key}"] = float(value)
     return loss, metrics
-
-
-# -- driver ---------------------------------------------------------------------------------------------------

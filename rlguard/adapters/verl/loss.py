@@ -1,4 +1,5 @@
-"""verl's calling convention around an rlguard objective: ``policy_loss`` (no formula here) and the loss config.
+"""verl's calling convention around an rlguard objective: verl's arguments (:class:`VerlLossInputs`), ``policy_loss``
+(no formula here) and the loss config.
 
 See :mod:`rlguard.adapters.verl` for the translation and where rlguard and verl's own losses differ.
 """
@@ -26,7 +27,7 @@ from rlguard.core_losses.aggregation import AGGREGATIONS
 from rlguard.core_losses.batch import NONFINITE_POLICIES
 from rlguard.core_losses.registry import objective_class
 
-__all__ = ["RLGuardPolicyLossConfig", "objective_loss", "policy_loss", "verl_objective"]
+__all__ = ["RLGuardPolicyLossConfig", "VerlLossInputs", "objective_loss", "policy_loss", "verl_objective"]
 
 
 @dataclasses.dataclass
@@ -72,33 +73,60 @@ class RLGuardPolicyLossConfig(PolicyLossConfig):
             )
 
 
-def policy_loss(
-    name: str,
-    *,
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """rlguard objective ``name`` with verl's calling convention. All tensors ``(B, T)``.
+@dataclasses.dataclass(frozen=True)
+class VerlLossInputs:
+    """The arguments verl gives a policy loss, by its names (``core_algos.PolicyLossFn``; tensors ``(B, T)``): the
+    one place where verl's signature meets rlguard's. The registered ``rlguard.<name>`` builds it
+    (:mod:`~rlguard.adapters.verl.registration`); :meth:`objective` and :meth:`policy_batch` translate it.
+
+    Attributes:
+        old_log_prob: pi_old's log-probs of the sampled tokens.
+        log_prob: the policy's log-probs; gradients flow here.
+        advantages: per token (verl broadcasts sequence advantages over the response).
+        response_mask: 1 for the response tokens that count (verl's rollout rejection already applied).
+        loss_agg_mode: verl's aggregation of the step (``actor.loss_agg_mode``).
+        config: verl's actor config (``policy_loss``, ``global_batch_info``, the clip ratios, ...).
+        rollout_is_weights: verl's ``algorithm.rollout_correction`` weights, or None.
+    """
+
+    old_log_prob: Tensor
+    log_prob: Tensor
+    advantages: Tensor
+    response_mask: Tensor
+    loss_agg_mode: str = "token-mean"
+    config: Any = None
+    rollout_is_weights: Tensor | None = None
+
+    def objective(self, name: str) -> tuple[Objective, Normalisers]:
+        """Objective ``name`` as the config sets it, and this micro-batch's normalisers (:func:`verl_objective`)."""
+        return verl_objective(name, self.config, self.loss_agg_mode)
+
+    def policy_batch(self, mask: Tensor | None = None) -> PolicyBatch:
+        """The inputs as a :class:`PolicyBatch` over ``mask`` (default ``response_mask``), verl's
+        ``rollout_is_weights`` on each token's policy term (``token_weights``)."""
+        mask = self.response_mask if mask is None else mask
+        weights = self.rollout_is_weights
+        if weights is not None:
+            # padding may hold anything; 1 keeps a NaN there from reaching the loss through 0 * NaN
+            weights = torch.where(mask.bool(), weights.detach(), torch.ones_like(weights))
+        return PolicyBatch(
+            logprobs=self.log_prob,
+            advantages=self.advantages,
+            mask=mask,
+            old_logprobs=self.old_log_prob,
+            token_weights=weights,
+        )
+
+
+def policy_loss(name: str, inputs: VerlLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """rlguard objective ``name`` on verl's ``inputs``.
 
     Returns:
         ``(loss, metrics)``: the 0-dim loss of this micro-batch (its share of the mini-batch loss under
         ``config.global_batch_info``) and verl-named plus ``rlguard/``-prefixed canonical metrics, as floats.
     """
-    objective, norm = verl_objective(name, config, loss_agg_mode)
-    return objective_loss(
-        objective,
-        norm,
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        rollout_is_weights=rollout_is_weights,
-    )
+    objective, norm = inputs.objective(name)
+    return objective_loss(objective, norm, inputs)
 
 
 def verl_objective(name: str, config: Any, loss_agg_mode: str) -> tuple[Objective, Normalisers]:
@@ -115,26 +143,13 @@ def verl_objective(name: str, config: Any, loss_agg_mode: str) -> tuple[Objectiv
 
 
 def objective_loss(
-    objective: Objective,
-    norm: Normalisers,
-    *,
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    rollout_is_weights: Tensor | None = None,
+    objective: Objective, norm: Normalisers, inputs: VerlLossInputs, mask: Tensor | None = None
 ) -> tuple[Tensor, dict[str, float]]:
-    """``objective`` on verl's tensors ``(B, T)``, with verl's ``rollout_is_weights`` on each token's policy term
-    (``PolicyBatch.token_weights``); returns ``(loss, metrics)`` as :func:`policy_loss`."""
-    weights = None
-    if rollout_is_weights is not None:
-        # padding may hold anything; 1 keeps a NaN there from reaching the loss through 0 * NaN
-        weights = torch.where(response_mask.bool(), rollout_is_weights.detach(), torch.ones_like(rollout_is_weights))
-    batch = PolicyBatch(
-        logprobs=log_prob, advantages=advantages, mask=response_mask, old_logprobs=old_log_prob, token_weights=weights
-    )
+    """``objective`` on verl's ``inputs`` over ``mask`` (default their ``response_mask``), normalised by ``norm``;
+    returns ``(loss, metrics)`` as :func:`policy_loss`."""
+    batch = inputs.policy_batch(mask)
     out = objective(batch, num_tokens=norm.num_tokens, num_sequences=norm.num_sequences)
-    return out.loss, _verl_metrics(out.metrics, old_log_prob, log_prob, response_mask)
+    return out.loss, _verl_metrics(out.metrics, inputs.old_log_prob, inputs.log_prob, batch.mask)
 
 
 def _verl_metrics(

@@ -9,7 +9,7 @@ from torch import Tensor
 from verl.trainer.ppo import core_algos
 
 from rlguard.adapters.verl.guarded import GuardedPolicyLossConfig, guarded_policy_loss
-from rlguard.adapters.verl.loss import policy_loss
+from rlguard.adapters.verl.loss import VerlLossInputs, policy_loss
 from rlguard.adapters.verl.mapping import config_get, loss_mode
 from rlguard.core_losses import list_objectives
 
@@ -17,7 +17,8 @@ __all__ = ["register"]
 
 
 def _loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    """The function verl calls for ``rlguard.<name>``, with the exact keyword signature of verl's own losses."""
+    """The function verl calls for ``rlguard.<name>``, with the exact signature of verl's own losses (the only
+    place rlguard writes it): its arguments as :class:`VerlLossInputs`, to the guarded or the plain loss."""
 
     def loss_fn(
         old_log_prob: Tensor,
@@ -28,18 +29,11 @@ def _loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
         config: Any = None,
         rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
-        guarded = isinstance(config_get(config, "policy_loss"), GuardedPolicyLossConfig)
-        loss = guarded_policy_loss if guarded else policy_loss
-        return loss(
-            name,
-            old_log_prob=old_log_prob,
-            log_prob=log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=rollout_is_weights,
+        inputs = VerlLossInputs(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
+        guarded = isinstance(config_get(config, "policy_loss"), GuardedPolicyLossConfig)
+        return (guarded_policy_loss if guarded else policy_loss)(name, inputs)
 
     loss_fn.__name__ = loss_fn.__qualname__ = f"rlguard_{name}"
     loss_fn.__doc__ = f"rlguard objective {name!r} as a verl policy loss; see rlguard.adapters.verl."

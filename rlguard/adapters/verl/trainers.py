@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.adapters.verl.compat import guarded_tracking, use_lr_worker, v1_maps_stock_workers
-from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, guard_from_spec, v1_mode
+from rlguard.adapters.verl.driver import GuardHalt, VerlGuardDriver, v1_mode
+from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import Guard, GuardConfig
 
 __all__ = ["guarded_tracking_for", "guarded_trainer_class", "register_v1_trainer"]
@@ -69,7 +70,7 @@ def guarded_trainer_class(base: type) -> type:
                 _keep_v1_mode(type(self), kwargs.get("config", args[0] if args else None))
             super().__init__(*args, **kwargs)
             if guard is None:
-                guard = guard_from_spec(self.config.trainer.get("rlguard_guard", None) or "default")
+                guard = resolve_guard_setting(self.config.trainer.get("rlguard_guard", None) or "default")
             self.rlguard = VerlGuardDriver(self, guard)
 
         def fit(self, *args: Any, **kwargs: Any) -> None:

@@ -1,7 +1,7 @@
 """Deprecated: the consequence rule moved to :mod:`rlguard.guards.consequence`; a deprecated path
 (``DeprecationWarning``)."""
 
-from rlguard._moved import moved
+from rlguard._deprecated import moved
 
 __getattr__ = moved(
     __name__,

@@ -121,7 +121,13 @@ def detectors(
             ],
             "presets": list(PRESETS),
             "remedies": [
-                {"cause": c.diagnosis, "diagnosed_by": c.diagnosed_by, "remedies": c.remedies, "intervention": c.answer}
+                {
+                    "cause": c.diagnosis,
+                    "diagnosed_by": c.diagnosed_by,
+                    "remedies": c.remedies,
+                    "intervention": c.answer,
+                    "yields": list(c.yields),
+                }
                 for c in CAUSES
             ],
         }
@@ -141,10 +147,10 @@ def detectors(
         table.add_row(n, escape(act.summary), ", ".join(in_presets[n]) or "opt-in")
     console.print(table)
     table = Table(title="remedies by cause", caption="each next remedy only when the one before did not help")
-    for col in ("cause", "diagnosed by", "remedies, in order", "intervention"):
+    for col in ("cause", "diagnosed by", "remedies, in order", "intervention", "holds back meanwhile"):
         table.add_column(col)
     for c in CAUSES:
-        table.add_row(*map(escape, (c.diagnosis, c.diagnosed_by, c.remedies, c.answer)))
+        table.add_row(*map(escape, (c.diagnosis, c.diagnosed_by, c.remedies, c.answer, ", ".join(c.yields))))
     console.print(table)
 
 

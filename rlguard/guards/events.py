@@ -33,8 +33,6 @@ from typing import Any, BinaryIO, Literal
 
 Severity = Literal["warn", "critical"]
 SEVERITY_LEVEL: dict[str, int] = {"warn": 1, "critical": 2}
-#: how an event's severity is logged as a number (``rlguard/event/*``); a decision's: ``decision.action_code``
-SEVERITY_CODE: dict[str, float] = {"warn": 1.0, "critical": 2.0}
 #: the guard's events, next to the run's logs
 EVENTS_FILE = "events.jsonl"
 _FIELDS = ("step", "detector", "severity", "value", "message", "threshold")

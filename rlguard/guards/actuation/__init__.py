@@ -21,7 +21,7 @@ from rlguard.guards.actuation.contract import (
     check_capabilities,
 )
 from rlguard.guards.actuation.executor import apply_decision, bind_guard
-from rlguard.guards.events import EVENTS_FILE, SEVERITY_CODE
+from rlguard.guards.events import EVENTS_FILE
 from rlguard.guards.state import GUARD_STATE_FILE
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ __all__ = [
     "EVENTS_FILE",
     "GUARD_STATE_FILE",
     "OUTCOME_CAPABILITY",
-    "SEVERITY_CODE",
     "Actuator",
     "Applied",
     "Capability",

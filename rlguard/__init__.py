@@ -6,8 +6,9 @@ import torch; ``from rlguard import get_objective`` imports :mod:`rlguard.core_l
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlguard._lazy import lazy
 
 if TYPE_CHECKING:
     from rlguard.core_losses import LossOutput, PolicyBatch, get_objective, list_objectives
@@ -19,12 +20,7 @@ _LAZY = {name: "rlguard.core_losses" for name in ("LossOutput", "PolicyBatch", "
 __all__ = ["LossOutput", "PolicyBatch", "__version__", "get_objective", "list_objectives"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlguard' has no attribute {name!r}")
+__getattr__ = lazy(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

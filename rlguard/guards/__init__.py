@@ -10,9 +10,9 @@ so the doctor and the command line read detectors and events without importing t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rlguard._lazy import lazy
 from rlguard.guards.config import PRESETS, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome, Proposal
 from rlguard.guards.detectors import CusumDetector, Detector, SpikeDetector, ThresholdDetector
@@ -24,7 +24,10 @@ from rlguard.guards.schedules import Constant, Cosine, Linear, Piecewise, Stages
 if TYPE_CHECKING:
     from rlguard.guards.stats.collect import STAT_REDUCTIONS, StepStats, collect_step_stats, repetition_flags
 
-_TORCH_NAMES = ("STAT_REDUCTIONS", "StepStats", "collect_step_stats", "repetition_flags")
+_TORCH_NAMES = {
+    name: "rlguard.guards.stats.collect"
+    for name in ("STAT_REDUCTIONS", "StepStats", "collect_step_stats", "repetition_flags")
+}
 
 __all__ = [
     "PRESETS",
@@ -56,9 +59,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_NAMES:
-        value = getattr(importlib.import_module("rlguard.guards.stats"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlguard.guards' has no attribute {name!r}")
+__getattr__ = lazy(__name__, _TORCH_NAMES)

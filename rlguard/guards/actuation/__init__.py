@@ -8,9 +8,9 @@ the contract and the executor import without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rlguard._lazy import lazy
 from rlguard.guards.actuation.budget import SnapshotBudgetError, SnapshotCost, check_snapshot_budget
 from rlguard.guards.actuation.contract import (
     CAPABILITIES,
@@ -57,9 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _TORCH_NAMES:
-        value = getattr(importlib.import_module(_TORCH_NAMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlguard.guards.actuation' has no attribute {name!r}")
+__getattr__ = lazy(__name__, _TORCH_NAMES)

@@ -6,20 +6,19 @@ Every module here needs torch; the names load on first use (PEP 562), so ``impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlguard._lazy import lazy
 
 if TYPE_CHECKING:
     from rlguard.guards.stats.collect import StepStats, add_metric_values, collect_step_stats, repetition_flags
     from rlguard.guards.stats.reduction import STAT_REDUCTIONS, reduce_rows
 
 _NAMES = {
-    "StepStats": "collect",
-    "add_metric_values": "collect",
-    "collect_step_stats": "collect",
-    "repetition_flags": "collect",
-    "STAT_REDUCTIONS": "reduction",
-    "reduce_rows": "reduction",
+    **dict.fromkeys(
+        ("StepStats", "add_metric_values", "collect_step_stats", "repetition_flags"), f"{__name__}.collect"
+    ),
+    **dict.fromkeys(("STAT_REDUCTIONS", "reduce_rows"), "rlguard.guards.stats.reduction"),
 }
 
 __all__ = [
@@ -32,9 +31,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        value = getattr(importlib.import_module(f"rlguard.guards.stats.{_NAMES[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rlguard.guards.stats' has no attribute {name!r}")
+__getattr__ = lazy(__name__, _NAMES)

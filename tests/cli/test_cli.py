@@ -159,9 +159,8 @@ def test_demo_help_shows_the_demo_s_default_runs() -> None:
 def test_doctor_exits_1_on_a_run_the_live_guard_halted(tmp_path: Path) -> None:
     """The log alone is healthy (exit 0); the guard's events.jsonl beside it records a halt: the run failed (exit 1),
     although the critical alarm behind it is a warning with the log's hindsight."""
-    from doctor_logs import write_trainer_state
-
     from rlguard.guards.synthetic import healthy_stream
+    from tests.helpers.doctor_logs import write_trainer_state
 
     run = tmp_path / "run"
     stream = [{k: v for k, v in s.items() if k != "kl_old"} for s in healthy_stream(60, 0, "plateau")]
@@ -188,9 +187,8 @@ def test_doctor_says_why_a_stat_that_is_there_was_not_judged(tmp_path: Path) -> 
     """An on-policy TRL run (one optimizer step per generation) logs clip_frac 0, kl_old 0 and ratio_max 1 at every
     step: the stats are in the log but none is evidence for its detector. The doctor says so, not that the log
     lacks them."""
-    from doctor_logs import write_trainer_state
-
     from rlguard.guards.synthetic import healthy_stream
+    from tests.helpers.doctor_logs import write_trainer_state
 
     stream = [{**s, "clip_frac": 0.0, "kl_old": 0.0, "ratio_max": 1.0} for s in healthy_stream(30, 0, "plateau")]
     write_trainer_state(stream, tmp_path / "trainer_state.json")

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from doctor_logs import write_log
 
 from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.doctor_logs import write_log
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: torch and every framework the adapters wrap; none may be imported by the commands that only read logs
 HEAVY = ("torch", "trl", "transformers", "accelerate", "deepspeed", "verl", "ray", "wandb")
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from doctor_logs import TRL_KEYS, VERL_KEYS, renamed
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -23,30 +22,9 @@ from rlguard.doctor import diagnose
 from rlguard.guards import Event
 from rlguard.guards.synthetic import failing_stream, healthy_stream
 from rlguard.watch import watch
+from tests.helpers.doctor_logs import TRL_KEYS, append_verl, renamed, verl_line
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _verl_line(step: int, stats: dict[str, float]) -> str:
-    return json.dumps({"step": step, "data": renamed(stats, VERL_KEYS)}) + "\n"
-
-
-def _append_verl(
-    path: Path, stream: list[dict[str, float]], pause: float, torn_every: int = 0, first_step: int = 1
-) -> None:
-    """Append ``stream`` one verl record at a time, from step ``first_step``; every ``torn_every``-th line in two
-    writes with a pause between them, so a reader meets a torn last line."""
-    with path.open("a", encoding="utf-8") as fh:
-        for step, stats in enumerate(stream, start=first_step):
-            line = _verl_line(step, stats)
-            if torn_every and step % torn_every == 0:
-                fh.write(line[: len(line) // 2])
-                fh.flush()
-                time.sleep(3 * pause)
-                line = line[len(line) // 2 :]
-            fh.write(line)
-            fh.flush()
-            time.sleep(pause)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _capture() -> tuple[Console, io.StringIO]:
@@ -57,8 +35,8 @@ def _capture() -> tuple[Console, io.StringIO]:
 def test_watch_follows_a_growing_verl_log_to_the_critical_end(tmp_path: Path) -> None:
     log = tmp_path / "metrics.jsonl"
     stream = failing_stream("entropy_collapse", steps=90, onset=45, seed=0)
-    log.write_text(_verl_line(1, stream[0]))
-    writer = threading.Thread(target=_append_verl, args=(log, stream[1:], 0.02, 20, 2))
+    log.write_text(verl_line(1, stream[0]))
+    writer = threading.Thread(target=append_verl, args=(log, stream[1:], 0.02, 20, 2))
     console, buffer = _capture()
     writer.start()
     result = watch(tmp_path, console=console, interval=0.05, idle=1.0)
@@ -128,7 +106,7 @@ def test_watch_once_and_bad_input_exit_codes(tmp_path: Path) -> None:
     runner = CliRunner()
     missing = runner.invoke(app, ["watch", "--once", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "no such file or folder" in missing.output
-    (tmp_path / "short.jsonl").write_text("".join(_verl_line(i, s) for i, s in enumerate(healthy_stream(3, 0), 1)))
+    (tmp_path / "short.jsonl").write_text("".join(verl_line(i, s) for i, s in enumerate(healthy_stream(3, 0), 1)))
     assert runner.invoke(app, ["watch", "--once", str(tmp_path / "short.jsonl")]).exit_code == 3  # too few steps
     assert runner.invoke(app, ["watch", "--once", "--map", "nonsense", str(tmp_path)]).exit_code == 2
 
@@ -149,11 +127,10 @@ def test_cli_watch_follows_a_writer_process_until_it_exits(tmp_path: Path) -> No
     (tmp_path / "stream.json").write_text(json.dumps(stream))
     writer_code = (
         "import json, sys, time\n"
-        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-        "from test_watch import _append_verl\n"
+        "from tests.helpers.doctor_logs import append_verl\n"
         "from pathlib import Path\n"
         "folder = Path(sys.argv[1])\n"
-        "_append_verl(folder / 'metrics.jsonl', json.loads((folder / 'stream.json').read_text()), 0.03)\n"
+        "append_verl(folder / 'metrics.jsonl', json.loads((folder / 'stream.json').read_text()), 0.03)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writer = subprocess.Popen([sys.executable, "-c", writer_code, str(tmp_path)], env=env)

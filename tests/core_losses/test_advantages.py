@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -12,12 +13,15 @@ from hypothesis import strategies as st
 
 from rlguard.core_losses import ADVANTAGE_SCALES, group_advantages
 
+#: group_advantages' scale modes
+Scale = Literal["std", "none", "rloo"]
 
-def t(values: list[float], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+
+def t(values: list[Any], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype)
 
 
-def ids(values: list[int]) -> torch.Tensor:
+def ids(values: list[Any]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
@@ -73,7 +77,7 @@ def test_rloo_subtracts_the_mean_of_the_others() -> None:
 
 
 @pytest.mark.parametrize("scale", ADVANTAGE_SCALES)
-def test_groups_of_one_get_zero(scale: str) -> None:
+def test_groups_of_one_get_zero(scale: Scale) -> None:
     out = group_advantages(t([3.0, 1.0, 2.0, -7.0]), ids([0, 1, 1, 2]), scale=scale)
     assert out.advantages[0] == 0 and out.advantages[3] == 0
     assert out.advantages[1] != 0 and out.advantages[2] != 0
@@ -81,7 +85,7 @@ def test_groups_of_one_get_zero(scale: str) -> None:
 
 
 @pytest.mark.parametrize("scale", ADVANTAGE_SCALES)
-def test_zero_std_groups_get_exactly_zero_advantage(scale: str) -> None:
+def test_zero_std_groups_get_exactly_zero_advantage(scale: Scale) -> None:
     # 16 equal float32 rewards of 0.7: their computed mean is not exactly 0.7, and std scaling divides that
     # rounding (~1e-7) by std + eps = 1e-6. A group whose rewards are all equal carries no learning signal.
     dtype = torch.float32
@@ -116,7 +120,7 @@ def test_frac_zero_std_solved_is_zero_when_no_group_is_at_the_maximum() -> None:
 
 
 @pytest.mark.parametrize("scale", ADVANTAGE_SCALES)
-def test_unsorted_non_contiguous_group_ids(scale: str) -> None:
+def test_unsorted_non_contiguous_group_ids(scale: Scale) -> None:
     rewards = [0.3, 5.0, 1.0, 2.0, -1.0, 0.0, 4.0, 0.5]
     groups = [70, 3, 70, -2, 3, 70, 3, 1000]
     out = group_advantages(t(rewards), ids(groups), scale=scale)
@@ -136,7 +140,7 @@ def test_unsorted_non_contiguous_group_ids(scale: str) -> None:
         max_size=12,
     ),
 )
-def test_matches_the_explicit_loop(scale: str, pairs: list[tuple[float, int]]) -> None:
+def test_matches_the_explicit_loop(scale: Scale, pairs: list[tuple[float, int]]) -> None:
     rewards, groups = [r for r, _ in pairs], [g for _, g in pairs]
     out = group_advantages(t(rewards), ids(groups), scale=scale)
     expected = loop_advantages(rewards, groups, scale)
@@ -188,6 +192,6 @@ def test_empty_batch() -> None:
         (t([1.0, 2.0]), ids([0, 0]), {"eps": -1.0}, r"eps must be .*got -1.0"),
     ],
 )
-def test_bad_inputs_raise(rewards: torch.Tensor, group_ids: torch.Tensor, kwargs: dict, pattern: str) -> None:
+def test_bad_inputs_raise(rewards: torch.Tensor, group_ids: torch.Tensor, kwargs: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         group_advantages(rewards, group_ids, **kwargs)

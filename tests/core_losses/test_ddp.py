@@ -13,7 +13,7 @@ import pytest
 
 from rlguard.core_losses import AGGREGATIONS
 
-WORKER = Path(__file__).with_name("ddp_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ddp_worker.py"
 TIMEOUT_S = 180
 
 

@@ -59,7 +59,7 @@ def _case(dtype: torch.dtype, seed: int = 0, *, ref: bool = True, rollout: bool 
 
 
 def _policy_batch(batch: RolloutBatch, lp: torch.Tensor, ent: torch.Tensor) -> PolicyBatch:
-    to = {"dtype": lp.dtype}
+    to: dict[str, Any] = {"dtype": lp.dtype}
     return PolicyBatch(
         logprobs=lp,
         advantages=batch.advantages.to(**to),
@@ -75,7 +75,9 @@ def _run(path: str, objective: Objective, case: dict[str, Any], scale: float = 1
     """``(loss, metrics, hidden grad, weight grad)`` of one path; grads as float64 in the inputs' rounding."""
     hidden, weight, targets, batch = case["hidden"], case["weight"], case["targets"], case["batch"]
     if path == "fused":
-        out = objective_from_hidden(objective, hidden, weight, targets, batch, chunk_size=kw.pop("chunk_size", 5), **kw)
+        out: LossOutput = objective_from_hidden(
+            objective, hidden, weight, targets, batch, chunk_size=kw.pop("chunk_size", 5), **kw
+        )
     elif path == "unfused":
         lp, ent = logprobs_from_hidden(hidden, weight, targets, chunk_size=5)
         assert ent is not None
@@ -203,7 +205,7 @@ def test_gradient_accumulation_and_data_parallel_normalisers(name: str) -> None:
     torch.testing.assert_close(case["weight"].grad, whole[3], rtol=1e-12, atol=1e-14)
     case["weight"].grad = None
 
-    dp = {"num_tokens": num_tokens / 2, "num_sequences": num_sequences / 2}
+    dp: dict[str, Any] = {"num_tokens": num_tokens / 2, "num_sequences": num_sequences / 2}
     fused = _run("fused", objective, case, **dp)
     _assert_same(fused, _run("float64", objective, case, **dp), torch.float64)
     torch.testing.assert_close(fused[0], 2 * whole[0], rtol=1e-12, atol=1e-14)
@@ -217,7 +219,7 @@ class _CountHeadProducts(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_, torch.ops.aten.bmm):
             dims = [set(a.shape) for a in args if isinstance(a, torch.Tensor)]
             self.count += any(H in d for d in dims) and any(V in d for d in dims)

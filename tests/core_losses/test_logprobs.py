@@ -19,7 +19,7 @@ def _inputs(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
     return hidden, weight, targets
 
 
-def _grads(fn, hidden, weight, targets, upcast: bool):  # type: ignore[no-untyped-def]
+def _grads(fn, hidden, weight, targets, upcast: bool):
     g = torch.Generator().manual_seed(1)
     w_lp = torch.randn(B, T, generator=g, dtype=torch.float64)
     w_h = torch.randn(B, T, generator=g, dtype=torch.float64)
@@ -96,7 +96,7 @@ def test_objective_loss_and_gradients_match_through_either_path(name: str) -> No
         torch.manual_seed(0)  # clip_cov draws tokens at random: the same draw on both paths
         loss = get_objective(name, entropy_coef=0.01).__call__(batch).loss
         loss.backward()
-        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))  # type: ignore[union-attr]
         hidden.grad = weight.grad = None
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -147,7 +147,7 @@ def test_objective_loss_and_gradients_across_dtypes(name: str, dtype: torch.dtyp
         torch.manual_seed(0)  # clip_cov draws tokens at random: the same draw on both paths
         loss = objective(batch).loss
         loss.backward()
-        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))
+        results.append((loss.detach(), hidden.grad.clone(), weight.grad.clone()))  # type: ignore[union-attr]
         hidden.grad = weight.grad = None
     (loss, gh, gw), (loss32, gh32, gw32) = results
     torch.testing.assert_close(loss, loss32, rtol=tol, atol=tol)

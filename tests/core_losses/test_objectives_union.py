@@ -7,16 +7,13 @@ Each test writes out the expected arithmetic with plain tensor ops or Python flo
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
-
-try:
-    from tests.test_objectives import assert_close, grad_of, make_batch, policy_batch
-except ImportError:  # pytest run without the repository root on sys.path
-    from test_objectives import assert_close, grad_of, make_batch, policy_batch  # type: ignore[no-redef]
+from tests.helpers.objective_batches import assert_close, grad_of, make_batch, policy_batch
 
 
 def _tokens(mask: torch.Tensor) -> list[tuple[int, int]]:
@@ -24,7 +21,7 @@ def _tokens(mask: torch.Tensor) -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------- Clip-Cov
-def _covariances(d: dict) -> dict[tuple[int, int], float]:
+def _covariances(d: dict[str, Any]) -> dict[tuple[int, int], float]:
     keys = _tokens(d["mask"])
     lp = {k: float(d["logprobs"][k].detach()) for k in keys}
     adv = d["advantages"]
@@ -157,7 +154,7 @@ def test_luspo_is_gspo_times_sequence_length() -> None:
         ("dppo_tv", {"is_cap": 0.0}, "is_cap must be a number > 0.0"),
     ],
 )
-def test_bad_hyperparameters_are_named(name: str, hp: dict, match: str) -> None:
+def test_bad_hyperparameters_are_named(name: str, hp: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         get_objective(name, **hp)
 

@@ -1,8 +1,9 @@
-"""Properties every registered objective has on random finite inputs (strategies in tests/strategies.py)."""
+"""Properties every registered objective has on random finite inputs (strategies in tests/helpers/strategies.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,15 +11,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from strategies import BatchData, batch_data, objective_kwargs
 
 from rlguard.core_losses import LossOutput, PolicyBatch, get_objective, list_objectives
+from tests.helpers.strategies import BatchData, batch_data, objective_kwargs
 
 OBJECTIVES = list_objectives()
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def run(name: str, kwargs: dict, batch: PolicyBatch, **normalisers: object) -> LossOutput:
+def run(name: str, kwargs: dict[str, Any], batch: PolicyBatch, **normalisers: Any) -> LossOutput:
     if name == "clip_cov":  # its random token draw: the same generator state in every run compared
         kwargs = {**kwargs, "generator": torch.Generator().manual_seed(0)}
     out = get_objective(name, **kwargs)(batch, **normalisers)
@@ -144,4 +145,4 @@ def test_micro_batches_add_up_to_the_batch(name: str, data: st.DataObject) -> No
 
 def _rows(values: BatchData, rows: slice) -> BatchData:
     arrays = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
-    return dataclasses.replace(values, **{k: v[rows] for k, v in arrays.items() if isinstance(v, np.ndarray)})
+    return dataclasses.replace(values, **{k: v[rows] for k, v in arrays.items() if isinstance(v, np.ndarray)})  # type: ignore[arg-type]

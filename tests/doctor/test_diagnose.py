@@ -11,17 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from doctor_logs import WRITERS, write_log, write_trainer_state
 from typer.testing import CliRunner
 
 from rlguard.cli import app
 from rlguard.doctor import LogInputError, classify_keys, diagnose, read_log
 from rlguard.doctor.keys import canonical_stats
 from rlguard.guards.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
+from tests.helpers.doctor_logs import WRITERS, write_log, write_trainer_state
 
 runner = CliRunner()
 STEPS, ONSET = 220, 120
-#: as tests/test_guards.py: the detector's first event within this many steps of the onset
+#: as tests/guards/test_guard.py: the detector's first event within this many steps of the onset
 MAX_DELAY = 25
 FORMATS = sorted(WRITERS)
 #: synthetic failures that are one isolated spike on a healthy run (rlguard.guards.synthetic)
@@ -60,7 +60,7 @@ def test_healthy_logs_get_no_critical_finding(tmp_path: Path, fmt: str) -> None:
     needs(fmt)
     for shape in SHAPES:
         for seed in range(2 if fmt in ("trl", "verl") else 1):
-            path = write_log(fmt, healthy_stream(300, seed, shape), tmp_path / f"{shape}-{seed}")
+            path = write_log(fmt, healthy_stream(300, seed, shape), tmp_path / f"{shape}-{seed}")  # type: ignore[arg-type]
             diagnosis = diagnose(path)
             assert len(diagnosis.steps) == 300
             critical = [f for f in diagnosis.findings if f.severity == "critical"]

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-from doctor_logs import write_log, write_trainer_state
 from typer.testing import CliRunner
 
 from rlguard.cli import app
@@ -18,6 +17,7 @@ from rlguard.doctor.html import doctor_html
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.events import EventsFileError, parse_events, read_events
 from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.doctor_logs import write_log, write_trainer_state
 
 runner = CliRunner()
 

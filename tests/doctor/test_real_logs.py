@@ -14,7 +14,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from doctor_logs import write_log, write_trainer_state
 from typer.testing import CliRunner
 
 from rlguard.cli import app
@@ -23,9 +22,10 @@ from rlguard.doctor.keys import parse_key_map, suggest_canonical
 from rlguard.guards.decision import decision_action
 from rlguard.guards.events import Event
 from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.doctor_logs import write_log, write_trainer_state
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _benchmark() -> ModuleType:

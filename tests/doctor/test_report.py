@@ -6,13 +6,13 @@ import json
 import re
 from pathlib import Path
 
-from doctor_logs import write_flat_jsonl, write_trainer_state
 from typer.testing import CliRunner
 
 from rlguard.cli import app
 from rlguard.doctor import write_report
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.synthetic import failing_stream, healthy_stream
+from tests.helpers.doctor_logs import write_flat_jsonl, write_trainer_state
 
 runner = CliRunner()
 ONSET = 120

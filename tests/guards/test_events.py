@@ -99,7 +99,7 @@ class FullDisk:
         raise OSError(28, "No space left on device")
 
     def fileno(self) -> int:
-        return self.real.fileno()  # type: ignore[attr-defined,no-any-return]
+        return self.real.fileno()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.real.close()  # type: ignore[attr-defined]

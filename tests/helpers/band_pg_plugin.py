@@ -1,5 +1,5 @@
-"""A third-party objective, as a plugin author writes it (tests/test_plugin_objective.py installs this module as the
-distribution ``rlguard-band-pg`` with an ``rlguard`` entry point; rlguard never imports it otherwise).
+"""A third-party objective, as a plugin author writes it (tests/project/test_plugin_objective.py installs this module as
+the distribution ``rlguard-band-pg`` with an ``rlguard`` entry point; rlguard never imports it otherwise).
 
 BandPG, the policy gradient through a ratio clipped to a trust band: ``l_it = -A_it clip(r_it, 1 - band_low,
 1 + band_high)``, token mean over the batch. Unlike PPO's ``-min(r A, clip(r) A)``, which keeps the gradient where
@@ -48,7 +48,7 @@ class BandPG(Objective):
                 f"band_high={self.band_high!r}."
             )
 
-    def ratio_bounds(self) -> tuple[float | None, float | None]:
+    def ratio_bounds(self) -> tuple[float, float]:
         return 1.0 - self.band_low, 1.0 + self.band_high
 
     def surrogate(self, log_ratio: Tensor, batch: PreparedBatch, mask: Tensor) -> Surrogate:

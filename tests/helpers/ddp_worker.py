@@ -1,4 +1,4 @@
-"""Worker of tests/test_ddp.py, run under ``torchrun --nproc_per_node 2`` on CPU (gloo).
+"""Worker of tests/core_losses/test_ddp.py, run under ``torchrun --nproc_per_node 2`` on CPU (gloo).
 
 Each rank computes an objective on its unequal share of one global batch with the global normalisers divided by
 the world size; DistributedDataParallel averages the gradients. Rank 0 compares that gradient with the gradient

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,6 +74,29 @@ def write_verl_jsonl(stream: Stream, path: Path) -> Path:
     return path
 
 
+def verl_line(step: int, stats: dict[str, float]) -> str:
+    """One line of verl's file logger for ``step``, written out with no rounding."""
+    return json.dumps({"step": step, "data": renamed(stats, VERL_KEYS)}) + "\n"
+
+
+def append_verl(
+    path: Path, stream: list[dict[str, float]], pause: float, torn_every: int = 0, first_step: int = 1
+) -> None:
+    """Append ``stream`` one verl record at a time, from step ``first_step``; every ``torn_every``-th line in two
+    writes with a pause between them, so a reader meets a torn last line."""
+    with path.open("a", encoding="utf-8") as fh:
+        for step, stats in enumerate(stream, start=first_step):
+            line = verl_line(step, stats)
+            if torn_every and step % torn_every == 0:
+                fh.write(line[: len(line) // 2])
+                fh.flush()
+                time.sleep(3 * pause)
+                line = line[len(line) // 2 :]
+            fh.write(line)
+            fh.flush()
+            time.sleep(pause)
+
+
 def write_flat_jsonl(stream: Stream, path: Path) -> Path:
     """One ``{"step": .., <canonical name>: value}`` per line, as ``StabilityCallback.history`` dumped."""
     with path.open("w", encoding="utf-8") as fh:
@@ -99,13 +123,13 @@ def write_wandb_csv(stream: Stream, path: Path) -> Path:
 def write_tensorboard(stream: Stream, path: Path) -> Path:
     """A TensorBoard folder of scalar summaries under verl's keys, one event per step holding all its scalars (as
     valid as ``SummaryWriter.add_scalar``'s one event per scalar, and faster to write)."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(path))
     for i, stats in enumerate(stream, start=1):
         values = [Summary.Value(tag=k, simple_value=v) for k, v in renamed(stats, VERL_KEYS).items()]
-        writer.file_writer.add_summary(Summary(value=values), i)
+        writer.file_writer.add_summary(Summary(value=values), i)  # type: ignore[attr-defined]  # typed None until the writer opens
     writer.close()
     return path
 

@@ -1,4 +1,5 @@
-"""Worker of test_guards_ddp.py: 2 ranks with different local data reduce stats once per step and decide."""
+"""Worker of tests/guards/stats/test_reduction_ddp.py: 2 ranks with different local data reduce stats once per step
+and decide."""
 
 from __future__ import annotations
 

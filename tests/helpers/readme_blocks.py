@@ -1,5 +1,5 @@
 """The README's code blocks, each classified as one quick start (or an install, a make or a benchmark line), for
-the tests that run them as written (tests/test_readme.py, integration_tests/test_readme_verl.py)."""
+the tests that run them as written (tests/project/test_readme.py, integration_tests/test_readme_verl.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 

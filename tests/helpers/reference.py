@@ -281,15 +281,15 @@ def reference_loss(
                 raise ValueError(cfg["bounds"])
             for t in tokens[i]:
                 A = adv(i, t)
-                r = float(torch.exp(log_ratio(i, t)).detach())
-                w = r
+                ratio = float(torch.exp(log_ratio(i, t)).detach())
+                w = ratio
                 if lo is not None and w < lo:
                     w = lo
                 if hi is not None and w > hi:
                     w = hi
                 # l = -sg[clip(r)] A logp
                 policy[(i, t)] = -w * A * lp(i, t)
-                if A != 0 and w != r:
+                if A != 0 and w != ratio:
                     result.clipped.add((i, t))
         elif name == "sapo":
             for t in tokens[i]:
@@ -364,7 +364,7 @@ def reference_loss(
             # KL(Bern(μ) || Bern(π)) = μ log(μ/π) + (1-μ) log((1-μ)/(1-π)) beyond δ
             for t in tokens[i]:
                 A = adv(i, t)
-                r = math.exp(float(log_ratio(i, t).detach()))
+                ratio = math.exp(float(log_ratio(i, t).detach()))
                 p, mu = math.exp(float(lp(i, t).detach())), math.exp(float(old(i, t)))
                 if name == "dppo_tv":
                     inside = (p - mu <= cfg["clip_high"]) if A > 0 else (p - mu >= -cfg["clip_low"])
@@ -372,7 +372,7 @@ def reference_loss(
                     eps = 1e-8  # the 1e-8 guards of the reference implementation, for p or μ close to 1
                     kl = mu * (math.log(mu) - math.log(p)) + (1.0 - mu) * math.log((1.0 - mu + eps) / (1.0 - p + eps))
                     inside = (kl <= cfg["clip_high"] or p <= mu) if A > 0 else (kl <= cfg["clip_low"] or p >= mu)
-                w = min(r, cfg["is_cap"])
+                w = min(ratio, cfg["is_cap"])
                 policy[(i, t)] = -A * w * lp(i, t) * (1.0 if inside else 0.0)
                 if A != 0 and not inside:
                     result.clipped.add((i, t))
@@ -401,7 +401,7 @@ def reference_loss(
                 raise ValueError(cfg["rollout_is"])
 
     # ---- full per-token term: policy · IS weight + β KL - c_H H
-    def kl(i: int, t: int) -> torch.Tensor:
+    def kl_ref(i: int, t: int) -> torch.Tensor:
         assert ref_logprobs is not None
         d = _clamp_log(lp(i, t) - ref_logprobs[i, t])  # log π/π_ref
         est = cfg["kl_estimator"]
@@ -422,7 +422,7 @@ def reference_loss(
         if (i, t) in is_weight:
             term = term * is_weight[(i, t)]
         if cfg["beta"] != 0.0:
-            term = term + cfg["beta"] * kl(i, t)
+            term = term + cfg["beta"] * kl_ref(i, t)
         if cfg["entropy_coef"] != 0.0:
             assert entropies is not None
             term = term - cfg["entropy_coef"] * float(entropies[i, t])
@@ -454,7 +454,7 @@ def reference_loss(
     return result
 
 
-def _covariance_terms(name, cfg, result, policy, keep, lp, adv, log_ratio) -> None:  # type: ignore[no-untyped-def]
+def _covariance_terms(name, cfg, result, policy, keep, lp, adv, log_ratio) -> None:
     """Clip-Cov and KL-Cov (arXiv 2505.22617, sec. 4): Cov_t = (log π_t - mean log π)(A_t - mean A) over the N
     tokens of the batch (the kept ones).
 

@@ -41,7 +41,7 @@ class BatchData:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.logprobs.shape  # type: ignore[return-value]
+        return self.logprobs.shape
 
     def batch(self, dtype: torch.dtype, *, upcast_to: torch.dtype | None = None) -> PolicyBatch:
         """A fresh batch in ``dtype`` (then cast to ``upcast_to`` if given, so that both hold the same values).

@@ -17,7 +17,7 @@ import torch
 
 from rlguard.core_losses import PolicyBatch
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _section(page: str, heading: str) -> str:
@@ -109,9 +109,9 @@ def test_each_spelling_of_gspo_in_the_trl_guide_trains_what_it_says(cell: str, t
 
 
 def test_the_plugin_guide_s_objective_is_the_one_the_plugin_test_installs() -> None:
-    """docs/guides/plugins.md shows BandPG; tests/band_pg_plugin.py is what test_plugin_objective.py runs in TRL,
-    verl and the fused path. The guide's copy must declare the same and compute the same loss and gradient."""
-    import band_pg_plugin
+    """docs/guides/plugins.md shows BandPG; tests/helpers/band_pg_plugin.py is what test_plugin_objective.py runs in
+    TRL, verl and the fused path. The guide's copy must declare the same and compute the same loss and gradient."""
+    from tests.helpers import band_pg_plugin
 
     namespace: dict[str, Any] = {}
     exec(compile(_python_block(_section("guides/plugins.md", "## An objective")), "plugins.md", "exec"), namespace)

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plugin_install import install_plugin
+
+from tests.helpers.plugin_install import install_plugin
 
 PLUGIN = """
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ print(json.dumps({"seen": step_plugin_pkg.SEEN, "events": [e.detector for e in g
 
 def test_a_plugin_adds_a_step_stat_and_sees_every_decision(tmp_path: Path) -> None:
     """The per-step hooks: rlguard_step_stats adds a stat its own detector judges; rlguard_on_decision sees each
-    decision after the actuator carried it out (tests/test_actuators.py covers the executor itself)."""
+    decision after the actuator carried it out (tests/guards/actuation/test_executor.py covers the executor itself)."""
     env = install_plugin(tmp_path, "step_plugin_pkg", textwrap.dedent(STEP_PLUGIN))
     proc = subprocess.run([sys.executable, "-c", STEP_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

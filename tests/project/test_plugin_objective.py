@@ -1,9 +1,9 @@
-"""A plugin objective works everywhere a built-in does: ``band_pg`` (tests/band_pg_plugin.py, a new objective with
-its own clip field names) is installed as a third-party distribution with an ``rlguard`` entry point and used, in
+"""A plugin objective works everywhere a built-in does: ``band_pg`` (tests/helpers/band_pg_plugin.py, a new objective
+with its own clip field names) is installed as a third-party distribution with an ``rlguard`` entry point and used, in
 child processes that load it only through that entry point, in TRL's ``GuardedGRPOTrainer``, in verl as
 ``rlguard.band_pg`` and in the fused path. Each is compared with a float64 reference written here from the formula
-``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The stock ``verl.trainer.main_ppo`` run with it
-is in integration_tests/test_verl_main_ppo.py.
+``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The stock ``verl.trainer.main_ppo`` run with it is
+in integration_tests/test_verl_main_ppo.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_install import install_plugin
 
-PLUGIN_SOURCE = (Path(__file__).parent / "band_pg_plugin.py").read_text()
+from tests.helpers.plugin_install import install_plugin
+
+PLUGIN_SOURCE = (Path(__file__).resolve().parents[1] / "helpers" / "band_pg_plugin.py").read_text()
 
 #: the float64 reference, shared by the child scripts: the loss and TRL's and rlguard's clip fractions
 REFERENCE = '''
@@ -228,7 +229,7 @@ def run_child(script: str, env: dict[str, str], *args: str) -> dict[str, Any]:
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_the_plugin_is_not_visible_without_its_entry_point() -> None:

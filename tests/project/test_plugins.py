@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from plugin_install import install_plugin
 
 from rlguard.core_losses import GRPO, Objective
 from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
@@ -19,6 +18,7 @@ from rlguard.core_losses.ratios import Surrogate
 from rlguard.core_losses.registry import collect_objectives
 from rlguard.hookspecs import hookimpl
 from rlguard.plugins import DISABLE_AUTOLOAD_ENV, make_plugin_manager
+from tests.helpers.plugin_install import install_plugin
 
 PLUGIN_MODULE = '''
 """A throwaway third-party plugin: plain REINFORCE with a scale, -scale * A * pi / sg[pi]."""

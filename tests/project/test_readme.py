@@ -1,8 +1,8 @@
-"""Every quick start of the README runs as written: each code block is classified (tests/readme_blocks.py; a block no
-test runs fails here), the TRL one trains on the embedded tiny Llama and a local dataset (its free names bound to
-them, its config scaled to two optimizer steps on the CPU), the log one then judges that run's folder, the install,
-make and benchmark lines name what exists, the links name files, and the verl CPU example prints the verl quick
-start. The verl quick start runs in integration_tests/test_readme_verl.py."""
+"""Every quick start of the README runs as written: each code block is classified (tests/helpers/readme_blocks.py; a
+block no test runs fails here), the TRL one trains on the embedded tiny Llama and a local dataset (its free names bound
+to them, its config scaled to two optimizer steps on the CPU), the log one then judges that run's folder, the install,
+make and benchmark lines name what exists, the links name files, and the verl CPU example prints the verl quick start.
+The verl quick start runs in integration_tests/test_readme_verl.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from readme_blocks import README, ROOT, block, commands, readme_blocks
+
+from tests.helpers.readme_blocks import README, ROOT, block, commands, readme_blocks
 
 STEPS = 2
 

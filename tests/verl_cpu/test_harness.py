@@ -56,7 +56,10 @@ def test_gloo_backend_deduplicated(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == ["cpu:gloo", "cpu:gloo,cpu:custom", None]
     with pytest.raises(ValueError, match="Duplicate device type cpu"):  # what the fix avoids
         torch.distributed.init_process_group(
-            "cpu:gloo,cpu:gloo", rank=0, world_size=1, store=torch.distributed.HashStore()
+            "cpu:gloo,cpu:gloo",
+            rank=0,
+            world_size=1,
+            store=torch.distributed.HashStore(),  # type: ignore[attr-defined]
         )
     import verl.utils.distributed as distributed
 
@@ -121,7 +124,7 @@ def test_example_prompts_tokenize_as_bos_plus_characters(example: Path) -> None:
     row = pd.read_parquet(example / "train.parquet").iloc[0]
     tokenizer = AutoTokenizer.from_pretrained(example / "model")
     ids = tokenizer.apply_chat_template(list(row["prompt"]), tokenize=True, add_generation_prompt=True)
-    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids  # type: ignore[call-overload,index]
     chars = CharTokenizer()
     assert list(ids) == [chars.BOS, *chars.encode(row["prompt"][0]["content"])]
 

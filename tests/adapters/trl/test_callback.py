@@ -8,7 +8,6 @@ import json
 import re
 import warnings
 from collections import defaultdict
-from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,51 +21,8 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from rlguard.adapters.trl import GUARD_STATE_FILE, GuardedGRPOConfig, StabilityCallback, canonical_stats, make_guard
 from rlguard.guards import Controls, Decision, Guard, GuardConfig
-
-
-class ScriptedGuard(Guard):
-    """A real Guard whose decision at each step is scripted; records the stats it was given."""
-
-    def __init__(self, script: Mapping[int, Decision]) -> None:
-        super().__init__(GuardConfig.preset("monitor"))
-        self.script = dict(script)
-        self.seen: list[dict[str, float]] = []
-
-    def observe(self, step: int, stats: Mapping[str, float]) -> Decision:
-        self.seen.append(dict(stats))
-        return self.script.get(step, Decision(step))
-
-
-class Loop:
-    """The part of ``Trainer``'s loop around one optimizer step, with a linear model and Adam."""
-
-    def __init__(self, callback: StabilityCallback, tmp_path: Path, max_grad_norm: float = 1.0) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Linear(3, 2)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
-        self.args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-        self.args.max_grad_norm = max_grad_norm
-        self.args.logging_steps = 1
-        self.state, self.control, self.callback = TrainerState(), TrainerControl(), callback
-        # the trainer the callback reads its metrics from and logs to: TRL's per-mode metric lists only
-        callback.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
-        callback.on_train_begin(self.args, self.state, self.control, model=self.model, optimizer=self.optimizer)
-
-    def step(self, scale: float = 1.0) -> None:
-        self.model(torch.ones(4, 3)).pow(2).sum().mul(scale).backward()
-        kw = {"model": self.model, "optimizer": self.optimizer, "lr_scheduler": None}
-        self.callback.on_pre_optimizer_step(self.args, self.state, self.control, **kw)
-        self.lr_used = [g["lr"] for g in self.optimizer.param_groups]
-        self.optimizer.step()
-        self.callback.on_optimizer_step(self.args, self.state, self.control, **kw)
-        self.model.zero_grad()
-        self.state.global_step += 1
-
-    def weights(self) -> list[torch.Tensor]:
-        return [p.detach().clone() for p in self.model.parameters()]
-
-    def adam_steps(self) -> list[float]:
-        return [float(s["step"]) for s in self.optimizer.state.values()]
+from tests.helpers.guards import ScriptedGuard
+from tests.helpers.trl_loop import Loop
 
 
 def test_skip_step_leaves_weights_and_optimizer_state(tmp_path: Path) -> None:
@@ -87,7 +43,7 @@ def test_stats_hold_the_norm_before_clipping_and_the_grads_are_clipped(tmp_path:
     loop = Loop(StabilityCallback(guard=guard), tmp_path, max_grad_norm=1.0)
     assert loop.args.max_grad_norm == 0.0  # the callback clips
     loop.model(torch.ones(4, 3)).pow(2).sum().backward()
-    expected = torch.nn.utils.get_total_norm([p.grad for p in loop.model.parameters()]).item()
+    expected = torch.nn.utils.get_total_norm([p.grad for p in loop.model.parameters()]).item()  # type: ignore[misc]
     loop.model.zero_grad()
     loop.step()
     assert guard.seen[0]["grad_norm"] == pytest.approx(expected) and expected > 1.0
@@ -243,7 +199,7 @@ def test_a_stock_trainer_with_a_guard_and_no_attach_refuses_at_train_start(tmp_p
     )  # fmt: skip
     callback = StabilityCallback(guard="default")
     trainer = GRPOTrainer(
-        model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8),
+        model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8),  # type: ignore[arg-type]
         callbacks=[callback],
     )  # fmt: skip
     weights = [p.detach().clone() for p in trainer.model.parameters()]  # type: ignore[union-attr]
@@ -366,7 +322,7 @@ def test_a_killed_and_resumed_run_loses_no_event_and_no_guard_state(tmp_path: Pa
     callback = StabilityCallback(guard="default")
     callback.attach(SimpleNamespace(_metrics={"train": defaultdict(list)}))
     resumed = Loop.__new__(Loop)
-    resumed.model, resumed.optimizer = torch.nn.Linear(3, 2), None
+    resumed.model, resumed.optimizer = torch.nn.Linear(3, 2), None  # type: ignore[assignment]
     resumed.model.load_state_dict(weights)
     resumed.optimizer = torch.optim.Adam(resumed.model.parameters(), lr=0.1)
     resumed.optimizer.load_state_dict(optimizer)

@@ -16,10 +16,10 @@ import torch
 pytest.importorskip("trl")
 
 import trl.trainer.utils as trl_utils
-from test_trl_hidden_logprobs import _policy_inputs, _trainer
 
 from rlguard.adapters.trl.logprobs import FUSED_REQUEST
 from rlguard.tasks.hf import save_tiny_llama
+from tests.helpers.trl_hidden import policy_inputs, tiny_trainer
 
 CASES = [
     ({"loss_type": "dapo", "importance_sampling_level": "token"}, 1),
@@ -35,16 +35,16 @@ def test_loss_gradients_and_metrics_equal_trl_kernel(
 ) -> None:
     model_dir = save_tiny_llama(tmp_path / "model")
     settings = {"beta": 0.04, "epsilon": 0.1, "use_bias_correction_kl": False, **settings}
-    inputs = _policy_inputs(3)
+    inputs = policy_inputs(3)
     results = []
     for fused in (False, True):
-        trainer = _trainer(str(model_dir), tmp_path / str(fused), fused_objective=fused, **settings)
+        trainer = tiny_trainer(str(model_dir), tmp_path / str(fused), fused_objective=fused, **settings)
         trainer.current_gradient_accumulation_steps = accumulation
-        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        params = [p for p in trainer.model.parameters() if p.requires_grad]  # type: ignore[union-attr]
         with monkeypatch.context() as patch:
             if fused:
                 patch.setattr(trl_utils, "_ChunkedLogProbFunction", None)  # any call to TRL's kernel fails
-            loss = trainer._compute_loss(trainer.model, inputs)
+            loss = trainer._compute_loss(trainer.model, inputs)  # type: ignore[arg-type]
         grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
         metrics = {k: v[0] for k, v in trainer._metrics["train"].items()}
         results.append((loss.detach(), grads, metrics))
@@ -63,20 +63,20 @@ def test_loss_gradients_and_metrics_equal_trl_kernel(
 
 
 def test_eval_mode_has_no_gradient(tmp_path: Path) -> None:
-    trainer = _trainer(str(save_tiny_llama(tmp_path / "model")), tmp_path / "run", fused_objective=True)
-    trainer.model.eval()
+    trainer = tiny_trainer(str(save_tiny_llama(tmp_path / "model")), tmp_path / "run", fused_objective=True)
+    trainer.model.eval()  # type: ignore[union-attr]
     with torch.no_grad():
-        loss = trainer._compute_loss(trainer.model, _policy_inputs(4))
+        loss = trainer._compute_loss(trainer.model, policy_inputs(4))  # type: ignore[arg-type]
     assert not loss.requires_grad and torch.isfinite(loss)
 
 
 def test_trl_entropy_bonus_is_refused(tmp_path: Path) -> None:
     model_dir = save_tiny_llama(tmp_path / "model")
     with pytest.raises(ValueError, match=r"fused_objective=True cannot add TRL's entropy bonus \(entropy_coef=0\.01"):
-        _trainer(str(model_dir), tmp_path / "run", fused_objective=True, entropy_coef=0.01)
+        tiny_trainer(str(model_dir), tmp_path / "run", fused_objective=True, entropy_coef=0.01)
 
 
 def test_trl_entropy_masking_is_refused(tmp_path: Path) -> None:
     model_dir = save_tiny_llama(tmp_path / "model")
     with pytest.raises(ValueError, match=r"fused_objective=True cannot apply top_entropy_quantile=0\.5"):
-        _trainer(str(model_dir), tmp_path / "run", fused_objective=True, top_entropy_quantile=0.5)
+        tiny_trainer(str(model_dir), tmp_path / "run", fused_objective=True, top_entropy_quantile=0.5)

@@ -24,47 +24,13 @@ pytest.importorskip("trl")
 import trl.trainer.utils as trl_utils
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
 from rlguard.adapters.trl.logprobs import check_hidden_logprobs_supported, use_hidden_logprobs
 from rlguard.core_losses import logprobs_from_logits
 from rlguard.tasks.hf import (
-    addition_dataset,
-    addition_reward,
-    cpu_training_arguments,
     make_tiny_llama,
-    make_tokenizer,
     save_tiny_llama,
 )
-
-B, P, T = 5, 4, 6
-TEMPERATURE = 0.7
-
-
-def _config(out: Path, **overrides: Any) -> GuardedGRPOConfig:
-    return GuardedGRPOConfig(
-        output_dir=str(out),
-        **cpu_training_arguments(),
-        use_vllm=False,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=T,
-        temperature=TEMPERATURE,
-        save_strategy="no",
-        disable_tqdm=True,
-        **overrides,
-    )
-
-
-def _trainer(model: Any, out: Path, **overrides: Any) -> GuardedGRPOTrainer:
-    trainer = GuardedGRPOTrainer(
-        model=model,
-        processing_class=make_tokenizer(),
-        reward_funcs=addition_reward,
-        args=_config(out, **overrides),
-        train_dataset=addition_dataset(8),
-    )
-    trainer.model.train()
-    return trainer
+from tests.helpers.trl_hidden import TEMPERATURE, B, P, T, policy_inputs, tiny_trainer, token_batch
 
 
 @pytest.fixture
@@ -78,18 +44,6 @@ def no_trl_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Refuse)
     yield
-
-
-def _token_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` ``(B, P + T)``: left-padded prompts, completions padded on the right, one
-    row with no completion token."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 15, (B, P + T), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding of the prompt
-    mask[1, P + 3 :] = 0  # a short completion
-    mask[2, P:] = 0  # no completion token
-    return ids, mask
 
 
 def _reference(model: LlamaForCausalLM, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,9 +65,9 @@ def _weighted_grads(model: torch.nn.Module, logprobs: torch.Tensor, entropies: t
 
 @pytest.mark.parametrize("batch_size", [None, 2])
 def test_float64_equals_the_full_logits(tmp_path: Path, no_trl_kernel: None, batch_size: int | None) -> None:
-    trainer = _trainer(make_tiny_llama(seed=1).double(), tmp_path, logprobs_from_hidden=True)
-    model = trainer.model
-    ids, mask = _token_batch(0)
+    trainer = tiny_trainer(make_tiny_llama(seed=1).double(), tmp_path, logprobs_from_hidden=True)
+    model: Any = trainer.model
+    ids, mask = token_batch(0)
     logprobs, entropies, aux = trainer._get_per_token_logps_and_entropies(
         model, ids, mask, T, batch_size=batch_size, compute_entropy=True
     )
@@ -130,41 +84,27 @@ def test_float64_equals_the_full_logits(tmp_path: Path, no_trl_kernel: None, bat
 
 
 def test_a_micro_batch_with_no_completion_token_still_backpropagates(tmp_path: Path, no_trl_kernel: None) -> None:
-    trainer = _trainer(make_tiny_llama().double(), tmp_path, logprobs_from_hidden=True)
-    ids, mask = _token_batch(1)
+    trainer = tiny_trainer(make_tiny_llama().double(), tmp_path, logprobs_from_hidden=True)
+    ids, mask = token_batch(1)
     mask[:, P:] = 0
     logprobs, entropies, _ = trainer._get_per_token_logps_and_entropies(
         trainer.model, ids, mask, T, compute_entropy=True
     )
     assert not logprobs.any() and not entropies.any()
     (logprobs.sum() + entropies.sum()).backward()  # connected to the graph, gradient zero
-    assert all(p.grad is None or not p.grad.any() for p in trainer.model.parameters())
+    assert all(p.grad is None or not p.grad.any() for p in trainer.model.parameters())  # type: ignore[union-attr]
 
 
 def test_generation_and_plain_forward_are_unchanged(tmp_path: Path) -> None:
     model = make_tiny_llama().double()
-    ids, mask = _token_batch(2)
+    ids, mask = token_batch(2)
     before = model(input_ids=ids, attention_mask=mask).logits
-    trainer = _trainer(model, tmp_path, logprobs_from_hidden=True)
-    after = trainer.model(input_ids=ids, attention_mask=mask).logits
+    trainer = tiny_trainer(model, tmp_path, logprobs_from_hidden=True)
+    after = trainer.model(input_ids=ids, attention_mask=mask).logits  # type: ignore[misc]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- float32: the same loss as TRL's own kernel
-def _policy_inputs(seed: int) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    ids, mask = _token_batch(seed)
-    signs = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0])
-    return {
-        "prompt_ids": ids[:, :P],
-        "prompt_mask": mask[:, :P],
-        "completion_ids": ids[:, P:],
-        "completion_mask": mask[:, P:],
-        "advantages": signs * (0.5 + torch.rand(B, generator=g)),
-        "old_per_token_logps": -2.5 + 0.3 * torch.randn(B, T, generator=g),
-        "ref_per_token_logps": -2.5 + 0.3 * torch.randn(B, T, generator=g),
-        "num_items_in_batch": mask[:, P:].sum() * 2,
-    }
 
 
 @pytest.mark.parametrize(("loss_type", "level"), [("dapo", "token"), ("grpo", "sequence")])
@@ -174,16 +114,16 @@ def test_loss_gradients_and_metrics_equal_trl_kernel(
     model_dir = save_tiny_llama(tmp_path / "model")
     settings = {"loss_type": loss_type, "importance_sampling_level": level, "beta": 0.04, "epsilon": 0.1}
     settings["use_bias_correction_kl"] = False
-    inputs = _policy_inputs(3)
+    inputs = policy_inputs(3)
     results = []
     for flag in (False, True):
-        trainer = _trainer(str(model_dir), tmp_path / str(flag), logprobs_from_hidden=flag, **settings)
+        trainer = tiny_trainer(str(model_dir), tmp_path / str(flag), logprobs_from_hidden=flag, **settings)
         trainer.current_gradient_accumulation_steps = 1
-        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        params = [p for p in trainer.model.parameters() if p.requires_grad]  # type: ignore[union-attr]
         with monkeypatch.context() as patch:
             if flag:
                 patch.setattr(trl_utils, "_ChunkedLogProbFunction", None)  # any call to TRL's kernel fails
-            loss = trainer._compute_loss(trainer.model, inputs)
+            loss = trainer._compute_loss(trainer.model, inputs)  # type: ignore[arg-type]
         grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)
         metrics = {k: v[0] for k, v in trainer._metrics["train"].items()}
         results.append((loss.detach(), grads, metrics))

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("trl")
 
@@ -47,184 +46,22 @@ from rlguard.tasks.hf import (
     addition_dataset,
     addition_reward,
     checkpointing_argument,
-    cpu_training_arguments,
-    save_tiny_llama,
+)
+from tests.helpers.trl_parity import (
+    ATOL,
+    BASE,
+    RTOL,
+    B,
+    assert_parity,
+    assert_some_clipped,
+    config,
+    make_inputs,
+    run,
+    trainer_for,
 )
 
-RTOL, ATOL = 1e-6, 1e-12
-B, T, P = 8, 6, 3
-# per row: completion length, advantage sign, log-ratio scale, and whether the ratio moves towards sign(A) (where the
-# clip binds) or away from it (the unclipped branch, and the dual clip for A < 0)
-LENGTHS = (T, 1, 0, 4, T, 2, 5, 3)  # full, one token, empty, ...
-ADV_SIGNS = (1, 1, 1, -1, -1, -1, -1, 1)
-SCALES = (0.5, 0.05, 0.3, 0.5, 0.02, 1.2, 0.3, 0.25)
-TOWARDS = (1, 1, 1, -1, 1, 1, -1, 1)
-GA, SPG = 2, 4
 SEQUENCE_WARNING = "trl#3823"
 TOKEN_SUMMED = ("bnpo", "dr_grpo", "dapo")
-
-BASE: dict[str, Any] = {
-    **cpu_training_arguments(),
-    "use_vllm": False,
-    "per_device_train_batch_size": B,
-    "num_generations": 2,
-    "max_completion_length": T + 2,  # the generation budget exceeds the padded width, as it does in TRL batches
-    "gradient_accumulation_steps": GA,
-    "steps_per_generation": SPG,
-    "save_strategy": "no",
-    "disable_tqdm": True,
-}
-
-
-# ---------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def config(tmp: Path | str = "unused", *, expect: tuple[str, ...] = (), **overrides: Any) -> GuardedGRPOConfig:
-    """A config; the UserWarnings it emits must match ``expect`` (regexes), one each, in any order."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        args = GuardedGRPOConfig(output_dir=str(tmp), **{**BASE, **overrides})
-    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    unexpected = [m for m in messages if not any(_search(p, m) for p in expect)]
-    missing = [p for p in expect if not any(_search(p, m) for m in messages)]
-    assert not unexpected and not missing, f"unexpected warnings {unexpected}, missing {missing}"
-    return args
-
-
-def _search(pattern: str, text: str) -> bool:
-    import re
-
-    return re.search(pattern, text) is not None
-
-
-_TRAINERS: dict[tuple[Any, ...], GuardedGRPOTrainer] = {}
-
-
-def trainer_for(model_dir: Path, expect: tuple[str, ...] = (), **overrides: Any) -> GuardedGRPOTrainer:
-    """A GuardedGRPOTrainer on the tiny model (cached per config), in training mode, GA set as Trainer does."""
-    key = (str(model_dir), tuple(sorted((k, repr(v)) for k, v in overrides.items())))
-    if key not in _TRAINERS:
-        args = config(model_dir.parent / "out", expect=expect, **overrides)
-        _TRAINERS[key] = GuardedGRPOTrainer(
-            model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(8)
-        )
-    trainer = _TRAINERS[key]
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = GA  # set by Trainer's training loop
-    for mode in ("train", "eval"):
-        trainer._metrics[mode].clear()
-    return trainer
-
-
-# ---------------------------------------------------------------- data
-def make_inputs(
-    seed: int,
-    *,
-    old: bool = True,
-    ref: bool = True,
-    sampling: bool = False,
-    token_adv: bool = False,
-    tool_mask: bool = False,
-) -> tuple[torch.Tensor, dict[str, Any], Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
-    """``(theta, inputs, policy)``: ``policy()`` returns fresh ``(logprobs, entropies)`` (B, T) from ``theta``."""
-    g = torch.Generator().manual_seed(seed)
-    theta = torch.randn(B, T, generator=g, dtype=torch.float64, requires_grad=True)
-
-    def policy() -> tuple[torch.Tensor, torch.Tensor]:
-        return -F.softplus(theta) - 0.05, 1.5 * torch.sigmoid(theta)
-
-    logprobs = policy()[0].detach()
-    completion_mask = (torch.arange(T).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).long()  # (B, T)
-    signs = torch.tensor(ADV_SIGNS, dtype=torch.float64).unsqueeze(1)  # (B, 1)
-    drift = (torch.tensor(SCALES, dtype=torch.float64) * torch.tensor(TOWARDS)).unsqueeze(1) * signs  # (B, 1)
-    log_ratio = drift * (0.5 + torch.rand(B, T, generator=g, dtype=torch.float64))  # (B, T) log pi/pi_old
-    advantages = signs * (0.5 + torch.rand(B, T if token_adv else 1, generator=g, dtype=torch.float64))
-    advantages = advantages if token_adv else advantages.squeeze(-1)
-    inputs: dict[str, Any] = {
-        "prompt_ids": torch.randint(3, 15, (B, P), generator=g),
-        "prompt_mask": torch.ones(B, P, dtype=torch.long),
-        "completion_ids": torch.randint(3, 15, (B, T), generator=g),
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        # the generation batch holds SPG micro-batches on every process: more tokens than this one
-        "num_items_in_batch": completion_mask.sum() * SPG + 3,
-    }
-    if old:
-        inputs["old_per_token_logps"] = logprobs - log_ratio
-    if ref:
-        inputs["ref_per_token_logps"] = logprobs + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    if sampling:
-        base = inputs.get("old_per_token_logps", logprobs)
-        inputs["sampling_per_token_logps"] = base + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    if tool_mask:
-        inputs["tool_mask"] = (torch.rand(B, T, generator=g) > 0.3).long()
-    return theta, inputs, policy
-
-
-def run(
-    trainer: GuardedGRPOTrainer,
-    fn: Callable[..., torch.Tensor],
-    theta: torch.Tensor,
-    inputs: dict[str, Any],
-    policy: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    aux: Callable[[], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, d loss / d theta)`` of ``fn(trainer, model, inputs)`` with the shared log-prob stub."""
-
-    def stub(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        logprobs, entropies = policy()
-        return logprobs, entropies, None if aux is None else aux()
-
-    trainer._get_per_token_logps_and_entropies = stub
-    try:
-        loss = fn(trainer, trainer.model, inputs)
-        (grad,) = torch.autograd.grad(loss, theta)
-    finally:
-        del trainer._get_per_token_logps_and_entropies
-    return loss.detach(), grad
-
-
-def assert_parity(
-    trainer: GuardedGRPOTrainer, seed: int = 0, **input_options: Any
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Stock TRL and rlguard on the same inputs: equal loss and gradient. Returns TRL's loss and metrics."""
-    theta, inputs, policy = make_inputs(seed, **input_options)
-    mode = "train" if trainer.model.training else "eval"
-    trainer._metrics[mode].clear()
-    trl_loss, trl_grad = run(trainer, GRPOTrainer._compute_loss, theta, inputs, policy)
-    trl_metrics = {k: list(v) for k, v in trainer._metrics[mode].items()}
-    trainer._metrics[mode].clear()
-    ours_loss, ours_grad = run(trainer, GuardedGRPOTrainer._compute_loss, theta, inputs, policy)
-    ours_metrics = {k: list(v) for k, v in trainer._metrics[mode].items()}
-    assert_trl_metrics_kept(trl_metrics, ours_metrics)
-    assert trl_loss.dtype == torch.float64
-    assert trl_grad.abs().sum() > 0, "degenerate case: TRL's gradient is zero"
-    torch.testing.assert_close(ours_loss, trl_loss.to(ours_loss.dtype), rtol=RTOL, atol=ATOL)
-    torch.testing.assert_close(ours_grad, trl_grad, rtol=RTOL, atol=ATOL)
-    return trl_loss, trl_metrics
-
-
-def assert_trl_metrics_kept(trl: dict[str, list[float]], ours: dict[str, list[float]]) -> None:
-    """Every key TRL's loss logs is logged by rlguard with TRL's value (its meaning kept), NaN where TRL's is."""
-    missing = sorted(set(trl) - set(ours))
-    assert not missing, f"TRL's keys {missing} are not logged by GuardedGRPOTrainer"
-    for key, values in trl.items():
-        torch.testing.assert_close(
-            torch.tensor(ours[key], dtype=torch.float64),
-            torch.tensor(values, dtype=torch.float64),
-            rtol=RTOL,
-            atol=ATOL,
-            equal_nan=True,
-            msg=lambda m, key=key: f"{key}: {m}",  # type: ignore[misc]
-        )
-
-
-def assert_some_clipped(metrics: dict[str, list[float]], key: str = "clip_ratio/region_mean") -> None:
-    (value,) = metrics[key]
-    assert 0.0 < value < 1.0, f"{key}={value}: the clip range should bind on some tokens and not on others"
 
 
 # ---------------------------------------------------------------- parity: loss_type x importance_sampling_level
@@ -276,7 +113,7 @@ def test_the_comparison_tells_loss_types_apart(model_dir: Path) -> None:
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
 def test_evaluation_mode_uses_trl_eval_normalisers(model_dir: Path, loss_type: str) -> None:
     trainer = trainer_for(model_dir, loss_type=loss_type, beta=0.0, **LOSS_OPTIONS.get(loss_type, {}))
-    trainer.model.eval()
+    trainer.model.eval()  # type: ignore[union-attr]
     assert_parity(trainer, seed=3, ref=False)
 
 
@@ -375,7 +212,7 @@ def vllm_case(
         setattr(trainer.args, name, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # test_vllm_warnings checks them
-        trainer.rlguard_mapping = map_trl_config(trainer.args)
+        trainer.rlguard_mapping = map_trl_config(trainer.args)  # type: ignore[arg-type]
     trainer.rlguard_objective = trainer.rlguard_mapping.build()
     _, inputs, _ = make_inputs(seed, ref=False, sampling=True)
     inputs["importance_sampling_ratio"] = ratio = trl_importance_sampling_ratio(inputs, mode, c_min, c_max)
@@ -391,7 +228,7 @@ def vllm_trainer(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Gu
     for name, (value, arg) in saved.items():
         setattr(trainer, name, value)
         setattr(trainer.args, name, arg)
-    trainer.rlguard_mapping = map_trl_config(trainer.args, warn=False)
+    trainer.rlguard_mapping = map_trl_config(trainer.args, warn=False)  # type: ignore[arg-type]
     trainer.rlguard_objective = trainer.rlguard_mapping.build()
 
 
@@ -492,7 +329,7 @@ def test_parity_through_the_real_model(model_dir: Path, loss_type: str, level: s
     )
     _, inputs, _ = make_inputs(14)
     inputs = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    params = [p for p in trainer.model.parameters() if p.requires_grad]  # type: ignore[union-attr]
 
     def loss_and_grads(fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         loss = fn(trainer, trainer.model, inputs)
@@ -609,7 +446,7 @@ def test_objective_kwargs_override_and_choose_the_normaliser() -> None:
 def test_command_line_parsing() -> None:
     argv = ["--output_dir", "unused", "--use_cpu", "--bf16", "False", f"--{checkpointing_argument()}", "False"]
     argv += ["--objective", "gspo", "--loss_type", "grpo", "--objective_kwargs", '{"clip_high": 0.001}']
-    (args,) = HfArgumentParser((GuardedGRPOConfig,)).parse_args_into_dataclasses(argv)
+    (args,) = HfArgumentParser((GuardedGRPOConfig,)).parse_args_into_dataclasses(argv)  # type: ignore[arg-type]
     assert (args.objective, args.objective_kwargs) == ("gspo", {"clip_high": 0.001})
     assert args.objective_mapping().kwargs["clip_high"] == 0.001
 
@@ -623,7 +460,7 @@ def _parse(argv: list[str], yaml_text: str | None = None, tmp: Path | None = Non
         assert tmp is not None
         (tmp / "config.yaml").write_text(yaml_text)
         base += ["--config", str(tmp / "config.yaml")]
-    (args,) = TrlParser((GuardedGRPOConfig,)).parse_args_and_config(base + argv)
+    (args,) = TrlParser((GuardedGRPOConfig,)).parse_args_and_config(base + argv)  # type: ignore[arg-type]
     return args
 
 
@@ -739,7 +576,7 @@ def test_sequence_ratio_with_token_sums_warns() -> None:
 
 def test_other_warnings() -> None:
     config(loss_type="sapo", delta=2.0, expect=("delta=2.0 is ignored",))
-    vllm = {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}
+    vllm: dict[str, Any] = {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}
     config(loss_type="grpo", importance_sampling_level="sequence", **vllm, expect=("token-level masked IS",))
     config(loss_type="grpo", **vllm)  # token-level ratio: no warning
     config(loss_type="cispo", expect=("epsilon_high=0.2",))
@@ -858,7 +695,7 @@ def test_callback_records_training_logs_only_and_asks_for_one_log_per_step() -> 
     cb.on_log(None, state, control, logs={"eval_loss": 1.0})  # type: ignore[arg-type]
     cb.on_log(None, state, control, logs={"train_runtime": 1.0, "train_loss": 0.5})  # type: ignore[arg-type]
     assert cb.history == [{"step": 3.0, "loss": 1.0, "reward_mean": 0.5}] and cb.last == cb.history[0]
-    assert not StabilityCallback(every_step=False).on_step_end(None, state, TrainerControl()).should_log  # type: ignore[arg-type]
+    assert not StabilityCallback(every_step=False).on_step_end(None, state, TrainerControl()).should_log
 
 
 # ---------------------------------------------------------------- the guard's mismatch remedies in TRL

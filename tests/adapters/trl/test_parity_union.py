@@ -1,5 +1,5 @@
 """TRL 1.16's ``loss_type="luspo"`` and ``"vespo"`` through ``GuardedGRPOTrainer``: exact parity with TRL's real
-``GRPOTrainer._compute_loss``, as in ``tests/test_adapters_trl.py`` (same stub, inputs and tolerances: float64,
+``GRPOTrainer._compute_loss``, as in ``tests/adapters/trl/test_parity.py`` (same stub, inputs and tolerances: float64,
 rtol 1e-6, gradient accumulation 2 with ``steps_per_generation`` 4), with and without ``beta``, with TRL's
 default hyper-parameters and with others, in training and evaluation mode.
 """
@@ -14,22 +14,11 @@ import pytest
 
 pytest.importorskip("trl")
 
-try:
-    from tests.test_adapters_trl import assert_parity, assert_some_clipped, config, model_dir, trainer_for
-except ImportError:  # pytest run without the repository root on sys.path
-    from test_adapters_trl import (  # type: ignore[no-redef]
-        assert_parity,
-        assert_some_clipped,
-        config,
-        model_dir,
-        trainer_for,
-    )
-
-__all__ = ["model_dir"]  # the fixture, re-exported for pytest
+from tests.helpers.trl_parity import assert_parity, assert_some_clipped, config, trainer_for
 
 #: VESPO hyper-parameters other than TRL's defaults, exact in float32 (TRL builds k and lambda with torch.where
 #: from Python floats, a float32 tensor)
-VESPO_OTHER = {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5}
+VESPO_OTHER: dict[str, Any] = {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5}
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.04])
@@ -72,7 +61,7 @@ def test_evaluation_mode_and_other_accumulation(model_dir: Path, loss_type: str)
     for ga in (1, 3):
         trainer.current_gradient_accumulation_steps = ga
         assert_parity(trainer, seed=11, ref=False)
-    trainer.model.eval()
+    trainer.model.eval()  # type: ignore[union-attr]
     assert_parity(trainer, seed=12, ref=False)
 
 

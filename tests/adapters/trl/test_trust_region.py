@@ -1,6 +1,6 @@
 """The trust region in TRL's loop without DeepSpeed: ``StabilityCallback`` measures each update's relative size
 when the guard's ``trust_region`` reads it, reports it into the next step's stats, and the LR multiplier applies to
-the next optimizer step (the part of ``Trainer``'s loop around one optimizer step, as in ``test_trl_guard.py``)."""
+the next optimizer step (the part of ``Trainer``'s loop around one optimizer step: ``tests/helpers/trl_loop.py``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import torch
 
 pytest.importorskip("trl")
 
-from test_trl_guard import Loop
-
 from rlguard.adapters.trl import StabilityCallback
 from rlguard.guards import Decision, Guard, GuardConfig
+from tests.helpers.trl_loop import Loop
 
 
 class RecordingGuard(Guard):

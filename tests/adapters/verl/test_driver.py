@@ -1,24 +1,16 @@
-"""``rlguard.adapters.verl.guarded`` and ``.driver``: the guarded policy loss against verl's own, and the driver on
-a stand-in trainer.
+"""``rlguard.adapters.verl.driver`` and ``.trainers``: the driver on stand-in trainers.
 
-Loss: float64 inputs through verl's registry (``rlguard.gspo`` under ``GuardedPolicyLossConfig``); references are
-verl's own ``gspo`` (equal to ``rlguard.gspo`` for per-sequence advantages, tests/test_adapters_verl.py) on the
-data with the poisoned rows masked, or with the clip ratios changed.
-
-Driver: verl's Ray trainer cannot be built here (no GPU, no rollout engine; verl 0.9.1's ``ray_trainer`` also
-needs ``cachetools``, absent from this environment). :func:`guarded_trainer_class` is applied to ``FakeTrainer``,
-whose ``fit``, ``_save_checkpoint`` and ``_load_checkpoint`` follow verl's (same folder layout, same local import
-of ``verl.utils.tracking.Tracking`` in ``fit``), with stand-in worker groups that record the calls.
+verl's Ray trainer cannot be built here (no GPU, no rollout engine; verl 0.9.1's ``ray_trainer`` also needs
+``cachetools``, absent from this environment). :func:`guarded_trainer_class` is applied to ``FakeTrainer``
+(tests/helpers/verl_stand_in.py), whose ``fit``, ``_save_checkpoint`` and ``_load_checkpoint`` follow verl's (same
+folder layout, same local import of ``verl.utils.tracking.Tracking`` in ``fit``), with stand-in worker groups that
+record the calls. The guarded loss itself: ``test_guarded.py``.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import inspect
 import json
-import math
-import os
 import warnings
 from functools import partial
 from pathlib import Path
@@ -30,308 +22,19 @@ import torch
 pytest.importorskip("verl", reason="the verl adapter needs verl (pip install 'rlguard[verl]')")
 
 from omegaconf import open_dict  # after the skip: verl brings omegaconf
-from verl.trainer.ppo import core_algos
-from verl.workers.config import ActorConfig
 
-from rlguard.adapters.verl import GuardedPolicyLossConfig, RLGuardPolicyLossConfig, guarded_trainer_class
+from rlguard.adapters.verl import GuardedPolicyLossConfig, guarded_trainer_class
 from rlguard.adapters.verl import driver as verl_guard
 from rlguard.adapters.verl import trainers as verl_trainers
 from rlguard.guards import GuardConfig
-
-B, T = 4, 6
-GLOBAL = {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": 8, "loss_scale_factor": None}
-GUARDED_TARGET = "rlguard.adapters.verl.GuardedPolicyLossConfig"
-
-
-def actor(policy_loss: Any = None, **overrides: Any) -> ActorConfig:
-    values: dict[str, Any] = {
-        "strategy": "fsdp",
-        "rollout_n": 1,
-        "ppo_micro_batch_size_per_gpu": 1,
-        "clip_ratio_low": 0.2,
-        "clip_ratio_high": 0.28,
-        "loss_agg_mode": "seq-mean-token-mean",
-        **overrides,
-    }
-    if policy_loss is not None:
-        values["policy_loss"] = policy_loss
-    config = ActorConfig(**values)
-    config.global_batch_info.update(GLOBAL)
-    return config
-
-
-def guarded(**kwargs: Any) -> ActorConfig:
-    return actor(GuardedPolicyLossConfig(loss_mode="rlguard.gspo", **kwargs))
-
-
-def inputs(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Per-sequence advantages; sequence log-ratios 0.18, -0.15, 0.25, -0.2 (plus noise) put rows 0 and 3
-    inside verl's clip range [0.8, 1.28] and outside the halved one [0.9, 1.14]."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    offset = torch.tensor([0.18, -0.15, 0.25, -0.2], dtype=torch.float64).unsqueeze(1)
-    log_prob = (old + offset + 0.01 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
-    lengths = torch.tensor([6, 4, 5, 3])
-    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-    adv = torch.tensor([1.0, -0.5, 0.8, -1.2], dtype=torch.float64).unsqueeze(1).expand(B, T) * mask
-    return {"old_log_prob": old, "log_prob": log_prob, "advantages": adv.clone(), "response_mask": mask}
-
-
-def run(
-    mode: str, data: dict[str, torch.Tensor], config: ActorConfig
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    log_prob = data["log_prob"].detach().clone().requires_grad_()
-    fn = core_algos.get_policy_loss_fn(mode)
-    loss, metrics = fn(
-        **{**data, "log_prob": log_prob}, loss_agg_mode=config.loss_agg_mode, config=config, rollout_is_weights=None
-    )
-    loss.backward()
-    assert log_prob.grad is not None
-    return loss.detach(), log_prob.grad, metrics
-
-
-def poison(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Row 1: NaN advantages (a NaN score); row 2: one Inf old log-prob."""
-    bad = {key: value.detach().clone() for key, value in data.items()}
-    bad["advantages"][1] = float("nan")
-    bad["old_log_prob"][2, 1] = float("inf")
-    return bad
-
-
-# -- the guarded loss -------------------------------------------------------------------------------------
-
-
-def test_poisoned_sequences_are_masked_as_verl_would_without_them() -> None:
-    clean = inputs()
-    rows = torch.tensor([True, False, False, True])
-    without = {**clean, "response_mask": clean["response_mask"] & rows.unsqueeze(1)}
-    loss, grad, metrics = run("rlguard.gspo", poison(clean), guarded(max_poisoned_frac=1.0))
-    ref_loss, ref_grad, _ = run("gspo", without, actor())  # verl's own GSPO on the rows left
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=0)
-    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=0)
-    assert torch.isfinite(grad).all() and not grad[1:3].any()
-    assert ref_grad[0].abs().sum() > 0 and math.isfinite(loss.item())
-    # 4 NaN advantages in row 1 (its length) + 1 Inf old log-prob; 2 of 4 sequences; their 9 of 18 tokens
-    assert metrics["rlguard/nonfinite"] == 5.0
-    assert metrics["rlguard/guard/poisoned_seqs"] == 2.0
-    assert metrics["rlguard/guard/skipped"] == 0.0
-    assert metrics["rlguard/masked_frac"] == pytest.approx(9 / 18)
-
-
-def test_poisoned_fraction_over_threshold_gives_zero_loss_and_gradient() -> None:
-    loss, grad, metrics = run("rlguard.gspo", poison(inputs()), guarded(max_poisoned_frac=0.25))
-    assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
-    assert metrics["rlguard/guard/skipped"] == 1.0 and metrics["rlguard/guard/poisoned_seqs"] == 2.0
-
-
-def test_skip_from_the_driver_zeroes_a_clean_micro_batch() -> None:
-    _, clean_grad, _ = run("rlguard.gspo", inputs(), guarded())
-    loss, grad, metrics = run("rlguard.gspo", inputs(), guarded(skip=True))
-    assert clean_grad.abs().sum() > 0
-    assert loss.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad)) and metrics["rlguard/guard/skipped"] == 1.0
-
-
-def test_zero_loss_of_a_skip_stays_finite_with_nan_current_log_probs() -> None:
-    data = inputs()
-    data["log_prob"] = data["log_prob"].detach().clone()
-    data["log_prob"][0, 0] = float("nan")
-    loss, grad, _ = run("rlguard.gspo", data, guarded(skip=True))
-    assert loss.item() == 0.0 and torch.isfinite(grad).all()
-
-
-@pytest.mark.parametrize(
-    ("controls", "low", "high"),
-    [
-        ({"clip_scale": 0.5}, 0.1, 0.14),
-        ({"clip_low": 0.1, "clip_high": 0.2}, 0.1, 0.2),
-        ({"clip_low": 0.1, "clip_high": 0.2, "clip_scale": 0.5}, 0.05, 0.1),
-    ],
-)
-def test_clip_controls_set_verls_clip_range(controls: dict[str, float], low: float, high: float) -> None:
-    loss, grad, metrics = run("rlguard.gspo", inputs(), guarded(controls=controls))
-    ref_loss, ref_grad, ref_metrics = run("gspo", inputs(), actor(clip_ratio_low=low, clip_ratio_high=high))
-    _, wide_grad, _ = run("gspo", inputs(), actor())
-    torch.testing.assert_close((loss, grad), (ref_loss, ref_grad), rtol=1e-12, atol=0)
-    assert metrics["actor/pg_clipfrac"] == pytest.approx(ref_metrics["actor/pg_clipfrac"])
-    assert not torch.allclose(grad, wide_grad)  # the range matters on these data
-    assert metrics["rlguard/guard/clip_scale"] == controls.get("clip_scale", 1.0)
-    assert (metrics["rlguard/guard/clip_low"], metrics["rlguard/guard/clip_high"]) == pytest.approx((low, high))
-
-
-def test_clip_scale_also_scales_clip_values_in_objective_kwargs() -> None:
-    scaled = guarded(objective_kwargs={"clip_low": 0.2, "clip_high": 0.3}, controls={"clip_scale": 0.5})
-    direct = actor(
-        RLGuardPolicyLossConfig(loss_mode="rlguard.gspo", objective_kwargs={"clip_low": 0.1, "clip_high": 0.15})
-    )
-    torch.testing.assert_close(run("rlguard.gspo", inputs(), scaled)[:2], run("rlguard.gspo", inputs(), direct)[:2])
-
-
-def test_the_plain_config_stays_unguarded() -> None:
-    plain = actor(RLGuardPolicyLossConfig(loss_mode="rlguard.gspo"))
-    with pytest.raises(ValueError, match="advantages contains 4 NaN values"):
-        run("rlguard.gspo", poison(inputs()), plain)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"max_poisoned_frac": 1.5}, r"max_poisoned_frac must be in \[0, 1\].*1\.5"),
-        ({"controls": {"clip_scale": 0.0}}, r"clip_scale must be a finite number > 0; got 0\.0"),
-        ({"controls": {"clip_low": -0.1}}, r"clip_low must be None or a finite number >= 0; got -0\.1"),
-        ({"controls": {"temperature": 1.0}}, r"controls: unknown \['temperature'\]"),
-    ],
-)
-def test_guarded_config_rejects(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        GuardedPolicyLossConfig(loss_mode="rlguard.gspo", **kwargs)
-
+from tests.helpers.guards import ScriptedGuard
+from tests.helpers.verl_loss import GLOBAL, actor, inputs, run
+from tests.helpers.verl_stand_in import FakeTrainer, healthy, poisoned_run, trainer_config
 
 # -- the driver on a stand-in trainer ---------------------------------------------------------------------
 
 
-@functools.cache
-def _composed() -> Any:
-    """verl's ppo_trainer.yaml with the guarded loss, as a user's command line would set it (composed once)."""
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    overrides = [
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo",
-        f"actor_rollout_ref.actor.policy_loss._target_={GUARDED_TARGET}",
-    ]
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
-
-
-def trainer_config(tmp_path: Path, **trainer: Any) -> Any:
-    """A copy of the composed config with ``trainer.<key>=<value>`` and checkpoints under ``tmp_path``."""
-    config = copy.deepcopy(_composed())
-    config.trainer.default_local_dir = str(tmp_path / "ckpt")
-    for key, value in trainer.items():
-        config.trainer[key] = value
-    return config
-
-
-class FakeWorkerGroup:
-    """Records the calls the driver makes; a checkpoint holds the "weights version" current when saved."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.calls: list[tuple[str, Any]] = []
-        self.loss_fns: list[Any] = []
-
-    def save_checkpoint(self, local_path: str, hdfs_path: Any = None, global_step: int = 0, **kwargs: Any) -> None:
-        Path(local_path).mkdir(parents=True, exist_ok=True)
-        (Path(local_path) / "weights.txt").write_text(str(self.version))
-
-    def load_checkpoint(self, local_path: str, hdfs_path: Any = None, del_local_after_load: bool = False) -> None:
-        self.calls.append(("load_checkpoint", local_path))
-        self.version = int((Path(local_path) / "weights.txt").read_text())
-
-    def set_loss_fn(self, loss_fn: Any) -> None:
-        self.calls.append(("set_loss_fn", loss_fn))
-        self.loss_fns.append(loss_fn)
-
-
-class FakeCheckpointManager:
-    def __init__(self, calls: list[tuple[str, Any]]) -> None:
-        self.calls = calls
-
-    def sleep_replicas(self) -> None:
-        self.calls.append(("sleep_replicas", None))
-
-    def update_weights(self, global_steps: int) -> None:
-        self.calls.append(("update_weights", global_steps))
-
-
-class FakeTrainer:
-    """The parts of verl's RayPPOTrainer the guard touches, in verl's order (ray_trainer.py, ``fit``)."""
-
-    def __init__(self, config: Any, steps: list[dict[str, float]]) -> None:
-        self.config = config
-        self.steps = steps
-        self.global_steps = 0
-        self.use_critic = False
-        self.actor_rollout_wg = FakeWorkerGroup()
-        self.checkpoint_manager = FakeCheckpointManager(self.actor_rollout_wg.calls)
-        self.ran: list[int] = []
-        self.shut_down = False
-
-    def fit(self) -> None:
-        from verl.utils.tracking import Tracking  # as verl's fit: the name is looked up when fit starts
-
-        logger = Tracking(project_name="p", experiment_name="e", default_backend=[])
-        self._load_checkpoint()
-        logger.log(data={"val-core/acc": 0.0}, step=self.global_steps)  # val_before_train
-        self.global_steps += 1
-        while self.global_steps <= len(self.steps):
-            step = self.global_steps
-            self.actor_rollout_wg.version = step  # the update of this step
-            self.ran.append(step)
-            if self.config.trainer.save_freq > 0 and step % self.config.trainer.save_freq == 0:
-                self._save_checkpoint()
-            logger.log(data={**self.steps[step - 1], "training/global_step": step}, step=step)
-            self.global_steps += 1
-
-    def _save_checkpoint(self) -> None:
-        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
-        self.actor_rollout_wg.save_checkpoint(str(folder / "actor"), None, self.global_steps)
-        (Path(self.config.trainer.default_local_dir) / "latest_checkpointed_iteration.txt").write_text(
-            str(self.global_steps)
-        )
-
-    def _load_checkpoint(self) -> int:
-        latest = Path(self.config.trainer.default_local_dir) / "latest_checkpointed_iteration.txt"
-        if self.config.trainer.resume_mode == "disable" or not latest.exists():
-            return 0
-        self.global_steps = int(latest.read_text())
-        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
-        self.actor_rollout_wg.load_checkpoint(str(folder / "actor"))
-        return 0
-
-    def _shutdown_dump_executor(self) -> None:
-        self.shut_down = True
-
-
 Trainer = guarded_trainer_class(FakeTrainer)
-
-
-def healthy(step: int, **changes: float) -> dict[str, float]:
-    wiggle = 0.01 * ((step * 7) % 5)
-    return {
-        "actor/pg_loss": -0.1 + wiggle,
-        "actor/grad_norm": 1.0 + wiggle,
-        "actor/entropy": 2.0 + wiggle,
-        "critic/score/mean": 0.5 + wiggle,
-        "response_length/mean": 100.0 + step % 3,
-        "actor/rlguard/kl_old": 0.01,  # the workers' rlguard/kl_old after verl's rename_dict(..., "actor/")
-        "actor/rlguard/nonfinite": 0.0,
-        **changes,
-    }
-
-
-def poisoned_run(n_healthy: int, n_poisoned: int) -> list[dict[str, float]]:
-    return [healthy(s) for s in range(1, n_healthy + 1)] + [
-        healthy(s, **{"actor/rlguard/nonfinite": 1.0}) for s in range(n_healthy + 1, n_healthy + n_poisoned + 1)
-    ]
-
-
-@pytest.fixture
-def logged(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any]]]:
-    """What verl's loggers receive (the guard's subclass wraps whatever Tracking is when fit starts)."""
-    import verl.utils.tracking as tracking
-
-    records: list[tuple[int, dict[str, Any]]] = []
-
-    class Recording(tracking.Tracking):
-        def log(self, data: dict[str, Any], step: int, backend: Any = None) -> None:
-            records.append((step, dict(data)))
-
-    monkeypatch.setattr(tracking, "Tracking", Recording)
-    return records
 
 
 def test_poisoned_steps_roll_back_to_the_last_healthy_checkpoint(
@@ -560,7 +263,7 @@ def test_legacy_task_runner_builds_the_class_bound_in_its_own_globals() -> None:
     assert shipped.__globals__["RayPPOTrainer"] is Marker
     assert v0.RayPPOTrainer is not Marker  # rebinding the module would have been the no-op of the old code
 
-    def run(self: Any, config: Any) -> None:
+    def run(self: Any, config: Any) -> None:  # type: ignore[no-redef]
         return None
 
     with pytest.raises(RuntimeError, match="no longer builds its trainer as the global RayPPOTrainer"):
@@ -570,24 +273,9 @@ def test_legacy_task_runner_builds_the_class_bound_in_its_own_globals() -> None:
 
 
 # -- the guard's mismatch remedies in verl ------------------------------------------------------------------
-def test_kept_gradient_remedy_is_verls_own_cispo_at_the_same_upper_bound() -> None:
-    """The driver's kept_gradient control on ``rlguard.grpo`` (verl's clip 0.2 / 0.28) gives verl's own ``cispo``
-    loss with no lower bound (``clip_ratio_low=1``) and the same upper one: loss and gradient."""
-    data = inputs(1)
-    grpo = lambda **kw: actor(GuardedPolicyLossConfig(loss_mode="rlguard.grpo", **kw))  # noqa: E731
-    plain, _, _ = run("rlguard.grpo", data, grpo())
-    loss, grad, _ = run("rlguard.grpo", data, grpo(controls={"kept_gradient": True}))
-    ref_loss, ref_grad, _ = run("cispo", data, actor(clip_ratio_low=1.0))
-    assert not torch.allclose(plain, ref_loss), "degenerate case: the hard clip must bind somewhere"
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=0)
-    torch.testing.assert_close(grad, ref_grad, rtol=1e-12, atol=0)
-
-
 def test_the_driver_offers_kept_gradient_where_the_objective_zeroes_gradients(tmp_path: Path) -> None:
     """``kept_gradient`` is a driver capability for ``rlguard.grpo``, not for ``rlguard.cispo``; a rollout
-    correction only through verl's ``algorithm.rollout_correction`` (tests/test_verl_rollout_correction.py)."""
-    from test_actuators import ScriptedGuard
-
+    correction only through verl's ``algorithm.rollout_correction`` (tests/adapters/verl/test_rollout_correction.py)."""
     for mode, expected in (("rlguard.grpo", True), ("rlguard.cispo", False)):
         config = trainer_config(tmp_path)
         config.actor_rollout_ref.actor.policy_loss.loss_mode = mode

@@ -27,55 +27,25 @@ pytest.importorskip("verl", reason="the verl adapter needs verl (pip install 'rl
 from omegaconf import OmegaConf  # after the skip: verl brings omegaconf
 from verl.trainer.ppo import core_algos
 from verl.utils.config import omega_conf_to_dataclass
-from verl.workers.config import ActorConfig, PolicyLossConfig
+from verl.workers.config import ActorConfig
 
 from rlguard.adapters import verl as adapter
 from rlguard.core_losses import list_objectives
+from tests.helpers.verl_parity import (
+    ATOL,
+    DP,
+    RTOL,
+    VERL_MODES,
+    B,
+    T,
+    actor_config,
+    dp_info,
+    make_inputs,
+    micro_batches,
+)
 
-RTOL, ATOL = 1e-6, 1e-9
-VERL_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 #: (rlguard objective, verl loss_mode), compared for every loss_agg_mode
 PAIRS = (("grpo", "vanilla"), ("gspo", "gspo"), ("sapo", "sapo"), ("cispo", "cispo"), ("gmpo", "geo_mean"))
-B, T = 8, 9  # global batch: 2 ranks x 2 micro-batches x 2 sequences
-DP, MICRO = 2, 2
-LOSS_SCALE_FACTOR = 16
-
-
-def actor_config(policy_loss: PolicyLossConfig | None = None, **overrides: Any) -> ActorConfig:
-    """verl's ActorConfig with the GSPO-like clip range our data exercise on both sides."""
-    values: dict[str, Any] = {
-        "strategy": "fsdp",
-        "rollout_n": 1,
-        "ppo_micro_batch_size_per_gpu": 1,
-        "clip_ratio_low": 0.2,
-        "clip_ratio_high": 0.28,
-        "clip_ratio_c": 3.0,
-        "tau_pos": 1.0,
-        "tau_neg": 1.05,
-    }
-    values.update(overrides)
-    if policy_loss is not None:
-        values["policy_loss"] = policy_loss
-    return ActorConfig(**values)
-
-
-def make_inputs(token_advantages: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Float64 (B, T) inputs: ragged right-padded masks with one empty row, garbage in the padding of the
-    log-probs, log-ratios wide enough (std 0.7) for PPO's clip and the dual clip (ratio > 3) to act.
-
-    The garbage is finite: verl's gspo and seq-mean aggregations multiply by the mask, so NaN there would
-    turn verl's own loss into NaN."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([9, 3, 7, 1, 5, 0, 9, 4])
-    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)  # (B, T) bool, as verl's ppo_loss passes it
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3  # (B, T)
-    log_prob = old + 0.7 * torch.randn(B, T, generator=g, dtype=torch.float64)
-    scores = torch.randn(B, 1, generator=g, dtype=torch.float64)
-    log_prob[:, 0] = torch.where(scores[:, 0] < 0, old[:, 0] + 1.6, log_prob[:, 0])  # ratio 4.95 > clip_ratio_c
-    log_prob = torch.where(mask, log_prob, torch.full_like(log_prob, 5.0))
-    noise = torch.randn(B, T, generator=g, dtype=torch.float64) if token_advantages else 0.0
-    advantages = (scores + noise) * mask  # (B, T): verl broadcasts sequence advantages over the response
-    return {"old_log_prob": old, "log_prob": log_prob, "advantages": advantages, "response_mask": mask}
 
 
 def token_weights(seq_level: bool, seed: int = 1) -> torch.Tensor:
@@ -83,16 +53,6 @@ def token_weights(seq_level: bool, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     shape = (B, 1) if seq_level else (B, T)
     return (0.2 + 1.8 * torch.rand(*shape, generator=g, dtype=torch.float64)).expand(B, T).contiguous()
-
-
-def dp_info(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """What verl's engine writes into config.global_batch_info on each of DP ranks: global counts."""
-    return {
-        "dp_size": DP,
-        "batch_num_tokens": int(inputs["response_mask"].sum()),
-        "global_batch_size": B,
-        "loss_scale_factor": LOSS_SCALE_FACTOR,
-    }
 
 
 def single_info(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -131,11 +91,6 @@ def run(
     )
     (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True, materialize_grads=True)
     return loss.detach(), grad.nan_to_num(), metrics  # padding's gradient is NaN in verl (NaN * 0); never used
-
-
-def micro_batches() -> list[slice]:
-    """Rank r holds rows [4r, 4r + 4), in micro-batches of 2."""
-    return [slice(start, start + MICRO) for start in range(0, B, MICRO)]
 
 
 def data_parallel(
@@ -449,4 +404,4 @@ def test_value_head_patch_still_applies_where_the_class_exists(monkeypatch: pyte
     adapter.patch_verl_trl_value_head_check()
     assert monkey_patch.is_trl_available()
     monkey_patch.apply_monkey_patch(_tiny_causal_lm(), use_remove_padding=False)
-    assert value_head.state_dict is not torch.nn.Module.state_dict  # verl replaced it
+    assert value_head.state_dict is not torch.nn.Module.state_dict  # type: ignore[attr-defined]  # verl replaced it

@@ -24,20 +24,7 @@ from verl.trainer.ppo import core_algos  # after the skip
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from rlguard.adapters import verl as adapter
-
-try:
-    from tests.test_adapters_verl import ATOL, DP, RTOL, VERL_MODES, actor_config, dp_info, make_inputs, micro_batches
-except ImportError:  # pytest run without the repository root on sys.path
-    from test_adapters_verl import (  # type: ignore[no-redef]
-        ATOL,
-        DP,
-        RTOL,
-        VERL_MODES,
-        actor_config,
-        dp_info,
-        make_inputs,
-        micro_batches,
-    )
+from tests.helpers.verl_parity import ATOL, DP, RTOL, VERL_MODES, actor_config, dp_info, make_inputs, micro_batches
 
 SEED = 2026
 #: loss_mode -> the policy_loss settings that make its mechanism act on these inputs
@@ -51,7 +38,7 @@ POLICY_LOSS: dict[str, dict[str, Any]] = {
 }
 NAMES = tuple(POLICY_LOSS)
 #: the same objectives under verl's own defaults (dro has none: verl requires dro_beta)
-DEFAULTS = {"clip_cov": {}, "kl_cov": {}, "dppo_tv": {}, "dppo_kl": {}}
+DEFAULTS: dict[str, dict[str, Any]] = {"clip_cov": {}, "kl_cov": {}, "dppo_tv": {}, "dppo_kl": {}}
 
 
 def log_probabilities(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -99,7 +86,7 @@ def call(
     return loss.detach(), grad.nan_to_num(), metrics
 
 
-def assert_same(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> None:
+def assert_same(actual: tuple[Any, ...], expected: tuple[Any, ...]) -> None:
     torch.testing.assert_close(actual[0], expected[0], rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(actual[1], expected[1], rtol=RTOL, atol=ATOL)
 

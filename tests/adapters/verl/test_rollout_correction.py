@@ -4,7 +4,7 @@ Parity against verl's ``compute_rollout_correction_and_add_to_batch`` (what verl
 float64 data: its token TIS weights are rlguard's ``truncated_is_weights`` and, through rlguard's guarded verl loss,
 give the core objective under ``Controls(rollout_is_cap=C)``. Its geometric rejection (``seq_mean_k1``) keeps the same
 sequences as rlguard's geometric mask but changes the loss's normaliser, which is why the driver does not map
-``rollout_mask_high``. The driver runs on the stand-in trainers of ``test_verl_guard.py`` (no Ray).
+``rollout_mask_high``. The driver runs on the stand-in trainers of ``tests/helpers/verl_stand_in.py`` (no Ray).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import torch
 pytest.importorskip("verl", reason="the verl adapter needs verl (pip install 'rlguard[verl]')")
 
 from omegaconf import OmegaConf  # after the skip: verl brings omegaconf
-from test_actuators import ScriptedGuard
-from test_verl_guard import FakeTrainer, trainer_config
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
@@ -38,6 +36,8 @@ from rlguard.guards.events import Finding
 from rlguard.guards.interventions import StepContext
 from rlguard.guards.remedies import MismatchRemedy
 from rlguard.guards.synthetic import healthy_stream
+from tests.helpers.guards import ScriptedGuard
+from tests.helpers.verl_stand_in import FakeTrainer, trainer_config
 
 B, T = 4, 6
 CAP = 1.5
@@ -247,7 +247,7 @@ def run_script(config: Any) -> list[dict[str, Any] | None]:
     steps = [{"actor/pg_loss": 0.1} for _ in range(5)]
     trainer = CorrectionGuarded(config, steps, guard=ScriptedGuard(script))
     trainer.fit()
-    return trainer.read  # type: ignore[no-any-return]
+    return trainer.read
 
 
 def test_the_driver_sets_token_tis_between_steps_and_clears_it(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The guard's ``lr_scale`` in verl: ``rlguard.adapters.verl.worker`` on a real torch optimizer and ``LambdaLR`` (what
-verl's FSDP engine holds), and the driver on the stand-in trainers of ``test_verl_guard.py`` with verl's real worker
-classes in their worker mapping (``ray.remote`` classes; no Ray cluster is started)."""
+verl's FSDP engine holds), and the driver on the stand-in trainers of ``tests/helpers/verl_stand_in.py`` with verl's
+real worker classes in their worker mapping (``ray.remote`` classes; no Ray cluster is started)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import torch
 pytest.importorskip("verl", reason="the verl adapter needs verl (pip install 'rlguard[verl]')")
 
 import ray  # after the skip: verl brings Ray
-import test_verl_guard
-from test_verl_guard import FakeTrainer, FakeWorkerGroup, healthy, poisoned_run, trainer_config
 from verl.trainer.ppo.utils import Role
 from verl.utils.torch_functional import get_cosine_schedule_with_warmup
 
@@ -33,8 +31,8 @@ from rlguard.adapters.verl.compat import LR_SCALE_METHOD, use_lr_worker, v1_maps
 from rlguard.guards import Controls, Decision, GuardConfig
 from rlguard.guards.actuator import apply_decision
 from rlguard.guards.schedules import Piecewise
+from tests.helpers.verl_stand_in import FakeTrainer, FakeWorkerGroup, healthy, poisoned_run, trainer_config
 
-logged = test_verl_guard.logged  # the fixture: what verl's loggers receive
 BASE_LR, WARMUP, TOTAL = 1e-2, 3, 10
 
 
@@ -115,7 +113,7 @@ def test_the_worker_method_is_registered_for_every_rank_and_scales_its_engine() 
     from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
 
     method = getattr(GuardedActorRolloutRefWorker, LR_SCALE_METHOD)
-    assert getattr(method, MAGIC_ATTR)["dispatch_mode"] == Dispatch.ONE_TO_ALL  # as verl's set_loss_fn
+    assert getattr(method, MAGIC_ATTR)["dispatch_mode"] == Dispatch.ONE_TO_ALL  # type: ignore[attr-defined]  # as verl's set_loss_fn
     weight, optimizer, scheduler = sgd_with_schedule()
     update_size(weight, optimizer, scheduler)
     worker = SimpleNamespace(actor=SimpleNamespace(engine=SimpleNamespace(optimizer=optimizer, lr_scheduler=scheduler)))
@@ -134,7 +132,7 @@ def test_only_verls_stock_actor_worker_is_replaced() -> None:
     assert use_lr_worker(mapping, GuardedActorRolloutRefWorker) and worker_sets_lr(mapping)
     assert mapping[Role.Critic] is object
 
-    class UsersWorker(ActorRolloutRefWorker):  # type: ignore[misc]  # a user's own worker: left alone
+    class UsersWorker(ActorRolloutRefWorker):  # a user's own worker: left alone
         pass
 
     theirs: dict[Any, Any] = {Role.ActorRolloutRef: ray.remote(UsersWorker)}
@@ -153,7 +151,7 @@ def test_the_guarded_v1_trainer_maps_rlguards_actor_worker(tmp_path: Path) -> No
     assert v1_maps_stock_workers(PPOTrainerSync) and cls.rlguard_lr_worker
     # a V1 trainer that maps its own worker (verl's separate-async one) keeps it: lr_scale is recorded only there
     assert not v1_maps_stock_workers(PPOTrainerSeparateAsync)
-    assert not guarded_trainer_class(PPOTrainerSeparateAsync).rlguard_lr_worker
+    assert not guarded_trainer_class(PPOTrainerSeparateAsync).rlguard_lr_worker  # type: ignore[attr-defined]
     trainer = object.__new__(cls)  # verl's _init_resource_pool_mgr reads only the config
     trainer.config = trainer_config(tmp_path)
     trainer._init_resource_pool_mgr()
@@ -176,7 +174,7 @@ def lr_trainer(worker: type) -> type:
     class WithWorkers(FakeTrainer):
         def __init__(self, config: Any, steps: list[dict[str, float]]) -> None:
             super().__init__(config, steps)
-            self.role_worker_mapping = {Role.ActorRollout: ray.remote(worker)}
+            self.role_worker_mapping: dict[Any, Any] = {Role.ActorRollout: ray.remote(worker)}
             self.actor_rollout_wg = LrWorkerGroup()
             self.checkpoint_manager.calls = self.actor_rollout_wg.calls
 

@@ -3,15 +3,15 @@ and objective controls after each step, against a reference written out step by 
 
 Actuators here: the plain-torch loop (:class:`TorchActuator`), transformers' ``Trainer`` under DDP
 (``StabilityCallback`` driven through the callback events, in the trainer's order), verl's driver (stand-in trainer
-of ``test_verl_guard.py``, whose workers are verl's stock ones; declared gaps: no ``drop_update``, and no
-``lr_scale`` without rlguard's actor worker, see ``test_verl_lr_scale.py``). TRL under DeepSpeed ZeRO-2/3:
+of ``tests/helpers/verl_stand_in.py``, whose workers are verl's stock ones; declared gaps: no ``drop_update``, and no
+``lr_scale`` without rlguard's actor worker, see ``tests/adapters/verl/test_worker.py``). TRL under DeepSpeed ZeRO-2/3:
 ``integration_tests/test_actuators_zero.py`` (two processes).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from rlguard.guards.actuator import (
     check_capabilities,
 )
 from rlguard.guards.decision import decision_action
+from tests.helpers.guards import ScriptedGuard
 
 LR = 0.1
 #: the script: snapshot, half LR and clip range, a skip (the LR scale stays), clip-higher with beta and entropy
@@ -55,7 +56,7 @@ def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def backward(model: torch.nn.Module, step: int) -> None:
     x = torch.arange(12, dtype=torch.float64).reshape(4, 3) / (step + 1)
-    model(x).pow(2).sum().backward()  # type: ignore[no-untyped-call]
+    model(x).pow(2).sum().backward()
 
 
 def record(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lrs: list[float], objective: Objective) -> Record:
@@ -144,18 +145,7 @@ def torch_loop() -> tuple[list[Record], bool]:
     return records, actuator.stopped
 
 
-class ScriptedGuard(Guard):
-    """A real Guard whose decision at each step is scripted."""
-
-    def __init__(self, script: Mapping[int, Decision]) -> None:
-        super().__init__(GuardConfig.preset("monitor"))
-        self.script = dict(script)
-
-    def observe(self, step: int, stats: Mapping[str, float]) -> Decision:
-        return self.script.get(step, Decision(step))
-
-
-def trainer_stand_in(guarded_trainer: type) -> type:
+def trainer_stand_in(guarded_trainer: type[Any]) -> type:
     """A stand-in trainer carrying GuardedGRPOTrainer's real ``rlguard_set_controls`` and TRL's metric store."""
 
     class StandIn:
@@ -193,7 +183,7 @@ def trl_ddp_loop(tmp_path: Path) -> tuple[list[Record], bool]:
     records, stopped = [], False
     for d in SCRIPT:
         backward(model, d.step)
-        kw = {"model": model, "optimizer": optimizer, "lr_scheduler": None}
+        kw: dict[str, Any] = {"model": model, "optimizer": optimizer, "lr_scheduler": None}
         callback.on_pre_optimizer_step(args, state, control, **kw)
         optimizer.step()
         callback.on_optimizer_step(args, state, control, **kw)
@@ -234,9 +224,8 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     checkpoint, rollback loads the newest one at or before ``rollback_to``, halt ends fit; the controls reach the
     workers' config."""
     pytest.importorskip("verl")
-    from test_verl_guard import FakeTrainer, trainer_config
-
     from rlguard.adapters.verl import VerlGuardDriver
+    from tests.helpers.verl_stand_in import FakeTrainer, trainer_config
 
     config = trainer_config(tmp_path)
     config.actor_rollout_ref.actor.use_kl_loss = True
@@ -245,7 +234,7 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
     trainer = FakeTrainer(config, [])
     driver = VerlGuardDriver(trainer, ScriptedGuard({d.step: d for d in SCRIPT}))
     # rollout_correction: verl's algorithm.rollout_correction, set by the driver (verl's yaml returns the engine's
-    # log-probs; tests/test_verl_rollout_correction.py); not rollout_mask (verl has no exact geometric mask)
+    # log-probs; tests/adapters/verl/test_rollout_correction.py); not rollout_mask (verl has no exact geometric mask)
     assert driver.capabilities == CAPABILITIES - {
         "drop_update",
         "lr_scale",
@@ -265,7 +254,7 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
         if d.step == 4:
             sent_controls = sent.policy_loss.controls if sent is not None else {}
             assert (sent_controls["clip_scale"], sent_controls["clip_high_scale"]) == (1.0, 2.0)
-            assert (sent.kl_loss_coef, sent.entropy_coeff) == (0.01, 0.02)
+            assert (sent.kl_loss_coef, sent.entropy_coeff) == (0.01, 0.02)  # type: ignore[union-attr]
         if d.step == 5:  # back to step 1's checkpoint
             assert trainer.actor_rollout_wg.version == 1
             assert (sent.kl_loss_coef, sent.entropy_coeff) == (0.04, 0.001)  # type: ignore[union-attr]
@@ -286,10 +275,10 @@ def test_the_executor_calls_only_what_an_actuator_declares() -> None:
             return method
 
     decision = Decision(3, "skip", Controls(lr_scale=0.5, clip_scale=0.5, beta=0.1), snapshot=True)
-    applied = apply_decision(decision, Recording())  # type: ignore[arg-type]
+    applied = apply_decision(decision, Recording())
     assert calls == ["snapshot", "apply_update", "set_controls"]
     assert applied.outcome == "skip" and set(applied.record_only) == {"lr_scale", "drop_update", "beta"}
-    rollback = apply_decision(Decision(4, "rollback"), Recording())  # type: ignore[arg-type]
+    rollback = apply_decision(Decision(4, "rollback"), Recording())
     assert rollback.outcome == "halt" and {"restore", "stop"} <= set(rollback.record_only)  # cannot restore: halt
 
 
@@ -365,7 +354,7 @@ def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(t
     guard = ScriptedGuard({})
     seen: list[dict[str, float]] = []
     observe = guard.observe
-    guard.observe = lambda step, stats: (seen.append(dict(stats)), observe(step, stats))[1]  # type: ignore[method-assign]
+    guard.observe = lambda step, stats: (seen.append(dict(stats)), observe(step, stats))[1]  # type: ignore[method-assign,func-returns-value]
     callback = StabilityCallback(guard=guard, measure_update=True)
     callback.attach(trainer_stand_in(GuardedGRPOTrainer)())
     args = TrainingArguments(
@@ -377,7 +366,7 @@ def test_the_trl_callback_reports_the_last_update_size_in_the_next_steps_stats(t
     for step in (1, 2):
         backward(model, step)
         before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
-        kw = {"model": model, "optimizer": optimizer, "lr_scheduler": None}
+        kw: dict[str, Any] = {"model": model, "optimizer": optimizer, "lr_scheduler": None}
         callback.on_pre_optimizer_step(args, state, control, **kw)
         optimizer.step()
         callback.on_optimizer_step(args, state, control, **kw)

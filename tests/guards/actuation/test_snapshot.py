@@ -27,7 +27,7 @@ from rlguard.guards.snapshot import (
 )
 from rlguard.guards.update_norm import CHUNK, UpdateMeter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from guard_memory import fixed_mmap_threshold, peak_extra  # the benchmark's measurement, one copy
 
 

@@ -1,6 +1,6 @@
 """Alerts against a real HTTP server on 127.0.0.1: the three payloads, what raises an alert, the rate limit, a server
-that hangs, one that refuses, W&B's ``run.alert`` (a stand-in module), rank 0 only, the delivery at exit, and the
-configuration paths (``GuardConfig``, TRL's ``--guard`` JSON, verl's ``trainer.rlguard_guard``)."""
+that hangs, one that refuses, W&B's ``run.alert`` (a stand-in module), rank 0 only, the delivery at exit, and an
+unset variable (the configuration paths: ``test_config.py``)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ import pytest
 from rlguard.guards import Decision, Event, Guard, GuardConfig
 from rlguard.guards.actuator import Applied, apply_decision
 from rlguard.guards.alerts import AlertConfig, AlertPlugin, alert_message, alerts_of
+from tests.helpers.guards import StubActuator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = "RLGUARD_TEST_WEBHOOK"
 NAN = float("nan")
 
@@ -75,30 +76,6 @@ def server(request: pytest.FixtureRequest) -> Iterator[Recorder]:
     yield srv
     srv.shutdown()
     srv.server_close()
-
-
-class StubActuator:
-    """Every capability, no model: records the calls' outcome only."""
-
-    capabilities = frozenset({"snapshot", "restore", "drop_update", "lr_scale", "clip", "beta", "entropy_coef", "stop"})
-
-    def __init__(self) -> None:
-        self.snapshots: list[int] = []
-
-    def snapshot(self, step: int) -> None:
-        self.snapshots.append(step)
-
-    def has_snapshot(self) -> bool:
-        return bool(self.snapshots)
-
-    def set_lr_scale(self, scale: float) -> None: ...
-    def drop_update(self) -> None: ...
-    def apply_update(self) -> None: ...
-    def restore(self) -> bool:
-        return bool(self.snapshots)
-
-    def set_controls(self, controls: object) -> None: ...
-    def stop(self) -> None: ...
 
 
 def _guard(monkeypatch: pytest.MonkeyPatch, url: str | None, **alerts: Any) -> Guard:
@@ -245,12 +222,10 @@ def test_only_rank_0_and_only_its_own_guard_send(monkeypatch: pytest.MonkeyPatch
 
 
 _EXIT_SCRIPT = """
-import sys
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.actuator import apply_decision
 from rlguard.guards.alerts import alerts_of
-sys.path.insert(0, sys.argv[1])
-from test_alerts import StubActuator
+from tests.helpers.guards import StubActuator
 guard = Guard(GuardConfig.preset("default", alerts={"webhook_env": "RLGUARD_TEST_WEBHOOK", "min_interval_s": 60}))
 actuator = StubActuator()
 apply_decision(guard.observe(1, {"loss": 0.1, "nonfinite": 1.0}), actuator)
@@ -261,33 +236,10 @@ apply_decision(guard.observe(2, {"loss": 0.1, "nonfinite": 1.0}), actuator)
 
 def test_alerts_held_by_the_rate_limit_are_sent_at_exit(server: Recorder) -> None:
     env = {**os.environ, ENV: server.url, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _EXIT_SCRIPT, str(ROOT / "tests")], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # step 1 at once; step 2 waited for the 60 s window and was sent as the process ended
     assert [[a["step"] for a in b["alerts"]] for b in server.bodies] == [[1], [2]]
-
-
-def test_the_url_stays_out_of_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "https://hooks.slack.com/services/T0/B0/SECRET")
-    config = GuardConfig.preset("strict", alerts={"webhook_env": ENV, "format": "slack"})
-    assert isinstance(config.alerts, AlertConfig) and config.snapshot_interval == 5  # strict, with alerts
-    assert "SECRET" not in repr(config) and config.alerts.webhook_url() == os.environ[ENV]
-    with pytest.raises(ValueError, match="NAME of an environment variable"):
-        AlertConfig(webhook_env="https://hooks.slack.com/services/T0/B0/SECRET")
-    monkeypatch.setenv(ENV, "file:///etc/passwd")
-    with pytest.raises(ValueError, match="must start with http:// or https://") as err:
-        Guard(GuardConfig(alerts=AlertConfig(webhook_env=ENV)))
-    assert "passwd" not in str(err.value)
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['url'\]"):
-        GuardConfig(alerts={"url": "https://example.org"})
-    with pytest.raises(ValueError, match="alerts go nowhere"):
-        AlertConfig(wandb=False)
-    with pytest.raises(
-        ValueError, match=r"alerts\.format: expected one of 'slack', 'discord', 'json'; got str 'teams'"
-    ):
-        AlertConfig(webhook_env=ENV, format="teams")  # type: ignore[arg-type]
 
 
 def test_an_unset_variable_warns_and_sends_nothing(
@@ -299,20 +251,3 @@ def test_an_unset_variable_warns_and_sends_nothing(
     assert f"{ENV} (alerts.webhook_env) is not set" in caplog.text
     _step(guard, StubActuator(), 1, nonfinite=1.0)
     _flush(guard)
-
-
-def test_trl_guard_json_and_verl_config_carry_alerts() -> None:
-    pytest.importorskip("trl")
-    from omegaconf import OmegaConf
-
-    from rlguard.adapters.trl.config import guard_from_spec as trl_spec
-    from rlguard.adapters.verl.driver import guard_from_spec as verl_spec
-
-    spec = '{"preset": "strict", "alerts": {"webhook_env": "SLACK_WEBHOOK_URL", "format": "slack"}}'
-    trl = trl_spec(spec)
-    assert isinstance(trl, GuardConfig) and trl.alerts == AlertConfig(webhook_env="SLACK_WEBHOOK_URL", format="slack")
-    verl = verl_spec(OmegaConf.create({"preset": "strict", "alerts": {"webhook_env": "SLACK_WEBHOOK_URL"}}))
-    assert isinstance(verl, GuardConfig) and verl.snapshot_interval == 5
-    assert verl.alerts == AlertConfig(webhook_env="SLACK_WEBHOOK_URL")
-    with pytest.raises(ValueError, match=r"trainer\.rlguard_guard: .*'alert'"):
-        verl_spec(OmegaConf.create({"preset": "strict", "alert": {}}))

@@ -302,7 +302,7 @@ def test_a_resumed_guard_judges_alike() -> None:
 
 
 def test_reward_peak_live_online_vs_step_counts_every_unguarded_run_once() -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     sys.path.insert(0, str(root / "benchmarks"))
     try:
         import reward_peak_live

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from doctor_logs import shaped_stream, write_trainer_state
 
 from rlguard.doctor import diagnose
 from rlguard.guards.detectors import Truncation, ZeroVarianceGroups
@@ -30,15 +29,16 @@ from rlguard.guards.detectors.consequence import (
 )
 from rlguard.guards.events import Finding
 from rlguard.guards.synthetic import healthy_stream
+from tests.helpers.doctor_logs import shaped_stream, write_trainer_state
 
 WITHIN = 15
 
 
-def _doctor(tmp_path: Path, stream: list[dict[str, float]]):  # type: ignore[no-untyped-def]
+def _doctor(tmp_path: Path, stream: list[dict[str, float]]):
     return diagnose(write_trainer_state(stream, tmp_path / "trainer_state.json"))
 
 
-def _critical(d) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
+def _critical(d) -> list[tuple[str, int]]:
     return [(f.detector, f.severity_step) for f in d.findings if f.severity == "critical"]
 
 

@@ -78,7 +78,7 @@ ENTROPIES = [0.5, 0.3, 0.2, 0.19, 0.1, 0.05, 0.21, 0.4, 0.2, 0.0, 0.0, 0.0, 0.9,
         {"target": 0.25, "delta": 0.3, "coef_min": 0.0, "coef_max": 0.5, "initial_coef": 0.5},
     ],
 )
-def test_the_coefficient_follows_the_reference(fields: dict[str, float]) -> None:
+def test_the_coefficient_follows_the_reference(fields: dict[str, Any]) -> None:
     iv = AdaptiveEntropy(**fields)
     applied, logged = drive(iv, ENTROPIES)
     ref_applied, ref_logged = reference(
@@ -207,7 +207,7 @@ def train(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         trainer = cls(
-            model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(16),
+            model=str(model_dir), reward_funcs=addition_reward, args=args, train_dataset=addition_dataset(16),  # type: ignore[arg-type]
             callbacks=None if record is None else [record],
         )  # fmt: skip
         if record is not None:

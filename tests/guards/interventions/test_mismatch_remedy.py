@@ -16,10 +16,10 @@ import torch
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import Controls, Guard, GuardConfig
 from rlguard.guards.actuator import CAPABILITIES, TorchActuator, apply_decision, bind_guard
-from rlguard.guards.events import Finding
 from rlguard.guards.interventions import StepContext
 from rlguard.guards.remedies import MismatchRemedy
 from rlguard.guards.synthetic import healthy_stream
+from tests.helpers.mismatch import NO_ROLLOUT, TIS_ONLY, WITH_ROLLOUT, ctx, gap, trouble
 
 TOL = 1e-10
 MASK = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]]
@@ -77,8 +77,8 @@ def reference_seq_kept(high: float) -> tuple[torch.Tensor, torch.Tensor]:
         weight = min(s_i, high)
         per_seq.append(sum(-weight * ADV[i][t] * logp[i, t] for t in idx) / len(idx))
     loss = sum(per_seq) / len(per_seq)
-    (grad,) = torch.autograd.grad(loss, logp)
-    return loss.detach(), grad
+    (grad,) = torch.autograd.grad(loss, logp)  # type: ignore[arg-type]
+    return loss.detach(), grad  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------- 1. the kept gradient on the objectives
@@ -187,29 +187,6 @@ def test_a_configured_rollout_correction_stays_as_configured() -> None:
 
 
 # ---------------------------------------------------------------- 3. MismatchRemedy on synthetic contexts
-NO_ROLLOUT = frozenset(
-    {"snapshot", "restore", "drop_update", "lr_scale", "stop", "clip", "kept_gradient", "off_policy_mask"}
-)
-WITH_ROLLOUT = NO_ROLLOUT | {"rollout_correction", "rollout_mask"}
-#: a framework that computes the rollout correction itself and has no geometric or off-policy mask (verl)
-TIS_ONLY = NO_ROLLOUT - {"off_policy_mask"} | {"rollout_correction"}
-
-
-def ctx(
-    step: int, findings: dict[str, Finding] | None = None, caps: frozenset[str] | None = WITH_ROLLOUT
-) -> StepContext:
-    """A step's context with these findings, bound to an actuator with ``caps`` (None: unbound)."""
-    return StepContext(step, {}, findings or {}, {}, {}, 0, None, capabilities=caps)
-
-
-def gap(severity: str = "warn") -> dict[str, Finding]:
-    return {"mismatch_growth": Finding(severity, 0.01, 0.005, "mismatch_kl=0.01 is above 0.005. Enable ...")}  # type: ignore[arg-type]
-
-
-def trouble(name: str = "reward_collapse", severity: str = "critical") -> dict[str, Finding]:
-    return {name: Finding(severity, 5.0, 3.0, f"{name} fired")}  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("first_on", ["auto", "gap"])
 def test_remedy_switches_on_only_for_the_gap(first_on: str) -> None:
     """pi_old = engine's (no rollout_correction): other detectors' findings (even critical) propose nothing; a

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import torch
-from test_remedies import ctx, gap, trouble
 
 from rlguard.core_losses import Controls, PolicyBatch, get_objective
 from rlguard.guards.actuator import CAPABILITIES, TorchActuator
 from rlguard.guards.remedies import REMEDIES, REMEDY_TABLE, MismatchRemedy
+from tests.helpers.mismatch import ctx, gap, trouble
 
 TOL = 1e-10
 DELTA = 0.3
@@ -255,11 +255,11 @@ def test_trl_capabilities_and_the_stock_mapping() -> None:
 
 @pytest.fixture(scope="module")
 def trl_helpers() -> Any:
-    """The TRL parity harness of ``tests/test_adapters_trl.py`` (real trainer on the tiny Llama, shared stub)."""
+    """The TRL parity harness of ``tests/helpers/trl_parity.py`` (real trainer on the tiny Llama, shared stub)."""
     pytest.importorskip("trl")
-    import test_adapters_trl
+    from tests.helpers import trl_parity
 
-    return test_adapters_trl
+    return trl_parity
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Monitors: exact reductions, the mismatch correlation, repetition loops, and stats from a real batch."""
+"""Step stats (``rlguard.guards.stats``): NaN and unknown names, the mismatch correlation, repetition loops, stats
+from a real batch and from metrics read on the host (exact reductions: ``test_reduction.py``)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,7 @@ import torch
 
 from rlguard.core_losses import PolicyBatch, get_objective
 from rlguard.guards import StepStats, collect_step_stats, repetition_flags
-from rlguard.guards.reduction import combine as _combine
-from rlguard.guards.reduction import combine_local as _combine_local
 from rlguard.guards.stats import add_metric_values
-
-
-def test_weighted_mean_sum_max_min_combine_like_the_concatenated_data() -> None:
-    a, b = StepStats(), StepStats()
-    a.add("entropy", 0.5, weight=10)
-    b.add("entropy", 0.8, weight=30)
-    a.add("ratio_max", 1.5)
-    b.add("ratio_max", 3.0)
-    a.add("ratio_min", 0.7)
-    b.add("ratio_min", 0.9)
-    a.add("nonfinite", 2)
-    b.add("nonfinite", 3)
-    parts = np.stack([a._packed().numpy(), b._packed().numpy()])
-    out = _combine(parts)
-    assert out["entropy"] == pytest.approx((0.5 * 10 + 0.8 * 30) / 40, rel=1e-15)
-    assert (out["ratio_max"], out["ratio_min"], out["nonfinite"]) == (3.0, 0.7, 5.0)
-    assert "kl_ref" not in out  # never added on any rank -> absent, not 0
 
 
 def test_max_propagates_nan_and_unknown_names_raise() -> None:
@@ -141,7 +123,7 @@ def test_metric_table_marks_exactly_the_stats_the_built_in_detectors_read() -> N
 def test_metric_values_read_on_the_host_weigh_like_the_tensor_path_and_count_a_nonfinite_loss() -> None:
     """``add_metric_values`` (the TRL adapter hands over the metrics it read for logging) weighs each metric by
     the metric table: token-weighted, sequence-weighted, max and sum, written out by hand below."""
-    names = ("clip_frac", "seq_ratio_mean", "ratio_max", "nonfinite", "loss")
+    names: tuple[str, ...] = ("clip_frac", "seq_ratio_mean", "ratio_max", "nonfinite", "loss")
     micro = [  # values, unmasked tokens, live sequences, loss
         ((0.25, 1.5, 2.0, 1.0, 0.3), 12.0, 3.0, 0.3),
         ((0.5, 0.5, 3.5, 0.0, math.nan), 4.0, 2.0, math.nan),
@@ -170,20 +152,3 @@ def test_metric_values_read_on_the_host_weigh_like_the_tensor_path_and_count_a_n
     assert host.reduce() == pytest.approx(collect_step_stats(batch=batch, output=result).reduce(), rel=1e-14)
     with pytest.raises(ValueError, match="unknown stat 'kl_reff'"):
         host.add_floats(["kl_reff"], [1.0], [1.0])
-
-
-def test_one_rank_on_the_host_combines_in_python_exactly_as_the_vectorised_combine() -> None:
-    """``reduce`` of host-only stats without a process group skips numpy (``_combine_local``): the same floats,
-    NaN included, and unseen stats absent, as ``_combine`` of the packed array."""
-    rng = np.random.default_rng(3)
-    for trial in range(20):
-        st = StepStats()
-        for name in rng.choice(["entropy", "kl_old", "ratio_max", "ratio_min", "nonfinite", "loss", "grad_norm",
-                                "reward_mean", "_reward_sq_mean", "clip_frac", "length_max"], size=12):  # fmt: skip
-            value = math.nan if rng.random() < 0.1 else float(rng.normal())
-            st.add(str(name), value, weight=float(rng.integers(0, 5)))
-        local, vectorised = _combine_local(st._value, st._weight), _combine(st._host_packed()[None])
-        assert local.keys() == vectorised.keys(), trial
-        for name, value in vectorised.items():
-            assert local[name] == value or (math.isnan(local[name]) and math.isnan(value)), (trial, name)
-        assert st.reduce().keys() == local.keys()

@@ -15,7 +15,7 @@ import torch
 
 from rlguard.guards import StepStats, collect_step_stats
 
-WORKER = Path(__file__).with_name("guard_ddp_worker.py")
+WORKER = Path(__file__).resolve().parents[2] / "helpers" / "guard_ddp_worker.py"
 
 
 def _free_port() -> int:
@@ -49,10 +49,8 @@ def test_both_ranks_reduce_the_same_stats_and_take_the_same_decisions(tmp_path: 
     assert all(step["action"] != "skip_step" for i, step in enumerate(r0) if i != 40)
 
     # the reduced stats equal the stats of both ranks' data taken together
-    sys.path.insert(0, str(WORKER.parent))
-    from guard_ddp_worker import local_batch
-
     from rlguard.core_losses import get_objective
+    from tests.helpers.guard_ddp_worker import local_batch
 
     objective = get_objective("grpo", on_nonfinite="mask")
     for step in (0, 17):

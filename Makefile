@@ -70,7 +70,7 @@ dist-check: setup
 	$(VENV)/bin/twine check --strict dist/*
 	mkdir -p build/sdist-check && tar xzf dist/rlguard-*.tar.gz -C build/sdist-check --strip-components=1
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest --collect-only -q -p no:cacheprovider | tail -1
-	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/test_cli.py tests/test_objectives.py
+	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/cli/test_cli.py tests/core_losses/test_objectives.py
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

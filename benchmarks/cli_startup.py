@@ -6,7 +6,7 @@ finished child) and the median of the pairwise wall-time differences. The doctor
 200 steps written from :mod:`tests.helpers.synthetic` into a temporary folder.
 
     python benchmarks/cli_startup.py              # 7 pairs per command (--markdown: as a markdown table)
-    python benchmarks/cli_startup.py --quick      # 2 pairs, for tests/test_startup.py
+    python benchmarks/cli_startup.py --quick      # 2 pairs, for tests/cli/test_startup.py
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ def _source(frame: Any) -> tuple[str, str]:
         if path != here and not path.startswith((dirs["torch"], dirs["accelerate"])):
             caller = f"{Path(path).stem}.{frame.f_code.co_name}"
             if path.startswith(dirs["rlguard"]):
-                name = Path(path).name
-                guard = name in ("callback.py", "actuator.py", "stats.py", "guard.py")
+                # the guard: rlguard.guards and the TRL callback that runs it
+                guard = path.startswith(dirs["rlguard"] + "guards" + os.sep) or Path(path).name == "callback.py"
                 return ("rlguard guard" if guard else "rlguard adapter"), caller
             for package in ("trl", "transformers"):
                 if path.startswith(dirs[package]):

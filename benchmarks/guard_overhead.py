@@ -130,7 +130,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
     timed(trl_guard, "collect_step_stats", "collect")  # per step, in the callback
     timed(StepStats, "reduce", "reduce")
     timed(Guard, "observe", "observe")
-    timed(trl_guard, "apply_decision", "apply")  # the decision carried out on the actuator
+    timed(Guard, "apply", "apply")  # the decision carried out on the actuator
     patch(StabilityCallback, "on_pre_optimizer_step", guarded_step)
     patch(torch.nn.utils, "clip_grad_norm_", timers.wrap("clip", torch.nn.utils.clip_grad_norm_, only_in_callback=True))
     try:

@@ -1,4 +1,4 @@
-"""The scripted decisions of ``tests/test_actuators.py`` through TRL's actuators on two processes: DDP
+"""The scripted decisions of ``tests/guards/actuation/test_executor.py`` through TRL's actuators on two processes: DDP
 (``TrainerActuator``), DeepSpeed ZeRO-2 and ZeRO-3 (``ZeroActuator``), one ``torchrun`` launch of
 ``trl_guard_deepspeed_worker.py`` (runs ``script``, ``2/script``, ``3/script``).
 

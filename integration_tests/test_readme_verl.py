@@ -3,7 +3,6 @@ and its overrides, with ``<your verl overrides>`` filled by the tiny example's a
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,7 @@ pytest.importorskip("verl")
 from verl_main_ppo_run import launch
 
 from rlguard.verl_cpu.example import write_example
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from readme_blocks import block, commands  # the README's blocks, shared with tests/test_readme.py
+from tests.helpers.readme_blocks import block, commands  # the README's blocks, shared with tests/project/test_readme.py
 
 pytestmark = pytest.mark.slow
 

@@ -213,8 +213,8 @@ def run(
     return result
 
 
-#: the decisions of the ``script`` runs, by optimizer step (the same script as tests/test_actuators.py, without beta:
-#: these runs load no reference model)
+#: the decisions of the ``script`` runs, by optimizer step (the same script as tests/guards/actuation/test_executor.py,
+#: without beta: these runs load no reference model)
 SCRIPT: dict[int, Decision] = {
     1: Decision(1, snapshot=True),
     2: Decision(2, controls=Controls(lr_scale=0.5, clip_scale=0.5)),

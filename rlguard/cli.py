@@ -26,7 +26,7 @@ app = typer.Typer(
 console = Console() if sys.stdout.isatty() else Console(width=150)
 
 
-#: the demo's default runs as its --help shows them: ``rlguard.demo.DEFAULT_RUNS`` (tests/test_cli.py checks they
+#: the demo's default runs as its --help shows them: ``rlguard.demo.DEFAULT_RUNS`` (tests/cli/test_cli.py checks they
 #: agree), written out so that the command line starts without importing the demo, torch or the objectives
 _DEMO_RUNS = "grpo,gspo+guard,grpo@lr_spike,grpo+strict@lr_spike"
 

@@ -12,7 +12,7 @@ through verl's ``set_loss_fn``, the rollout correction as verl's own ``algorithm
 through :class:`~rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`, snapshots and rollbacks as verl
 checkpoints, a halt by returning from ``fit``. What each does, what verl 0.9.1 does not allow and why:
 ``docs/guides/verl.md``, "What each decision does on the driver". Tested on stand-in trainers
-(tests/test_verl_guard.py, tests/test_verl_rollout_correction.py) and end to end with Ray on CPU
+(tests/adapters/verl/test_driver.py, tests/adapters/verl/test_rollout_correction.py) and end to end with Ray on CPU
 (integration_tests/test_verl_main_ppo.py).
 """
 

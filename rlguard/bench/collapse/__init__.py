@@ -66,7 +66,7 @@ has collapsed when any of:
 Steps to collapse is ``t0``, the first batch of the final collapsed stretch (the stop step for 1 and 2).
 
 Reproducibility: on one machine a run's curves are bit-identical whatever ran before it in the process and
-whether it runs in the main process or a worker (``tests/test_bench_collapse.py``). Across machines they are not:
+whether it runs in the main process or a worker (``tests/bench/test_collapse.py``). Across machines they are not:
 training is chaotic, and another CPU's last-bit differences (MKL picks its kernels by CPU model, ATen by vector
 width) grow into other curves within 50-100 batches under ``mismatch`` and ``moe``. Each run records
 :func:`~.spec.numerics` in ``runs.jsonl``, and ``--resume`` warns when the runs it keeps were recorded on other

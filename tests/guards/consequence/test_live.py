@@ -1,0 +1,310 @@
+"""The consequence rule applied live (``GuardConfig(consequence="online")``,
+:class:`rlguard.guards.consequence.live.OnlineConsequence`) on synthetic streams, beside the same stream under
+the step rule (``consequence="step"``, the default: the detector's severity on the step) and the doctor's hindsight
+form (:func:`~rlguard.guards.consequence.offline.judge_log` over the guard's own findings), so that each test can
+fail: the two live rules differ on every stream here.
+
+Streams: a lone KL spike of 4.8 nats (the absolute bound is 2) is a warning live and ``skip_step`` still skips its
+step; the same spike followed by KL lingering at the warning level is raised to critical at the step where
+recovery can no longer start (the spike's logged step + ``horizon`` + 1); three critical observations in five are
+critical at the third; a reward falling from a warm-started level clearly above the floor of its range is
+critical; a reward at 0 with a blip is not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.consequence.live import RewardLevel
+from rlguard.guards.consequence.offline import Timeline, judge_log
+from rlguard.guards.consequence.rule import ConsequenceRule, RecoveryWatch, established_peak
+from rlguard.guards.decision import Decision
+from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding
+from rlguard.guards.interventions import Proposal, SkipStep, StepContext
+from rlguard.guards.state import GuardStateError
+from tests.helpers.synthetic import healthy_stream
+
+RULE = ConsequenceRule()
+SPIKE = 60  # the step of the first KL spike
+
+
+@dataclass
+class Replay:
+    guard: Guard
+    decisions: list[Decision]
+    timeline: Timeline  # the guard's own findings, as the doctor builds it
+
+
+def _replay(stream: list[dict[str, float]], consequence: str, preset: str = "monitor", **changes: object) -> Replay:
+    guard = Guard(GuardConfig.preset(preset, consequence=consequence, **changes))
+    decisions, findings, observed = [], [], []
+    for step, stats in enumerate(stream):
+        before = guard.observations()
+        decisions.append(guard.observe(step, stats))
+        observed.append(frozenset(n for n, count in guard.observations().items() if count != before[n]))
+        findings.append(dict(guard.last_findings))
+    rewards = [s.get("reward_mean", math.nan) for s in stream]
+    return Replay(guard, decisions, Timeline(list(range(len(stream))), rewards, findings, observed))
+
+
+def _events(events: list[Event], detector: str) -> list[tuple[int, str]]:
+    return [(e.step, e.severity) for e in events if e.detector == detector]
+
+
+def _final(events: list[Event], detector: str) -> str | None:
+    """The highest severity of ``detector``'s events: the final label of its finding."""
+    severities = [e.severity for e in events if e.detector == detector]
+    return max(severities, key=SEVERITY_LEVEL.__getitem__, default=None)
+
+
+def _hindsight(r: Replay, detector: str) -> str | None:
+    return _final(judge_log(r.timeline, r.guard.detectors, RULE), detector)
+
+
+def _kl(spikes: dict[int, float], after: float | None = None, steps: int = 120) -> list[dict[str, float]]:
+    """A healthy plateau run with KL to the reference set to ``spikes`` at their steps (and to ``after`` on every
+    step after the first spike)."""
+    stream = healthy_stream(steps, 0, "plateau")
+    for step, stats in enumerate(stream):
+        if step in spikes:
+            stats["kl_ref"] = spikes[step]
+        elif after is not None and step > min(spikes):
+            stats["kl_ref"] = after
+    return stream
+
+
+def _rewards(values: list[float]) -> list[dict[str, float]]:
+    return [{"reward_mean": v} for v in values]
+
+
+# -- a lone observation, one not followed by recovery, a sustained condition ---------------------------------------
+def test_a_lone_kl_spike_is_a_warning_live_and_skip_step_still_skips_its_step() -> None:
+    stream = _kl({SPIKE: 4.8})
+    skip_on_kl = {"skip_step": {"on": ("kl_ref_blowup",)}}
+    online = _replay(stream, "online", "default", interventions=skip_on_kl)
+    assert _events(online.guard.events, "kl_ref_blowup") == [(SPIKE, "warn")]
+    assert online.decisions[SPIKE].outcome == "skip"  # the step itself: the detector observed it critical
+    assert [d.outcome for d in online.decisions].count("skip") == 1
+    finding = online.timeline.findings[SPIKE]["kl_ref_blowup"]
+    assert finding.severity == "critical" and finding.observed is None  # the guard's record: as the detector made it
+    # the step rule: critical, and the default preset rolls back (rollback outranks skip)
+    step = _replay(stream, "step", "default", interventions=skip_on_kl)
+    assert _events(step.guard.events, "kl_ref_blowup") == [(SPIKE, "critical")]
+    assert step.decisions[SPIKE].outcome in ("rollback", "halt")
+    # hindsight agrees with the online rule: a single observation the run recovered from
+    assert _hindsight(online, "kl_ref_blowup") == "warn"
+
+
+def test_interventions_see_the_label_and_the_detectors_severity(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[int, Finding] = {}
+    propose = SkipStep.propose
+
+    def spy(self: SkipStep, ctx: StepContext) -> Proposal | None:
+        if "kl_ref_blowup" in ctx.findings:
+            seen[ctx.step] = ctx.findings["kl_ref_blowup"]
+        return propose(self, ctx)
+
+    monkeypatch.setattr(SkipStep, "propose", spy)
+    _replay(_kl({SPIKE: 4.8}), "online", "default")
+    assert (seen[SPIKE].severity, seen[SPIKE].observed) == ("warn", "critical")
+    assert "a single critical observation" in seen[SPIKE].message
+    seen.clear()
+    _replay(_kl({SPIKE: 4.8}), "step", "default")
+    assert (seen[SPIKE].severity, seen[SPIKE].observed) == ("critical", None)
+
+
+def test_a_spike_not_followed_by_recovery_becomes_critical_horizon_plus_one_steps_later() -> None:
+    """KL 4.8 once, then 1.5 on every step (above the 1-nat warning bound): never 3 clean observations in a row.
+    Recovery could start at the spike's logged step + horizon at the latest; the finding at the step after shows
+    it did not: k = 60 + 10 + 1."""
+    stream = _kl({SPIKE: 4.8}, after=1.5)
+    online = _replay(stream, "online")
+    k = SPIKE + RULE.horizon + 1
+    assert _events(online.guard.events, "kl_ref_blowup") == [(SPIKE, "warn"), (k, "critical")]
+    raised = next(e for e in online.guard.events if e.severity == "critical")
+    assert f"the observation of step {SPIKE}, no sign of recovery within 10 logged steps" in raised.message
+    assert raised.value == 4.8  # the finding that was raised, not the lingering one
+    assert online.guard.alarms() == {"kl_ref_blowup": "critical"}
+    assert _events(_replay(stream, "step").guard.events, "kl_ref_blowup") == [(SPIKE, "critical")]
+    assert _hindsight(online, "kl_ref_blowup") == "critical"  # agree: the doctor raises it at the spike itself
+
+
+def test_a_spike_followed_by_lost_control_is_raised_at_that_step() -> None:
+    """A lone gradient spike, then the entropy collapsing to 0.1% of its level for good (critical from its
+    third observation on, sustained): the spike is raised at the entropy's first sustained critical step."""
+    stream = healthy_stream(120, 1, "plateau")
+    stream[SPIKE]["grad_norm"] *= 500
+    for stats in stream[SPIKE + 2 :]:
+        stats["entropy"] *= 1e-3
+    online = _replay(stream, "online")
+    entropy = _events(online.guard.events, "entropy_collapse")
+    first_sustained = next(s for s, sev in entropy if sev == "critical")
+    assert first_sustained <= SPIKE + RULE.horizon
+    assert _events(online.guard.events, "grad_norm_spike") == [(SPIKE, "warn"), (first_sustained, "critical")]
+    raised = next(e for e in online.guard.events if e.detector == "grad_norm_spike" and e.severity == "critical")
+    assert f"followed by lost control (entropy_collapse at step {first_sustained})" in raised.message
+    assert _hindsight(online, "grad_norm_spike") == "critical"
+
+
+def test_three_critical_observations_in_five_are_critical_at_the_third() -> None:
+    stream = _kl(dict.fromkeys((SPIKE, SPIKE + 2, SPIKE + 4), 4.8))
+    online = _replay(stream, "online")
+    assert _events(online.guard.events, "kl_ref_blowup") == [(SPIKE, "warn"), (SPIKE + 4, "critical")]
+    assert "sustained: critical in 3 of 5 observations" in online.guard.events[-1].message
+    # two in five are not: both lone, both recovered from
+    two = _replay(_kl(dict.fromkeys((SPIKE, SPIKE + 2), 4.8)), "online")
+    assert _events(two.guard.events, "kl_ref_blowup") == [(SPIKE, "warn")]
+    assert _events(_replay(stream, "step").guard.events, "kl_ref_blowup") == [(SPIKE, "critical")]
+    assert _hindsight(online, "kl_ref_blowup") == "critical" and _hindsight(two, "kl_ref_blowup") == "warn"
+
+
+def test_nonfinite_is_critical_at_once() -> None:
+    stream = healthy_stream(80, 2, "plateau")
+    stream[40]["loss"] = math.nan
+    online = _replay(stream, "online")
+    assert _events(online.guard.events, "nonfinite") == [(40, "critical")]
+
+
+# -- the reward: an established level ------------------------------------------------------------------------------
+def _warm_started_fall(seed: int = 0) -> list[float]:
+    """A run warm-started at 0.5 (it never rises above its start), falling to 0.1 from step 60."""
+    rng = np.random.default_rng(seed)
+    return [0.5 - 0.4 * min(max(i - 59, 0) / 10, 1.0) + float(rng.normal(0, 0.03)) for i in range(120)]
+
+
+def test_a_reward_falling_from_a_warm_started_level_is_critical_live() -> None:
+    rewards = _warm_started_fall()
+    online = _replay(_rewards(rewards), "online")
+    step = _replay(_rewards(rewards), "step")
+    assert _final(online.guard.events, "reward_collapse") == "critical"
+    assert _events(online.guard.events, "reward_collapse") == _events(step.guard.events, "reward_collapse")
+    # by design the doctor disagrees: its peak must be above the run's start, which this run never was
+    assert not established_peak(rewards, len(rewards), RULE)
+    assert _hindsight(online, "reward_collapse") == "warn"
+
+
+@pytest.mark.parametrize("blip", [0.0125, 0.08])
+def test_a_reward_at_zero_with_a_blip_is_not_critical_live(blip: float) -> None:
+    """30 steps at 0, a blip for 8 steps, 0 again: the step rule calls the fall from the blip critical (many of
+    its tiny sigmas, all of its range); the EWMA never was 10% of the range above the floor: no level."""
+    rewards = _rewards([0.0] * 30 + [blip] * 8 + [0.0] * 40)
+    online = _replay(rewards, "online")
+    assert _final(_replay(rewards, "step").guard.events, "reward_collapse") == "critical"
+    assert _events(online.guard.events, "reward_collapse") == [(41, "warn")]
+    assert _hindsight(online, "reward_collapse") == "warn"  # agree
+
+
+def test_the_reward_level_is_clearly_above_the_floor_of_its_range() -> None:
+    level = RewardLevel(RULE)
+    for r in [0.0] * 20 + [0.09] * 20:  # EWMA up to 0.09: below 10% of [0, 1]
+        level.push(r)
+    assert not level.established()
+    for r in [0.2] * 4:
+        level.push(r)
+    assert not level.established()  # four observations above 0.1, five needed
+    level.push(0.2)
+    assert level.established()
+    # a range below 0: the floor is the lowest reward seen
+    below = RewardLevel(RULE)
+    for r in [-0.5] * 10 + [-0.38] * 10:  # 0.12 above the floor, 10% of [-0.5, 1] is 0.15
+        below.push(r)
+    assert not below.established()
+    for r in [-0.3] * 10:
+        below.push(r)
+    assert below.established() and below.floor() == -0.5
+    level.push(math.nan)  # ignored
+    assert level.established()
+
+
+# -- where the online and hindsight forms cannot agree -------------------------------------------------------------
+def test_a_spike_just_before_the_log_ends_is_pending_live_and_critical_in_hindsight() -> None:
+    """The doctor calls a lone spike whose recovery the log cannot show critical; live, the run goes on, so the
+    verdict waits for the horizon."""
+    stream = _kl({117: 4.8})
+    online = _replay(stream, "online")
+    assert _events(online.guard.events, "kl_ref_blowup") == [(117, "warn")]
+    assert _hindsight(online, "kl_ref_blowup") == "critical"
+
+
+def test_rollback_forgets_the_pending_lone_observations() -> None:
+    stream = _kl({SPIKE: 4.8}, after=1.5)
+    guard = Guard(GuardConfig.preset("monitor", consequence="online"))
+    for step, stats in enumerate(stream[: SPIKE + 5]):
+        guard.observe(step, stats)
+    assert guard.live_rule is not None
+    guard.live_rule.reset()
+    for step, stats in enumerate(stream[SPIKE + 5 :], SPIKE + 5):
+        guard.observe(step, stats)
+    assert _events(guard.events, "kl_ref_blowup") == [(SPIKE, "warn")]
+
+
+def test_the_recovery_watch_is_the_doctors() -> None:
+    watch = RecoveryWatch(until=10, clean=3)
+    assert [watch.see(q, f) for q, f in [(1, True), (2, False), (3, False), (4, True), (8, False), (9, False)]] == [
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
+    assert watch.see(10, False) is True  # three clean in a row, started at 8 <= 10
+    late = RecoveryWatch(until=10, clean=3)
+    assert late.see(5, True) is None and late.see(11, False) is False  # recovery would start after the horizon
+    broken = RecoveryWatch(until=10, clean=3)
+    assert broken.see(10, False) is None and broken.see(11, True) is False
+
+
+def test_the_option_and_its_default() -> None:
+    assert GuardConfig().consequence == "step" and Guard().live_rule is None
+    assert GuardConfig.from_mapping({"consequence": "online"}).consequence == "online"
+    with pytest.raises(ValueError, match=r"guard\.consequence: expected one of 'step', 'online'"):
+        GuardConfig.from_mapping({"consequence": "hindsight"})
+    with pytest.raises(ValueError, match="level_window must be >= 1"):
+        ConsequenceRule(level_window=0)
+
+
+def test_a_resumed_guard_judges_alike() -> None:
+    """Saved between the spike and its raise (JSON round trip), the resumed guard raises it at the same step."""
+    stream = _kl({SPIKE: 4.8}, after=1.5)
+    whole = _replay(stream, "online").guard
+    first = Guard(GuardConfig.preset("monitor", consequence="online"))
+    for step, stats in enumerate(stream[: SPIKE + 5]):
+        first.observe(step, stats)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["consequence"]["pending"]["kl_ref_blowup"][0]["step"] == SPIKE
+    resumed = Guard(GuardConfig.preset("monitor", consequence="online"))
+    resumed.load_state_dict(state)
+    for step, stats in enumerate(stream[SPIKE + 5 :], SPIKE + 5):
+        resumed.observe(step, stats)
+    assert resumed.events == whole.events
+    assert resumed.state_dict() == json.loads(json.dumps(whole.state_dict()))
+    # the step rule's state has no such key, and ignores it; an online guard starts it afresh without it
+    assert "consequence" not in Guard(GuardConfig.preset("monitor")).state_dict()
+    Guard(GuardConfig.preset("monitor")).load_state_dict(state)
+    Guard(GuardConfig.preset("monitor", consequence="online")).load_state_dict(Guard().state_dict())
+    state["consequence"]["pending"]["kl_ref_blowup"][0]["streak"] = "2"
+    with pytest.raises(GuardStateError, match=r"consequence\.pending\.kl_ref_blowup\[0\]\.streak: expected an integer"):
+        Guard(GuardConfig.preset("monitor", consequence="online")).load_state_dict(state)
+
+
+def test_reward_peak_live_online_vs_step_counts_every_unguarded_run_once() -> None:
+    root = Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import reward_peak_live
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    rows = reward_peak_live.unguarded(reward_peak_live.LOGS[0])
+    table = reward_peak_live.online_vs_step(rows)
+    assert sum(r["runs"] for r in table.values()) == len(rows)
+    assert table["collapsed"]["runs"] == sum(bool(r["verdict"]["collapsed"]) for r in rows)
+    assert all(r["online"] <= r["step"] for r in table.values())  # online criticals are the step rule's, or fewer

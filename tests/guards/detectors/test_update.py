@@ -1,0 +1,95 @@
+"""The update detectors (``rlguard.guards.detectors.update``) through a guard: gradient-norm spikes after zero
+norms, clip-fraction bursts over on- and off-policy steps, the KL to the reference after an LR spike, and the
+train-inference mismatch from whichever stat the run logs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlguard.guards import Guard, GuardConfig
+from tests.helpers.synthetic import healthy_stream
+
+
+def test_a_zero_gradient_norm_does_not_make_the_next_normal_one_a_spike() -> None:
+    """Zero-variance batches give grad_norm = 0; they must not teach the baseline a median of 0."""
+    guard = Guard(GuardConfig.preset("default"))
+    stream = healthy_stream(80, seed=8)
+    for step, stats in enumerate(stream):
+        if 30 <= step < 70:
+            stats["grad_norm"] = 0.0
+        guard.observe(step, stats)
+    assert not [e for e in guard.events if e.detector == "grad_norm_spike"]
+
+
+def test_on_policy_steps_do_not_make_the_off_policy_clip_fraction_a_burst() -> None:
+    """Two optimizer steps per batch (TRL's steps_per_generation, verl's mini-batches): the first is on-policy
+    (clip_frac = kl_old = 0 exactly), the second clips ~40% (GSPO's narrow range does, by design). Neither the
+    zeros nor the steady 40% are a burst, and the clip controller does not flip-flop on the on-policy zeros."""
+    guard = Guard(GuardConfig.preset("default"))
+    for step, stats in enumerate(healthy_stream(80, seed=3)):
+        off = step % 2 == 1
+        stats["clip_frac"] = 0.4 + 0.05 * math.sin(step) if off else 0.0
+        stats["kl_old"] = 0.05 if off else 0.0
+        decision = guard.observe(step, stats)
+        assert decision.controls.lr_scale == 1.0, (step, guard.events)
+    assert not [e for e in guard.events if e.detector == "clip_frac_burst"]
+    clip_actions = [e.message for e in guard.events if e.detector == "action:set_clip"]
+    # kl_old 0.05 > 1.5 x target: it tightens (x1/1.5 per off-policy step down to 0.25) and never relaxes
+    assert clip_actions and all(m.startswith("tighten") for m in clip_actions), clip_actions
+
+
+def test_a_clip_fraction_burst_over_off_policy_steps_is_still_caught() -> None:
+    """Patience 2 counts consecutive steps with evidence: the on-policy step between two bursts does not reset it."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(80, seed=3)):
+        off = step % 2 == 1
+        stats["clip_frac"] = (0.6 if step in (71, 73) else 0.04 + 0.005 * math.sin(step)) if off else 0.0
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "clip_frac_burst"]
+    assert [(e.step, e.severity) for e in hits] == [(73, "critical")], hits
+
+
+def test_kl_level_shift_after_an_lr_spike_is_critical() -> None:
+    """The issue's real TRL run: KL to the reference 0.04 -> 2.7 after one x100 LR step and stays near 3 (a
+    robust z below 6 over its noisy history): the absolute bound of 2 nats makes it critical."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(80, seed=4)):
+        stats["kl_ref"] = 0.04 * math.exp(0.9 * math.sin(step)) if step < 50 else 2.7 + 0.3 * math.sin(step)
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "kl_ref_blowup"]
+    assert hits and hits[0].step == 50 and hits[0].severity == "critical", hits
+
+
+@pytest.mark.parametrize("stat", ["mismatch_logp_abs_mean", "mismatch_prob_abs_mean", "mismatch_logp_abs_max"])
+def test_mismatch_is_judged_from_whichever_stat_the_run_has(stat: str) -> None:
+    guard = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(healthy_stream(200, seed=2)):
+        del stats["mismatch_kl"]
+        stats[stat] = 0.01 * math.exp(0.2 * math.sin(step)) * (1.15 ** max(step - 120, 0))
+        guard.observe(step, stats)
+    hits = [e for e in guard.events if e.detector == "mismatch_growth"]
+    assert hits and 120 <= hits[0].step <= 145, (stat, hits)
+    assert any(e.severity == "critical" for e in hits), hits
+    assert guard.detectors["mismatch_growth"].reads() == (stat,)
+
+
+def test_mismatch_stat_choice_survives_a_checkpoint() -> None:
+    """A guard restored mid-run judges the same stat against the same bounds (mean |log-prob gap| >= 0.16)."""
+    stream = healthy_stream(60, seed=2)
+    for step, stats in enumerate(stream):
+        del stats["mismatch_kl"]
+        stats["mismatch_logp_abs_mean"] = 0.01 if step < 40 else 0.2
+    first = Guard(GuardConfig.preset("monitor"))
+    for step, stats in enumerate(stream[:30]):
+        first.observe(step, stats)
+    resumed = Guard(GuardConfig.preset("monitor"))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for step, stats in enumerate(stream[30:], start=30):
+        first.observe(step, stats)
+        resumed.observe(step, stats)
+    assert [e for e in resumed.events if e.step >= 30] == [e for e in first.events if e.step >= 30]
+    hits = [e for e in resumed.events if e.detector == "mismatch_growth"]
+    assert hits and (hits[0].step, hits[0].severity, hits[0].threshold) == (41, "critical", 0.16), hits

@@ -1,0 +1,135 @@
+"""Examples of the docs site that a user copies, run as written: the plain-torch loop of docs/guides/torch.md (its
+free names bound to a tiny model and batches) and the TRL guide's table of the ways to write GSPO (each row's
+settings mapped by ``GuardedGRPOConfig``, against what the row says it trains)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlguard.core_losses import PolicyBatch
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _section(page: str, heading: str) -> str:
+    """The text of ``page`` from the line ``heading`` to the next heading of any level (outside code blocks)."""
+    lines = (DOCS / page).read_text(encoding="utf-8").splitlines(keepends=True)
+    start = lines.index(heading + "\n")
+    fenced = False
+    for end in range(start + 1, len(lines)):
+        fenced ^= lines[end].startswith("```")
+        if not fenced and re.match(r"#{1,6} ", lines[end]):
+            break
+    else:
+        end = len(lines)
+    return "".join(lines[start:end])
+
+
+def _python_block(section: str) -> str:
+    """The first Python code block of ``section``."""
+    blocks = re.findall(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    assert blocks, section
+    return str(blocks[0])
+
+
+def test_the_plain_torch_loop_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = _python_block(_section("guides/torch.md", "## The guard in the loop"))
+    assert "guard.apply(decision, actuator)" in code
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 8)  # features -> logits over 8 tokens
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, tokens = torch.randn(8, 5, 4), torch.randint(0, 8, (8, 5))  # (B, T, H), (B, T)
+    rewards, group_ids = torch.rand(8), torch.arange(8) // 4  # (B,): two groups of 4
+    lengths = torch.full((8,), 5.0)
+
+    def loader() -> Iterator[PolicyBatch]:
+        for _ in range(6):  # each batch from the current weights, as a rollout would be
+            logprobs = torch.log_softmax(model(x), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)  # (B, T)
+            adv = (rewards - rewards.view(2, 4).mean(1).repeat_interleave(4)).float()  # (B,)
+            yield PolicyBatch(logprobs=logprobs, advantages=adv, mask=torch.ones(8, 5), old_logprobs=logprobs.detach())
+
+    before = model.weight.detach().clone()
+    namespace: dict[str, Any] = {
+        "model": model, "optimizer": optimizer, "loader": loader(), "lr": 1e-2,
+        "rewards": rewards, "group_ids": group_ids, "lengths": lengths,
+    }  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("out")
+    exec(compile(code, "docs/guides/torch.md", "exec"), namespace)
+    guard, applied = namespace["guard"], namespace["applied"]
+    assert namespace["step"] == 5 and applied.outcome == "step"
+    assert guard.last_healthy_step == 5
+    assert not torch.equal(model.weight, before)  # the actuator ran optimizer.step()
+
+
+def _gspo_rows() -> list[tuple[str, str]]:
+    section = _section("guides/trl.md", "### GSPO, and TRL's own ways to write it")
+    rows = re.findall(r"^\| ((?:`[^`]+`(?:, )?)+) \| (.+) \|$", section, re.MULTILINE)
+    assert len(rows) == 4, section
+    return [(", ".join(re.findall(r"`([^`]+)`", cell)), trains) for cell, trains in rows]
+
+
+def _settings(cell: str) -> dict[str, Any]:
+    call = ast.parse(f"f({cell})", mode="eval").body
+    assert isinstance(call, ast.Call)
+    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
+
+
+@pytest.mark.parametrize(("cell", "trains"), _gspo_rows())
+def test_each_spelling_of_gspo_in_the_trl_guide_trains_what_it_says(cell: str, trains: str) -> None:
+    pytest.importorskip("trl")
+    from rlguard.adapters.trl import GuardedGRPOConfig
+
+    def mapping(**settings: Any) -> tuple[str, dict[str, Any]]:
+        args = GuardedGRPOConfig(output_dir="out", use_cpu=True, report_to="none", **settings)
+        return args.rlguard_mapping.objective, args.rlguard_mapping.kwargs
+
+    paper = mapping(objective="gspo")
+    assert (paper[0], paper[1]["clip_low"], paper[1]["clip_high"]) == ("gspo", 3e-4, 4e-4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        objective, kwargs = mapping(**_settings(cell))
+    # the length-weighting warning, where the row says so
+    assert any("sums over tokens" in str(w.message) for w in caught) == ("warned" in trains)
+    if trains.startswith(("the paper's GSPO", "the same")):
+        assert (objective, kwargs) == paper
+    else:
+        assert "TRL's defaults" in trains and "0.2 / 0.2" in trains and "`token-mean`" in trains
+        assert (objective, kwargs["clip_low"], kwargs["clip_high"]) == ("gspo", 0.2, 0.2)
+        assert kwargs["aggregation"] == "token-mean"
+
+
+def test_the_plugin_guide_s_objective_is_the_one_the_plugin_test_installs() -> None:
+    """docs/guides/plugins.md shows BandPG; tests/helpers/band_pg_plugin.py is what test_plugin_objective.py runs in
+    TRL, verl and the fused path. The guide's copy must declare the same and compute the same loss and gradient."""
+    from tests.helpers import band_pg_plugin
+
+    namespace: dict[str, Any] = {}
+    exec(compile(_python_block(_section("guides/plugins.md", "## An objective")), "plugins.md", "exec"), namespace)
+    documented, tested = namespace["BandPG"], band_pg_plugin.BandPG
+    for name in ("name", "token_local", "clip_bounds", "trl", "verl", "ratio_level", "needs_whole_batch"):
+        assert getattr(documented, name) == getattr(tested, name), name
+    assert namespace["rlguard_add_objectives"]() == [documented]
+    torch.manual_seed(0)
+    old = torch.randn(4, 6, dtype=torch.float64)  # (B, T)
+    new = (old + 0.3 * torch.randn(4, 6, dtype=torch.float64)).requires_grad_()  # ratios in and out of the band
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    mask[1, 4:] = 0.0
+    batch = PolicyBatch(logprobs=new, advantages=torch.randn(4, dtype=torch.float64), mask=mask, old_logprobs=old)
+    outputs = []
+    for cls in (documented, tested):
+        out = cls(band_low=0.15, band_high=0.25)(batch)
+        (grad,) = torch.autograd.grad(out.loss, new)
+        outputs.append((out.loss.detach(), grad, out.metrics["clip_frac"]))
+    (loss_a, grad_a, frac_a), (loss_b, grad_b, frac_b) = outputs
+    assert 0 < float(frac_a) < 1  # some ratios left the band, some did not
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b) and torch.equal(frac_a, frac_b)

@@ -170,7 +170,7 @@ def calibrate_kl(logs: Path, names: list[str]) -> float | None:
         if VERDICTS[name].kind != "healthy":
             continue
         log = read_log(logs / name)
-        key_map = classify_keys(log.keys).key_map
+        key_map = classify_keys(log.keys, rows=log.rows).key_map
         kl = sorted(
             v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
         )

@@ -74,8 +74,12 @@ def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
     if d.keys.auto_mapped:
         auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
         out.append(
-            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
+            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse all, --map KEY= "
+            f"one): {escape(auto)}"
         )
+        out.extend(f"  {escape(k)}: {escape(why)}" for k, why in d.keys.evidence.items())
+    if d.keys.refused:
+        out.append(escape("not mapped: " + "; ".join(f"{k}: {why}" for k, why in d.keys.refused.items())))
     if d.keys.unrecognised:
         out.append(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
     if d.keys.suggestions:

@@ -243,6 +243,15 @@ def doctor(
         ),
     ] = False,
     key_map: KeyMapOption = None,
+    live: Annotated[
+        str | None,
+        typer.Option(
+            "--live",
+            metavar="PRESET",
+            help="Replay the log through the live guard of PRESET (default, stable, ...) and print the decisions it "
+            "would have made (skips, rollbacks, halts, changes of controls); exit 1 if it would roll back or halt.",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
@@ -256,6 +265,8 @@ def doctor(
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
 
+    if live is not None:
+        raise typer.Exit(_doctor_live(path, live, as_json, key_map or [], no_auto_map))
     try:
         diagnosis = diagnose(path, key_map=parse_key_map(key_map or []), auto_map=not no_auto_map)
     except (LogInputError, ValueError, OSError) as err:
@@ -273,6 +284,25 @@ def doctor(
             console.print(f"wrote {escape(str(html))}")
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_auto_map: bool) -> int:
+    """``rlguard doctor --live PRESET``: the live guard's decisions on the log; the replay's exit code."""
+    from rlguard.doctor import LogInputError
+    from rlguard.doctor.keys import parse_key_map
+    from rlguard.doctor.replay import replay_live
+    from rlguard.terminal import replay_renderables
+
+    try:
+        replay = replay_live(path, preset, parse_key_map(key_map), auto_map=not no_auto_map)
+    except (LogInputError, ValueError, OSError) as err:
+        raise _bad_input("doctor", err) from None
+    if as_json:
+        typer.echo(json.dumps(replay.to_dict(), indent=2, default=str))
+    else:
+        for renderable in replay_renderables(replay):
+            console.print(renderable)
+    return replay.exit_code
 
 
 def _print_diagnosis(d: Diagnosis) -> None:

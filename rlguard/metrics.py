@@ -4,7 +4,8 @@ Each :class:`Metric` row says what a canonical name means, how it is reduced (``
 ``min``), what weights a mean (tokens, sequences, samples, or each observation equally), the keys TRL and verl log
 it under, and whether a built-in detector judges it. Everything else is derived from :data:`METRICS`: the
 guard's step-stat reduction and the TRL adapter's cross-process reduction (:mod:`rlguard.guards.stats.reduction`), the
-verl driver's stats and the doctor's key maps (:mod:`rlguard.doctor.keys`), and :func:`canonical_stats`. See
+verl driver's stats and the doctor's key maps (:mod:`rlguard.doctor.keys`), and :func:`canonical_stats`. Beside it,
+:data:`DOMAINS`: the values each stat can take, which a log's key must fit before the doctor maps it by name. See
 ``docs/design.md`` ("Metric table").
 
 This module imports nothing from rlguard and no framework: every layer may read it.

@@ -248,8 +248,7 @@ def doctor(
         typer.Option(
             "--live",
             metavar="PRESET",
-            help="Replay the log through the live guard of PRESET (default, stable, ...) and print the decisions it "
-            "would have made (skips, rollbacks, halts, changes of controls); exit 1 if it would roll back or halt.",
+            help="Replay the log through the live guard of PRESET; print its decisions (exit 1: rollback or halt).",
         ),
     ] = None,
 ) -> None:
@@ -288,8 +287,7 @@ def doctor(
 
 def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_auto_map: bool) -> int:
     """``rlguard doctor --live PRESET``: the live guard's decisions on the log; the replay's exit code."""
-    from rlguard.doctor import LogInputError
-    from rlguard.doctor.keys import parse_key_map
+    from rlguard.doctor import LogInputError, parse_key_map
     from rlguard.doctor.replay import replay_live
     from rlguard.terminal import replay_renderables
 
@@ -300,8 +298,7 @@ def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_
     if as_json:
         typer.echo(json.dumps(replay.to_dict(), indent=2, default=str))
     else:
-        for renderable in replay_renderables(replay):
-            console.print(renderable)
+        console.print(*replay_renderables(replay), sep="\n")
     return replay.exit_code
 
 

@@ -134,7 +134,7 @@ def verdict(d: Diagnosis) -> str | None:
 
 def replay_renderables(r: Replay) -> list[RenderableType]:
     """What ``rlguard doctor --live PRESET`` prints: what was replayed, the decisions step by step, the verdict."""
-    counts = ", ".join(f"{r.count(o)} {o}s" for o in ("skip", "rollback", "halt"))
+    counts = ", ".join(f"{o}s {r.count(o)}" for o in ("skip", "rollback", "halt"))
     out: list[RenderableType] = [
         f"{escape(str(r.read.log.path))} ({r.read.log.format}): {r.replayed} of {len(r.read.rows)} records replayed "
         f"through the live guard of preset {escape(r.preset)}: {counts}"

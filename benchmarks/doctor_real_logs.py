@@ -1,13 +1,16 @@
-"""rlguard doctor against rldoctor 0.2.0 on 22 real training logs from public repositories, in sample and leave
+"""rlguard doctor against rldoctor 0.2.0 on 42 real training logs from public repositories, in sample and leave
 one repository out.
 
     python benchmarks/doctor_real_logs.py                    # the tables (rldoctor's column if it is installed)
     python benchmarks/doctor_real_logs.py --markdown         # the same rows as Markdown tables
     python benchmarks/doctor_real_logs.py --out benchmarks/doctor_real_logs.md   # write them there
     python benchmarks/doctor_real_logs.py --logs DIR         # default: $RLGUARD_REAL_LOGS or ../shared/doctor_foreign
+    python benchmarks/doctor_real_logs.py --logs2 DIR        # default: $RLGUARD_REAL_LOGS2 or ../shared/doctor_foreign2
 
-The logs are read where they are (``../shared/doctor_foreign``, sources in its README); they are not copied into
-the repository. Each run's verdict below was judged from its source and its numbers. Criteria: no critical finding
+The logs are read where they are (``../shared/doctor_foreign`` and ``../shared/doctor_foreign2``, sources in their
+READMEs); they are not copied into the repository. A folder that is absent is left out. Each run's verdict below
+was judged from its source and its numbers (:data:`VERDICTS` for the first folder, :data:`FOREIGN2_VERDICTS` for
+the second). Criteria: no critical finding
 on a run that trained well; each collapse caught at critical within 15 logged steps of its onset. Every log is
 read as the doctor reads it by default (keys that match exactly one canonical stat mapped automatically).
 
@@ -32,20 +35,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def default_logs() -> Path:
-    """``$RLGUARD_REAL_LOGS``, else the first ``shared/doctor_foreign`` beside the checkout or an ancestor of it
-    (``../shared`` from the main checkout, ``../../shared`` from a worktree under ``wt/``)."""
-    if env := os.environ.get("RLGUARD_REAL_LOGS"):
-        return Path(env)
+def default_logs(name: str = "doctor_foreign", env: str = "RLGUARD_REAL_LOGS") -> Path:
+    """``$env``, else the first ``shared/<name>`` beside the checkout or an ancestor of it (``../shared`` from the
+    main checkout, ``../../shared`` from a worktree under ``wt/``)."""
+    if given := os.environ.get(env):
+        return Path(given)
     for folder in ROOT.parents:
-        if (folder / "shared" / "doctor_foreign").is_dir():
-            return folder / "shared" / "doctor_foreign"
-    return ROOT.parent / "shared" / "doctor_foreign"
+        if (folder / "shared" / name).is_dir():
+            return folder / "shared" / name
+    return ROOT.parent / "shared" / name
 
 
 DEFAULT_LOGS = default_logs()
+DEFAULT_LOGS2 = default_logs("doctor_foreign2", "RLGUARD_REAL_LOGS2")
 #: logged steps after the onset within which a collapse must be critical
 WITHIN = 15
+#: logged steps from the labelled onset within which the doctor's reported onset must lie (issue 36)
+ONSET_WITHIN = 5
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,86 @@ VERDICTS: dict[str, Verdict] = {
 }
 
 
+_NIPS = "EXPERIMENT_STATUS.md / results/logs/evals of Sunshine535/nips-grpo-dynamics"
+#: ../shared/doctor_foreign2, judged from the sources (the repositories' own words where they have any) and the
+#: numbers; the evidence per log: /work/notes/labels_foreign2.md (onset: the first logged step of the excursion that
+#: did not recover)
+FOREIGN2_VERDICTS: dict[str, Verdict] = {
+    "nipsgrpo-qwen35-9b-rho0.70-s44.trainer_state.json": Verdict(
+        "collapse",
+        f"reward 0.85-0.97 -> 0.41 @155 -> 0 from 165, entropy 0.17 -> 6.4, zero-std groups 1.0; {_NIPS}: the "
+        "collapsed seed (0.01) of rho 0.7; recovered dip at 110-120 before",
+        onset=155,
+    ),
+    "nipsgrpo-qwen35-9b-rho3.00-s42.trainer_state.json": Verdict(
+        "healthy", f"reward 0.09 -> 0.95, entropy 0.07-0.30; {_NIPS}: rho 3.0 'all converged'"
+    ),
+    "nipsgrpo-qwen25-7b-rho0.30-s42.trainer_state.json": Verdict(
+        "collapse",
+        "reward 0.95 @15 -> 0.18 @20 -> 0; entropy 0.24 -> 8.2 then 1e-12; length to the 512 cap; GSM8K 0.000",
+        onset=20,
+    ),
+    "nipsgrpo-qwen25-7b-rho0.50-s43.trainer_state.json": Verdict(
+        "collapse",
+        "reward 0.85-1.0 -> 0.23 @40 -> 0-0.2; length 110 -> 3-5 tokens; grad norm 0.2 -> 47; GSM8K 0.015",
+        onset=40,
+    ),
+    "nipsgrpo-qwen25-7b-rho1.00-s42.trainer_state.json": Verdict(
+        "collapse",
+        "recovered dip at 40-50; then reward 0.8 @125 -> 0.38 @135 -> 0 from 150, entropy 0.06 -> 5.4, length to "
+        "the cap; GSM8K 0.005",
+        onset=135,
+    ),
+    "nipsgrpo-qwen25-7b-rho1.00-s43.trainer_state.json": Verdict(
+        "collapse",
+        "reward 0.78-1.0 -> 0.53 @25 -> 0 from 30; entropy 0.25 -> 7.0; length to the cap; GSM8K 0.000",
+        onset=25,
+    ),
+    "nipsgrpo-qwen25-7b-adabalance-s42.trainer_state.json": Verdict(
+        "collapse",
+        "reward 0.8-0.98 -> 0.6 @70 -> 0 from 85; length to the 512 cap; zero-std 1.0, loss 0; entropy flat 0.1; "
+        "the authors: 'controller broken' (rho stayed 1.0)",
+        onset=70,
+    ),
+    "nipsgrpo-qwen25-7b-rho3.00-s44.trainer_state.json": Verdict(
+        "healthy", "reward 0.85 -> 0.95-1.0 held; entropy 0.16 -> 0.04 without a break; GSM8K 0.865"
+    ),
+    "unsloth-llama32-3b-advanced-grpo.csv": Verdict(
+        "healthy", "Unsloth's Advanced Llama 3.2 notebook: reward -0.8 -> 7.5 of ~9.5; KL 0 -> 0.11 (one spike 2.6)"
+    ),
+    "unsloth-qwen3-8b-fp8-grpo.csv": Verdict(
+        "unclear", "100 steps at the reward floor -7.5 on 83 (all truncated), reward_std 0 on 87, no trend"
+    ),
+    "unsloth-llama31-8b-grpo-feb2025.csv": Verdict("healthy", "Unsloth's Llama 3.1 notebook: reward 0.08 -> 1.4-2.0"),
+    "basile-llama31-8b-grpo.csv": Verdict(
+        "healthy", "reward 0 -> 0.88; length 156 -> 88 with one-step dips to 28-50 tokens while the reward holds"
+    ),
+    "medthink-qwen25-3b-grpo-1000.csv": Verdict(
+        "healthy", "reward 0.07 -> 0.56 by 100, held to 1000; five one-step KL spikes (up to 2.45e7) that recover"
+    ),
+    "mathphi4-qwen25-3b-grpo-1000.csv": Verdict(
+        "healthy", "reward 0.06 -> 2.0 held 200-1000; the authors serve the resulting model"
+    ),
+    "xun3-qwen25-3b-grpo.csv": Verdict("healthy", "reward 0.08 -> 1.3-2.4; length 200 (cap) -> 137-190"),
+    "xun3-qwen25-3b-grpo-stalled.csv": Verdict(
+        "unclear", "stopped at 227/250; reward ~0 throughout, length at the 200 cap: did not learn, nothing broke"
+    ),
+    "taubench-gptoss-20b-grpo.csv": Verdict(
+        "healthy",
+        "low confidence: reward 4.4 -> 5.0, held-out reward 5.06 (100% success, the notebook's evaluation); KL 1-35 "
+        "with recovered spikes to 3395",
+    ),
+    "fintech-stock-grpo.csv": Verdict("unclear", "398 steps, reward 0.12-0.80 without trend, length 920 -> 1200"),
+    "colab-qwen3-4b-grpo-partial.csv": Verdict(
+        "unclear", "46 steps of the Qwen3 notebook, reward at its floor on 19, no trend"
+    ),
+    "holazzer-qwen25-3b-grpo-partial.csv": Verdict(
+        "healthy", "136 steps (interrupted): reward 0.77 -> 1.7 (format learned), one KL spike 4.84 that recovers"
+    ),
+}
+#: every labelled log, both folders
+ALL_VERDICTS: dict[str, Verdict] = {**VERDICTS, **FOREIGN2_VERDICTS}
+
 #: log -> the public repository it comes from (../shared/doctor_foreign/README.md): the unit held out
 REPOSITORIES: dict[str, str] = {
     "verl-ppo-qwen05b-gsm8k-r512.verl.jsonl": "eric-haibin-lin/verl-data",
@@ -152,12 +238,33 @@ REPOSITORIES: dict[str, str] = {
     "website-sanitizer-grpo.trainer_state.json": "koivualeksi/website-sanitizer",
     "hotpotqa-grpo-v3.trainer_state.json": "Ning-Guo/hotpotqa-agent",
     **{name: "rasbt/reasoning-from-scratch" for name in VERDICTS if name.startswith("rasbt-")},
+    # ../shared/doctor_foreign2/README.md
+    **{name: "Sunshine535/nips-grpo-dynamics" for name in FOREIGN2_VERDICTS if name.startswith("nipsgrpo-")},
+    **{name: "unslothai/notebooks" for name in FOREIGN2_VERDICTS if name.startswith("unsloth-")},
+    "basile-llama31-8b-grpo.csv": "basilenouvellet/unsloth-grpo-fine-tuning",
+    "medthink-qwen25-3b-grpo-1000.csv": "matthewchung74/qwen_2_5_3B_GRPO_medical_thinking",
+    "mathphi4-qwen25-3b-grpo-1000.csv": "madhurachanna/math-phi4",
+    "xun3-qwen25-3b-grpo.csv": "xun-3/grpo",
+    "xun3-qwen25-3b-grpo-stalled.csv": "xun-3/grpo",
+    "taubench-gptoss-20b-grpo.csv": "Ray-Cheng-11/Tau-Bench-Model-Training",
+    "fintech-stock-grpo.csv": "jzystar/fintech",
+    "colab-qwen3-4b-grpo-partial.csv": "AbdullahFageeh/colab",
+    "holazzer-qwen25-3b-grpo-partial.csv": "holazzer/nb",
 }
+
+
+def log_paths(logs: Path = DEFAULT_LOGS, logs2: Path = DEFAULT_LOGS2) -> dict[str, Path]:
+    """Every labelled log found (:data:`VERDICTS` in ``logs``, :data:`FOREIGN2_VERDICTS` in ``logs2``) -> its path,
+    in the tables' order; a folder that is absent gives none."""
+    found = {n: logs / n for n in VERDICTS if (logs / n).is_file()}
+    return found | {n: logs2 / n for n in FOREIGN2_VERDICTS if (logs2 / n).is_file()}
+
+
 #: the KL bound (critical) is this multiple of the largest 95th percentile of KL over the healthy logs
 KL_MARGIN = 4.0
 
 
-def calibrate_kl(logs: Path, names: list[str]) -> float | None:
+def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
     """The critical absolute bound on KL to the reference chosen from the healthy logs among ``names``: KL_MARGIN x
     the largest 95th percentile of their ``kl_ref`` (None if none logs it)."""
     import statistics
@@ -167,10 +274,10 @@ def calibrate_kl(logs: Path, names: list[str]) -> float | None:
 
     peaks = []
     for name in names:
-        if VERDICTS[name].kind != "healthy":
+        if ALL_VERDICTS[name].kind != "healthy":
             continue
-        log = read_log(logs / name)
-        key_map = classify_keys(log.keys).key_map
+        log = read_log(paths[name])
+        key_map = classify_keys(log.keys, rows=log.rows).key_map
         kl = sorted(
             v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
         )
@@ -203,6 +310,8 @@ class Row:
     rldoctor_critical: bool | None
     ok: bool | None  # met the criterion of its verdict (None for unclear)
     delay: int | None  # logged steps from onset to the first critical event at or after it
+    onset_found: int | None = None  # the onset the doctor reports: the earliest onset of a critical finding
+    onset_offset: int | None = None  # collapses: logged steps from the labelled onset to it (negative: before)
 
 
 def run_rlguard(path: Path, verdict: Verdict, config: Any = None) -> tuple[Any, list[int]]:
@@ -249,30 +358,50 @@ def rldoctor_ok(verdict: Verdict, critical: bool | None) -> bool | None:
     return not critical if verdict.kind == "healthy" else critical
 
 
-def collect(logs: Path, held_out: str | None = None, rldoctor: bool = True) -> list[Row]:
-    """One row per log named in :data:`VERDICTS` (in that order), judged with the doctor's defaults; with
+def collect(paths: dict[str, Path], held_out: str | None = None, rldoctor: bool = True) -> list[Row]:
+    """One row per log of ``paths`` (:func:`log_paths`, in that order), judged with the doctor's defaults; with
     ``held_out`` (a repository), only that repository's logs, judged with the KL bound calibrated without them."""
-    names = [n for n in VERDICTS if held_out is None or REPOSITORIES[n] == held_out]
+    names = [n for n in paths if held_out is None or REPOSITORIES[n] == held_out]
     config = None
     if held_out is not None:
-        config = kl_config(calibrate_kl(logs, [n for n in VERDICTS if REPOSITORIES[n] != held_out]))
+        config = kl_config(calibrate_kl(paths, [n for n in paths if REPOSITORIES[n] != held_out]))
     rows = []
     for name in names:
-        verdict, path = VERDICTS[name], logs / name
+        verdict, path = ALL_VERDICTS[name], paths[name]
         d, critical = run_rlguard(path, verdict, config)
         ok, delay = judge(verdict, d.steps, critical)
         findings = [(f.detector, f.severity, f.severity_step) for f in d.findings]
         text, rl_critical = run_rldoctor(path) if rldoctor else ("-", None)
-        rows.append(Row(name, verdict, len(d.steps), findings, critical, d.exit_code, text, rl_critical, ok, delay))
+        found = min((f.step for f in d.findings if f.severity == "critical"), default=None)
+        offset = None
+        if found is not None and verdict.kind == "collapse" and verdict.onset is not None:
+            onset = verdict.onset
+            offset = sum(onset <= s < found for s in d.steps) - sum(found <= s < onset for s in d.steps)
+        rows.append(
+            Row(
+                name,
+                verdict,
+                len(d.steps),
+                findings,
+                critical,
+                d.exit_code,
+                text,
+                rl_critical,
+                ok,
+                delay,
+                found,
+                offset,
+            )
+        )
     return rows
 
 
-def leave_one_repository_out(logs: Path) -> list[tuple[str, float | None, list[Row]]]:
+def leave_one_repository_out(paths: dict[str, Path]) -> list[tuple[str, float | None, list[Row]]]:
     """Per repository: the KL bound chosen without its logs, and its logs' rows judged with it."""
     out = []
-    for repo in dict.fromkeys(REPOSITORIES[n] for n in VERDICTS):
-        bound = calibrate_kl(logs, [n for n in VERDICTS if REPOSITORIES[n] != repo])
-        out.append((repo, bound, collect(logs, held_out=repo, rldoctor=False)))
+    for repo in dict.fromkeys(REPOSITORIES[n] for n in paths):
+        bound = calibrate_kl(paths, [n for n in paths if REPOSITORIES[n] != repo])
+        out.append((repo, bound, collect(paths, held_out=repo, rldoctor=False)))
     return out
 
 
@@ -289,8 +418,10 @@ def _short(name: str) -> str:
 
 
 def _ok(row: Row) -> str:
-    delay = f" ({row.delay} steps)" if row.delay is not None else ""
-    return {True: "yes", False: "NO", None: "-"}[row.ok] + delay
+    delay = f" ({row.delay} steps" if row.delay is not None else ""
+    if row.onset_offset is not None:
+        delay += f"; onset reported @{row.onset_found}, {row.onset_offset:+d}" if delay else ""
+    return {True: "yes", False: "NO", None: "-"}[row.ok] + delay + (")" if delay else "")
 
 
 def _markdown(header: list[str], table: list[list[str]]) -> list[str]:
@@ -314,9 +445,38 @@ def _summary(rows: list[Row], theirs: bool) -> list[str]:
     return out
 
 
-def tables(logs: Path) -> tuple[list[str], list[str], list[str]]:
+def _failures(rows: list[Row]) -> list[str]:
+    """The logs that fail their criterion: healthy with a critical finding, collapses missed or late."""
+    false_alarms = [
+        f"{_short(r.log)} ({', '.join(f'{d} @{s}' for d, sev, s in r.findings if sev == 'critical')})"
+        for r in rows
+        if r.verdict.kind == "healthy" and not r.ok
+    ]
+    missed = [
+        f"{_short(r.log)} (onset {r.verdict.onset}, "
+        + (f"critical {r.delay} logged steps after" if r.delay is not None else "no critical finding at or after it")
+        + ")"
+        for r in rows
+        if r.verdict.kind == "collapse" and not r.ok
+    ]
+    collapses = [r for r in rows if r.verdict.kind == "collapse"]
+    near = [r for r in collapses if r.onset_offset is not None and abs(r.onset_offset) <= ONSET_WITHIN]
+    off = [
+        f"{_short(r.log)} (@{r.onset_found} for {r.verdict.onset}, {r.onset_offset:+d})"
+        for r in collapses
+        if r not in near and r.onset_offset is not None
+    ]
+    return [
+        f"healthy with a critical finding: {'; '.join(false_alarms) or 'none'}",
+        f"collapses missed or late: {'; '.join(missed) or 'none'}",
+        f"collapses whose reported onset (the earliest of a critical finding) is within {ONSET_WITHIN} logged steps of "
+        f"the labelled one: {len(near)}/{len(collapses)}; off (logged steps): {'; '.join(off) or 'none'}",
+    ]
+
+
+def tables(paths: dict[str, Path]) -> tuple[list[str], list[str], list[str]]:
     """The in-sample table, the leave-one-repository-out table (Markdown lines) and the summary lines."""
-    rows = collect(logs)
+    rows = collect(paths)
     header = [
         "log",
         "verdict (from its source)",
@@ -339,12 +499,13 @@ def tables(logs: Path) -> tuple[list[str], list[str], list[str]]:
         for r in rows
     ]
     in_sample = _markdown(header, table)
-    bound = calibrate_kl(logs, list(VERDICTS))
-    summary = [f"in sample (KL bound chosen from all logs: {bound:.3g} nats, the doctor's default 2):"]
+    bound = calibrate_kl(paths, list(paths))
+    kl_text = f"{bound:.3g}" if bound is not None else "none"
+    summary = [f"{len(paths)} logs; in sample (KL bound chosen from all logs: {kl_text} nats, the doctor's default 2):"]
     summary += ["  " + line for line in _summary(rows, theirs=True)]
     loro_rows: list[Row] = []
     loro_table = []
-    for repo, kl, held in leave_one_repository_out(logs):
+    for repo, kl, held in leave_one_repository_out(paths):
         loro_rows += held
         for r in held:
             kl_text = f"{kl:.3g}" if kl is not None else "default"
@@ -352,14 +513,17 @@ def tables(logs: Path) -> tuple[list[str], list[str], list[str]]:
                 [repo, _short(r.log), r.verdict.kind, kl_text, _cell_findings(r), str(r.exit_code), _ok(r)]
             )
     header = ["held-out repository", "log", "verdict", "KL bound (nats)", "rlguard findings", "exit", "rlguard ok"]
+    summary += ["  " + line for line in _failures(rows)]
     summary.append("leave one repository out (the KL bound chosen from the other repositories' healthy logs):")
     summary += ["  " + line for line in _summary(loro_rows, theirs=False)]
+    summary += ["  " + line for line in _failures(loro_rows)]
     return in_sample, _markdown(header, loro_table), summary
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs")
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs (doctor_foreign)")
+    parser.add_argument("--logs2", type=Path, default=DEFAULT_LOGS2, help="the second folder (doctor_foreign2)")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown tables to this file")
     parser.add_argument("--quick", action="store_true", help="accepted for the benchmark runner (same run)")
@@ -367,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.logs.is_dir():
         print(f"doctor_real_logs: no folder {args.logs} (the shared real logs); nothing to do", file=sys.stderr)
         return 2
-    in_sample, loro, summary = tables(args.logs)
+    in_sample, loro, summary = tables(log_paths(args.logs, args.logs2))
     text = "\n".join(["### In sample", "", *in_sample, "", "### Leave one repository out", "", *loro, "", *summary])
     if args.out is not None:
         command = "python benchmarks/doctor_real_logs.py --out " + str(args.out)

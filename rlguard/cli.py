@@ -103,55 +103,31 @@ def detectors(
     """List the guard's detectors and interventions with their default thresholds and sources, and which presets
     run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the remedy of a
     train-inference gap and rollbacks that learn), and which remedy answers which cause."""
-    from rlguard.guards import PRESETS, Guard, GuardConfig
-    from rlguard.guards.interventions.causes import CAUSES
-    from rlguard.guards.registry import detector_registry, intervention_registry
+    from rlguard.guards.catalogue import catalogue
 
-    dets, acts = detector_registry(), intervention_registry()
-    running = {p: set(Guard(GuardConfig.preset(p)).interventions) for p in PRESETS}
-    in_presets = {n: [p for p in PRESETS if n in running[p]] for n in acts}
+    data = catalogue()
     if as_json:
-        data = {
-            "detectors": [
-                {"name": n, "summary": c.summary, "source": c.source, "defaults": c.defaults()} for n, c in dets.items()
-            ],
-            "interventions": [
-                {"name": n, "summary": c.summary, "presets": in_presets[n], "defaults": c.defaults()}
-                for n, c in acts.items()
-            ],
-            "presets": list(PRESETS),
-            "remedies": [
-                {
-                    "cause": c.diagnosis,
-                    "diagnosed_by": c.diagnosed_by,
-                    "remedies": c.remedies,
-                    "intervention": c.answer,
-                    "yields": list(c.yields),
-                }
-                for c in CAUSES
-            ],
-        }
         typer.echo(json.dumps(data, indent=2, default=str))
         return
-    table = Table(title="rlguard detectors (default preset)")
-    for col in ("detector", "fires when", "source"):
-        table.add_column(col)
-    for n, det in dets.items():
-        table.add_row(n, escape(det.summary), escape(det.source))
-    console.print(table)
-    table = Table(title="rlguard interventions", caption=f"guard presets: {', '.join(PRESETS)} (monitor only observes)")
-    table.add_column("intervention")
-    table.add_column("what it does")
-    table.add_column("presets")
-    for n, act in acts.items():
-        table.add_row(n, escape(act.summary), ", ".join(in_presets[n]) or "opt-in")
-    console.print(table)
-    table = Table(title="remedies by cause", caption="each next remedy only when the one before did not help")
-    for col in ("cause", "diagnosed by", "remedies, in order", "intervention", "holds back meanwhile"):
-        table.add_column(col)
-    for c in CAUSES:
-        table.add_row(*map(escape, (c.diagnosis, c.diagnosed_by, c.remedies, c.answer, ", ".join(c.yields))))
-    console.print(table)
+    presets = f"guard presets: {', '.join(data['presets'])} (monitor only observes)"
+    tables: list[tuple[str, str | None, tuple[str, ...], list[tuple[str, ...]]]] = [
+        ("rlguard detectors (default preset)", None, ("detector", "fires when", "source"), [
+            (r["name"], r["summary"], r["source"]) for r in data["detectors"]
+        ]),
+        ("rlguard interventions", presets, ("intervention", "what it does", "presets"), [
+            (r["name"], r["summary"], ", ".join(r["presets"]) or "opt-in") for r in data["interventions"]
+        ]),
+        ("remedies by cause", "each next remedy only when the one before did not help",
+         ("cause", "diagnosed by", "remedies, in order", "intervention", "holds back meanwhile"), [
+            (r["cause"], r["diagnosed_by"], r["remedies"], r["intervention"], ", ".join(r["yields"]))
+            for r in data["remedies"]
+        ]),
+    ]  # fmt: skip
+    for title, caption, columns, rows in tables:
+        table = Table(*columns, title=title, caption=caption)
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
 
 
 @app.command()
@@ -249,6 +225,14 @@ def doctor(
         ),
     ] = False,
     key_map: KeyMapOption = None,
+    live: Annotated[
+        str | None,
+        typer.Option(
+            "--live",
+            metavar="PRESET",
+            help="Replay the log through the live guard of PRESET; print its decisions (exit 1: rollback or halt).",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
@@ -262,6 +246,8 @@ def doctor(
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
 
+    if live is not None:
+        raise typer.Exit(_doctor_live(path, live, as_json, key_map or [], no_auto_map))
     try:
         diagnosis = diagnose(path, key_map=parse_key_map(key_map or []), auto_map=not no_auto_map)
     except (LogInputError, ValueError, OSError) as err:
@@ -279,6 +265,23 @@ def doctor(
             console.print(f"wrote {escape(str(html))}")
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_auto_map: bool) -> int:
+    """``rlguard doctor --live PRESET``: the live guard's decisions on the log; the replay's exit code."""
+    from rlguard.doctor import LogInputError, parse_key_map
+    from rlguard.doctor.replay import replay_live
+    from rlguard.terminal import replay_renderables
+
+    try:
+        replay = replay_live(path, preset, parse_key_map(key_map), auto_map=not no_auto_map)
+    except (LogInputError, ValueError, OSError) as err:
+        raise _bad_input("doctor", err) from None
+    if as_json:
+        typer.echo(json.dumps(replay.to_dict(), indent=2, default=str))
+    else:
+        console.print(*replay_renderables(replay), sep="\n")
+    return replay.exit_code
 
 
 def _print_diagnosis(d: Diagnosis) -> None:

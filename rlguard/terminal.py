@@ -14,6 +14,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
+    from rlguard.doctor.replay import Replay
     from rlguard.guards import Event
 
 SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}
@@ -74,8 +75,12 @@ def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
     if d.keys.auto_mapped:
         auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
         out.append(
-            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
+            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse all, --map KEY= "
+            f"one): {escape(auto)}"
         )
+        out.extend(f"  {escape(k)}: {escape(why)}" for k, why in d.keys.evidence.items())
+    if d.keys.refused:
+        out.append(escape("not mapped: " + "; ".join(f"{k}: {why}" for k, why in d.keys.refused.items())))
     if d.keys.unrecognised:
         out.append(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
     if d.keys.suggestions:
@@ -125,3 +130,31 @@ def verdict(d: Diagnosis) -> str | None:
             f"; {len(unchecked)} could not (above)." if unchecked else "."
         )
     return None
+
+
+def replay_renderables(r: Replay) -> list[RenderableType]:
+    """What ``rlguard doctor --live PRESET`` prints: what was replayed, the decisions step by step, the verdict."""
+    counts = ", ".join(f"{o}s {r.count(o)}" for o in ("skip", "rollback", "halt"))
+    out: list[RenderableType] = [
+        f"{escape(str(r.read.log.path))} ({r.read.log.format}): {r.replayed} of {len(r.read.rows)} records replayed "
+        f"through the live guard of preset {escape(r.preset)}: {counts}"
+    ]
+    if r.read.keys.auto_mapped:
+        auto = ", ".join(f"{k} -> {c}" for k, c in r.read.keys.auto_mapped.items())
+        out.append(f"mapped automatically (--no-auto-map, or --map KEY= to refuse): {escape(auto)}")
+    if r.decisions:
+        table = Table(title="decisions (outcomes other than step, and changes of controls)")
+        for col in ("step", "outcome", "controls", "reason"):
+            table.add_column(col)
+        for d in r.decisions:
+            controls = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.controls.items())
+            outcome = d.outcome + (f" to {d.rollback_to}" if d.rollback_to is not None else "")
+            table.add_row(str(d.step), outcome, escape(controls or "neutral"), escape(d.reason))
+        out.append(table)
+    verdicts = {
+        1: "[bold red]the guard would have rolled back or halted this run[/bold red]",
+        3: "[yellow]could not judge: no detector but nonfinite got past its warm-up, or part of the log is unread"
+        "[/yellow]",
+    }
+    out.append(verdicts.get(r.exit_code, "the guard would have let the run go on (skips and control changes only)"))
+    return out

@@ -141,6 +141,8 @@ class Diagnosis:
             "read": self.read.to_dict(),
             "mapped_keys": self.keys.mapped,
             "auto_mapped_keys": self.keys.auto_mapped,
+            "auto_map_evidence": self.keys.evidence,
+            "refused_keys": self.keys.refused,
             "suggested_maps": self.keys.suggestions,
             "coverage": {n: {"checked": c, "why": why} for n, (c, why) in self.coverage.items()},
             "live_events": [e.to_dict() for e in self.live_events],
@@ -152,6 +154,42 @@ class Diagnosis:
 def detector_metrics(guard: Guard) -> dict[str, tuple[str, ...]]:
     """Detector name -> the canonical stats it reads."""
     return {name: det.reads() for name, det in guard.detectors.items()}
+
+
+@dataclass(frozen=True)
+class CanonicalLog:
+    """A log read as the doctor reads it: the raw log, how its keys map, and each step's canonical stats.
+
+    Attributes:
+        log: the raw log (with the account of the read, ``log.report``).
+        keys: how its keys map onto canonical names.
+        rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step.
+    """
+
+    log: MetricLog
+    keys: KeyReport
+    rows: list[tuple[int, dict[str, float]]]
+
+
+def read_canonical(
+    path: str | Path, key_map: Mapping[str, str] | None = None, *, auto_map: bool = True
+) -> CanonicalLog:
+    """Read the log at ``path`` and its canonical stats, step by step (``key_map``: ``--map``; ``auto_map``: map
+    keys that match exactly one canonical stat and whose values are evidence for it). The one reading of a log
+    that the doctor and its live replay (:mod:`rlguard.doctor.live`) share. LogInputError when no key maps to a
+    stat a detector reads."""
+    log = read_log(path)
+    keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows)
+    if not keys.judged:
+        found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
+        hint = "; ".join(f"--map {k}={c}" for k, c in keys.suggestions.items())
+        raise LogInputError(
+            f"no usable metric in {log.path} ({log.format}, {len(log.rows)} steps): none of its keys ({found}) maps "
+            "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
+            + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
+        )
+    rows = [(step, stats) for step, raw in log.rows if (stats := canonical_stats(raw, keys.key_map))]
+    return CanonicalLog(log, keys, rows)
 
 
 def diagnose(
@@ -169,25 +207,14 @@ def diagnose(
     ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
     run folder's ``events.jsonl`` (what the live guard recorded) is read too.
     """
-    log = read_log(path)
-    keys = classify_keys(log.keys, key_map, auto_map)
-    if not keys.judged:
-        found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
-        hint = "; ".join(f"--map {k}={c}" for k, c in keys.suggestions.items())
-        raise LogInputError(
-            f"no usable metric in {log.path} ({log.format}, {len(log.rows)} steps): none of its keys ({found}) maps "
-            "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
-            + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
-        )
+    read = read_canonical(path, key_map, auto_map=auto_map)
+    log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
     steps: list[int] = []
     rows: list[dict[str, float]] = []
     step_findings: list[dict[str, Finding]] = []
     observed: list[frozenset[str]] = []
-    for step, raw in log.rows:
-        stats = canonical_stats(raw, keys.key_map)
-        if not stats:
-            continue
+    for step, stats in read.rows:
         before = guard.observations()
         guard.observe(step, stats)
         observed.append(frozenset(n for n, count in guard.observations().items() if count != before[n]))

@@ -64,8 +64,14 @@ def doctor_html(diagnosis: Diagnosis) -> str:
         + "</p>",
     ]
     if d.keys.auto_mapped:
-        auto = ", ".join(f"<code>{escape(k)}</code> &rarr; {escape(v)}" for k, v in d.keys.auto_mapped.items())
-        body.append(f"<p>Mapped automatically (exactly one canonical stat matches): {auto}</p>")
+        auto = "".join(
+            f"<li><code>{escape(k)}</code> &rarr; {escape(v)}: {escape(d.keys.evidence.get(k, ''))}</li>"
+            for k, v in d.keys.auto_mapped.items()
+        )
+        body.append(f"<p>Mapped automatically (exactly one canonical stat matches):</p><ul>{auto}</ul>")
+    if d.keys.refused:
+        refused = "".join(f"<li><code>{escape(k)}</code>: {escape(why)}</li>" for k, why in d.keys.refused.items())
+        body.append(f"<p>Not mapped:</p><ul>{refused}</ul>")
     if d.read.partial and not d.critical:
         body.append(
             "<p><b>Partial read</b> (exit code 3): part of the log could not be read. This is not a clean bill of "

@@ -11,13 +11,16 @@ without TRL or verl installed.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlguard.metrics import (
     CANONICAL,
     DOCTOR_ONLY,
+    DOMAINS,
     JUDGED,
     KEY_TO_CANONICAL,
     NAMESPACES,
@@ -30,6 +33,7 @@ from rlguard.metrics import (
 
 __all__ = [
     "CANONICAL",
+    "CONFIG_SEGMENTS",
     "DOCTOR_ONLY",
     "KEY_TO_CANONICAL",
     "KNOWN_KEYS",
@@ -38,10 +42,12 @@ __all__ = [
     "TRL_TO_CANONICAL",
     "VERL_TO_CANONICAL",
     "KeyReport",
+    "auto_map_refusal",
     "canonical_name",
     "canonical_stats",
     "classify_keys",
     "parse_key_map",
+    "step_records",
     "strip_namespace",
     "suggest_canonical",
 ]
@@ -91,7 +97,10 @@ class KeyReport:
         suggestions: unrecognised key -> the canonical name it looks like (for ``--map KEY=CANONICAL``), where it
             was not mapped automatically (ambiguous, or auto-mapping off).
         auto_mapped: raw key -> canonical name mapped because exactly one canonical stat matches it (and no other
-            key of the log claims that stat).
+            key of the log claims that stat), and its values are evidence for it (:func:`auto_map_refusal`).
+        evidence: auto-mapped key -> what it was mapped on (its words, its records, its values and their range).
+        refused: key -> why it was not mapped: a key that looks like a canonical stat but whose values are not
+            evidence for it, or one refused with ``--map KEY=``.
     """
 
     mapped: dict[str, str]
@@ -99,6 +108,8 @@ class KeyReport:
     unrecognised: list[str]
     suggestions: dict[str, str] = field(default_factory=dict)
     auto_mapped: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[str]:
@@ -111,39 +122,105 @@ class KeyReport:
         return dict(self.mapped)
 
 
-def classify_keys(keys: Iterable[str], key_map: Mapping[str, str] | None = None, auto_map: bool = True) -> KeyReport:
-    """Sort the raw keys of a log into mapped, known and unrecognised; with ``auto_map``, map each unrecognised
-    key whose words match exactly one canonical stat that no other key claims (``reward_avg`` -> ``reward_mean``),
-    or, where several claim it, the one key whose words are exactly the stat's (``reward_avg`` rather than
-    ``format_reward_avg``); suggest the rest."""
+#: path segments of keys that hold a run's configuration, not a step's stats (``args/kl_coef``, ``config/lr``)
+CONFIG_SEGMENTS = frozenset({"args", "config", "hparams"})
+
+Rows = Sequence[tuple[int, Mapping[str, float]]]
+
+
+def classify_keys(
+    keys: Iterable[str], key_map: Mapping[str, str] | None = None, auto_map: bool = True, *, rows: Rows | None = None
+) -> KeyReport:
+    """Sort the raw keys of a log into mapped, known and unrecognised; with ``auto_map`` and the log's ``rows``,
+    map each unrecognised key whose words match exactly one canonical stat that no other key claims
+    (``reward_avg`` -> ``reward_mean``), or, where several claim it, the one key whose words are exactly the stat's
+    (``reward_avg`` rather than ``format_reward_avg``), when its values are evidence for the stat
+    (:func:`auto_map_refusal`); suggest the rest. Without ``rows`` nothing is mapped automatically. ``--map KEY=``
+    (an empty name in ``key_map``) refuses ``KEY``, whatever table or rule would map it."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
+    refused = {k: "refused with --map KEY=" for k, c in (key_map or {}).items() if not c}
     for key in sorted(set(keys)):
         hit = canonical_name(key, key_map)
         bare = strip_namespace(key)
         if hit is not None:
             mapped[key] = hit[0]
-        elif bare in KNOWN_KEYS or bare.startswith(KNOWN_PREFIXES):
+        elif key in refused or bare in KNOWN_KEYS or bare.startswith(KNOWN_PREFIXES):
             known.append(key)
         else:
             unrecognised.append(key)
     taken = set(mapped.values())
-    suggestions = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
+    candidates = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
+    evidence: dict[str, str] = {}
+    for k, c in candidates.items() if auto_map else ():
+        why = "no values to check" if rows is None else auto_map_refusal(k, c, rows)
+        if why is None and rows is not None:
+            evidence[k] = _evidence(k, c, rows)
+        elif rows is not None:
+            refused[k] = f"looks like {c}, but {why}"
+    suggestions = {k: c for k, c in candidates.items() if k not in refused}
     claims: dict[str, list[str]] = {}
     for k, c in suggestions.items():
         claims.setdefault(c, []).append(k)
     auto: dict[str, str] = {}
-    for c, claimants in claims.items() if auto_map else ():
+    for c, claimants in claims.items():
         exact = [k for k in claimants if _exact(k, c)]
-        if len(claimants) == 1 or len(exact) == 1:  # one key, or one whose words are the stat's and no more
-            auto[claimants[0] if len(claimants) == 1 else exact[0]] = c
+        chosen = claimants if len(claimants) == 1 else exact
+        if len(chosen) == 1 and chosen[0] in evidence:  # one key, or one whose words are the stat's and no more
+            auto[chosen[0]] = c
     return KeyReport(
         {**mapped, **auto},
         known,
         [k for k in unrecognised if k not in auto],
         {k: c for k, c in suggestions.items() if k not in auto},
         auto,
+        {k: evidence[k] for k in auto},
+        refused,
+    )
+
+
+def auto_map_refusal(key: str, name: str, rows: Rows) -> str | None:
+    """Why the values of ``key`` are not evidence for the canonical stat ``name``, or None if they are.
+
+    Refused: a key under ``args/``, ``config/`` or ``hparams/`` (:data:`CONFIG_SEGMENTS`: the run's configuration,
+    ``args/kl_coef`` is not a KL); a key logged only in configuration records (records that hold none of the
+    log's per-step keys, :func:`step_records`); a constant series (a setting, or a stat that never moved: nothing
+    to judge, and a number that cannot be told from a setting); values outside the stat's domain
+    (:data:`rlguard.metrics.DOMAINS`: an entropy >= 0, a fraction in [0, 1], a ratio near 1 that is not a fraction).
+    """
+    segments = strip_namespace(key).lower().split("/")[:-1]
+    if CONFIG_SEGMENTS & set(segments):
+        return f"it is under {'/'.join(segments)}/, a run's configuration, not a step's stats"
+    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
+    if not values:
+        at = [step for step, r in rows if key in r]
+        return f"it is logged only in configuration records (step {', '.join(map(str, at[:3]))}), not in a step's stats"
+    if len(set(values)) < 2:
+        return f"it is constant ({values[0]:g} on {len(values)} records): a setting, or nothing to judge"
+    domain = DOMAINS.get(name)
+    return domain.misfit(values) if domain is not None else None
+
+
+def step_records(rows: Rows) -> list[Mapping[str, float]]:
+    """The records that hold a step's training stats: each holds at least one of the log's per-step keys (those in
+    at least half as many records as the most frequent key). The others (a first record of the run's arguments, a
+    summary) are configuration records."""
+    counts: dict[str, int] = {}
+    for _, r in rows:
+        for k in r:
+            counts[k] = counts.get(k, 0) + 1
+    top = max(counts.values(), default=0)
+    per_step = {k for k, n in counts.items() if 2 * n >= top}
+    return [r for _, r in rows if per_step & r.keys()]
+
+
+def _evidence(key: str, name: str, rows: Rows) -> str:
+    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
+    fits = DOMAINS[name].why if name in DOMAINS else "any value"
+    return (
+        f"its words ({' '.join(sorted(_words(key)))}) match {name} alone; {len(values)} records, values "
+        f"{min(values):.4g}..{max(values):.4g}, median {statistics.median(values):.4g} ({fits})"
     )
 
 
@@ -200,15 +277,18 @@ def suggest_canonical(key: str) -> str | None:
 
 
 def parse_key_map(items: Iterable[str]) -> dict[str, str]:
-    """``["reward_avg=reward_mean", ...]`` (``--map``) -> ``{"reward_avg": "reward_mean"}``; ValueError naming the
-    item for a malformed one or an unknown canonical name."""
+    """``["reward_avg=reward_mean", "policy_ratio="]`` (``--map``) -> ``{"reward_avg": "reward_mean",
+    "policy_ratio": ""}``: ``KEY=`` refuses ``KEY`` (it is read as no stat); ValueError naming the item for a
+    malformed one or an unknown canonical name."""
     out: dict[str, str] = {}
     names = CANONICAL | DOCTOR_ONLY
     for item in items:
         key, sep, name = item.partition("=")
-        if not sep or not key or not name:
-            raise ValueError(f"--map {item!r}: expected KEY=CANONICAL, e.g. --map reward_avg=reward_mean")
-        if name not in names:
+        if not sep or not key:
+            raise ValueError(
+                f"--map {item!r}: expected KEY=CANONICAL, e.g. --map reward_avg=reward_mean (or KEY= to refuse KEY)"
+            )
+        if name and name not in names:
             raise ValueError(
                 f"--map {item!r}: {name!r} is not a canonical name; canonical names: {', '.join(sorted(names))}"
             )

@@ -51,7 +51,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
     if not run_dir.is_dir():
         raise LogInputError(f"no such run folder: {run_dir}")
     log = read_log(run_dir)
-    keys = classify_keys(log.keys)
+    keys = classify_keys(log.keys, rows=log.rows)
     rows = [(step, canonical_stats(raw)) for step, raw in log.rows]
     rows = [(step, stats) for step, stats in rows if stats]
     if not keys.judged:

@@ -1,0 +1,72 @@
+"""The safe automatic mapping and the live replay on the shared real logs (``../shared/doctor_foreign`` and
+``../shared/doctor_foreign2``, read in place; skipped where absent). Labels: ``benchmarks/doctor_real_logs.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from typer.testing import CliRunner
+
+from rlguard.cli import app
+from rlguard.doctor.diagnose import read_canonical
+from rlguard.doctor.replay import replay_live
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _benchmark() -> ModuleType:
+    name = "doctor_real_logs"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "doctor_real_logs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _benchmark()
+PATHS: dict[str, Path] = BENCH.log_paths()
+real = pytest.mark.skipif(not PATHS, reason="the shared real logs are not there")
+
+
+@real
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_no_real_log_maps_configuration_constants_or_values_out_of_domain(name: str) -> None:
+    """verl's ``response/aborted_ratio`` (0 throughout) and the notebooks' ``completions / clipped_ratio`` (a
+    fraction) were mapped onto ``ratio_mean`` before; rasbt's constant ``kl_loss`` 0 onto ``kl_ref``."""
+    keys = read_canonical(PATHS[name]).keys
+    assert "response/aborted_ratio" not in keys.auto_mapped and "completions / clipped_ratio" not in keys.auto_mapped
+    assert set(keys.evidence) == set(keys.auto_mapped)
+    if name.startswith("rasbt-7_6"):
+        assert "kl_loss" in keys.refused and "constant" in keys.refused["kl_loss"]
+
+
+@real
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize("name", sorted(n for n, v in BENCH.VERDICTS.items() if v.kind == "healthy" and n in PATHS))
+def test_the_live_guard_does_not_roll_back_or_halt_the_healthy_runs_it_was_calibrated_on(
+    name: str, preset: str
+) -> None:
+    replay = replay_live(PATHS[name], preset)
+    assert replay.count("rollback") == replay.count("halt") == 0, [d.to_dict() for d in replay.decisions]
+
+
+@real
+def test_a_run_broken_at_its_first_log_is_halted_there() -> None:
+    """website-sanitizer: KL 10,833 at the first log, no healthy snapshot to roll back to."""
+    path = PATHS.get("website-sanitizer-grpo.trainer_state.json")
+    if path is None:
+        pytest.skip("doctor_foreign is not there")
+    result = runner.invoke(app, ["doctor", "--live", "default", "--json", str(path)])
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["decisions"][-1]["outcome"] == "halt" and doc["decisions"][-1]["step"] == 10
+    assert "no healthy snapshot" in doc["decisions"][-1]["reason"]

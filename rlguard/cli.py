@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlguard._extras import missing_extra, missing_extra_line
+
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
 
@@ -371,8 +373,17 @@ def bench_collapse(ctx: typer.Context) -> None:
     raise typer.Exit(collapse_main(ctx.args))
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    app()
+def main() -> None:
+    """The console script: the app, with a module of a missing extra reported in one line naming the extra."""
+    try:
+        app(prog_name="rlguard")
+    except ModuleNotFoundError as err:
+        missing = missing_extra(err)
+        if missing is None:
+            raise
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        typer.echo(missing_extra_line(f"rlguard {command}".strip(), missing), err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m rlguard.cli

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -373,8 +374,23 @@ def bench_collapse(ctx: typer.Context) -> None:
     raise typer.Exit(collapse_main(ctx.args))
 
 
+_format_warning = warnings.formatwarning
+
+
+def _plugin_warning_in_one_line(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A plugin that failed to load is one line (its name and error), not the warning's file, line and source."""
+    plugins = sys.modules.get("rlguard.plugins")  # not imported: no plugin was loaded, nor failed to
+    if plugins is not None and issubclass(category, plugins.PluginLoadWarning):
+        return f"warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
 def main() -> None:
-    """The console script: the app, with a module of a missing extra reported in one line naming the extra."""
+    """The console script: the app, with a module of a missing extra reported in one line naming the extra, and a
+    plugin that failed to load in one warning line."""
+    warnings.formatwarning = _plugin_warning_in_one_line
     try:
         app(prog_name="rlguard")
     except ModuleNotFoundError as err:

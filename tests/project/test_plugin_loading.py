@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rlguard.plugins import DISABLE_AUTOLOAD_ENV, make_plugin_manager
+from rlguard.plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, GROUPS, PluginFailure, make_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -315,3 +316,15 @@ def test_a_manager_without_autoload_loads_no_entry_point(plugins: Path, tmp_path
 def test_a_new_manager_loads_nothing_until_a_kind_is_collected() -> None:
     pm = make_plugin_manager(autoload=True)
     assert pm.loaded_groups == set() and pm.get_plugins() == set()
+
+
+def test_the_plugin_guide_shows_the_groups_and_the_line_rlguard_uses() -> None:
+    guide = (ROOT / "docs" / "guides" / "plugins.md").read_text()
+    toml = re.search(r"```toml\n(.*?)```", guide, re.DOTALL)
+    assert toml is not None
+    shown = set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]$', toml.group(1), re.MULTILINE))
+    assert shown == {group for groups in GROUPS.values() for group in groups} - {ENTRY_POINT_GROUP}
+    failure = PluginFailure(
+        "band_pg", "rlguard.objectives", "my_package.objective", "ModuleNotFoundError: No module named 'torch'"
+    )
+    assert f"\nwarning: {failure.line}\n" in guide

@@ -73,6 +73,19 @@ def test_report_without_matplotlib_names_the_plots_extra(trl_run: Path, tmp_path
     ]
 
 
+def test_doctor_html_without_matplotlib_names_the_plots_extra_where_it_plots(tmp_path: Path) -> None:
+    """A real log with critical findings (the page plots each finding's stats); a healthy log's page has no plot and
+    needs no matplotlib (above)."""
+    log = ROOT.parent / "shared" / "doctor_foreign" / "chaos-economy-multiagent.trainer_state.json"
+    if not log.exists():
+        pytest.skip(f"no {log} (the real logs)")
+    proc = _run(_CLI, "torch,matplotlib", "doctor", "--html", str(tmp_path / "page.html"), str(log))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        'rlguard doctor needs matplotlib, which comes with the plots extra: pip install "rlguard[plots]"'
+    ]
+
+
 def test_doctor_without_pluggy_says_the_install_is_broken(trl_run: Path) -> None:
     proc = _run(_CLI, "pluggy", "doctor", str(trl_run))
     assert proc.returncode == 2

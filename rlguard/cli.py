@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlguard._extras import missing_extra, missing_extra_line
+from rlguard._extras import run_console_script
 
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
@@ -374,32 +373,10 @@ def bench_collapse(ctx: typer.Context) -> None:
     raise typer.Exit(collapse_main(ctx.args))
 
 
-_format_warning = warnings.formatwarning
-
-
-def _plugin_warning_in_one_line(
-    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
-) -> str:
-    """A plugin that failed to load is one line (its name and error), not the warning's file, line and source."""
-    plugins = sys.modules.get("rlguard.plugins")  # not imported: no plugin was loaded, nor failed to
-    if plugins is not None and issubclass(category, plugins.PluginLoadWarning):
-        return f"warning: {message}\n"
-    return _format_warning(message, category, filename, lineno, line)
-
-
 def main() -> None:
-    """The console script: the app, with a module of a missing extra reported in one line naming the extra, and a
-    plugin that failed to load in one warning line."""
-    warnings.formatwarning = _plugin_warning_in_one_line
-    try:
-        app(prog_name="rlguard")
-    except ModuleNotFoundError as err:
-        missing = missing_extra(err)
-        if missing is None:
-            raise
-        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-        typer.echo(missing_extra_line(f"rlguard {command}".strip(), missing), err=True)
-        raise SystemExit(2) from None
+    """The console script: a module of a missing extra ends it in one line naming the extra, a plugin that failed
+    to load warns in one line (:func:`rlguard._extras.run_console_script`)."""
+    run_console_script(app)
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m rlguard.cli

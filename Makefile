@@ -70,10 +70,10 @@ dist-check: setup
 	rm -rf dist build/sdist-check
 	$(PY) -m build --sdist --wheel --outdir dist . > /dev/null
 	$(VENV)/bin/twine check --strict dist/*
+	PYTHON="$(PYTHON)" TORCH_SPEC="$(TORCH_SPEC)" .ci/wheel-check
 	mkdir -p build/sdist-check && tar xzf dist/rlguard-*.tar.gz -C build/sdist-check --strip-components=1
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest --collect-only -q -p no:cacheprovider | tail -1
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/test_cli.py tests/test_objectives.py
-	PYTHON="$(PYTHON)" TORCH_SPEC="$(TORCH_SPEC)" .ci/wheel-check
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

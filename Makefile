@@ -62,12 +62,15 @@ format: setup
 	$(VENV)/bin/ruff format rlguard tests benchmarks integration_tests
 	$(VENV)/bin/ruff check --fix rlguard tests benchmarks integration_tests
 
-# a release build: sdist + wheel pass `twine check`, and the unpacked sdist's tests collect and its CLI tests pass
+# a release build: sdist + wheel pass `twine check`, the unpacked sdist's tests collect and its CLI tests pass, and
+# the wheel installs as a user installs it (.ci/wheel-check: the torch-free core runs the doctor, watch and report on
+# real logs, [torch] runs an objective; the venvs' sizes printed)
 dist-check: setup
 	$(PY) -m pip install --quiet -e ".[release]" "$(TORCH_SPEC)"
 	rm -rf dist build/sdist-check
 	$(PY) -m build --sdist --wheel --outdir dist . > /dev/null
 	$(VENV)/bin/twine check --strict dist/*
+	PYTHON="$(PYTHON)" TORCH_SPEC="$(TORCH_SPEC)" .ci/wheel-check
 	mkdir -p build/sdist-check && tar xzf dist/rlguard-*.tar.gz -C build/sdist-check --strip-components=1
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest --collect-only -q -p no:cacheprovider | tail -1
 	cd build/sdist-check && PYTHONPATH=$$PWD ../../$(PY) -m pytest -q -p no:cacheprovider tests/cli/test_cli.py tests/core_losses/test_objectives.py

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlguard._extras import run_console_script
+
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
 
@@ -374,8 +376,10 @@ def bench_collapse(ctx: typer.Context) -> None:
     raise typer.Exit(collapse_main(ctx.args))
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    app()
+def main() -> None:
+    """The console script: a module of a missing extra ends it in one line naming the extra, a plugin that failed
+    to load warns in one line (:func:`rlguard._extras.run_console_script`)."""
+    run_console_script(app)
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m rlguard.cli

@@ -1,11 +1,14 @@
 """pluggy hook specifications of rlguard: the extension points third-party packages implement.
 
 A plugin is a module or object with functions marked ``@hookimpl`` whose names match the specs below, exposed
-through the ``rlguard`` entry-point group::
+through the entry-point group of its kind (``rlguard.objectives``, ``rlguard.detectors``, ``rlguard.interventions``:
+each loaded when its kind is first collected, :mod:`rlguard.plugins`) or the catch-all ``rlguard`` group::
 
     # pyproject.toml of your package
-    [project.entry-points.rlguard]
-    my_objectives = "my_package.rlguard_plugin"
+    [project.entry-points."rlguard.objectives"]
+    band_pg = "my_package.objective"
+    [project.entry-points."rlguard.detectors"]
+    my_detectors = "my_package.detectors"
 
 Two kinds of hooks (``docs/design.md``, "Plugins"): the ``rlguard_add_*`` hooks return classes, collected once
 per process into the registries (a hook rather than a bare entry point because pluggy gives built-ins and third

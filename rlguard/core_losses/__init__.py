@@ -4,13 +4,15 @@
 >>> out = get_objective("gspo")(PolicyBatch(logprobs=..., advantages=..., mask=...))  # doctest: +SKIP
 
 The names are loaded on first use (PEP 562): importing a torch-free module of this package (``controls``,
-``translation``) does not import torch, so the doctor and the command line stay light.
+``translation``) does not import torch, so the doctor and the command line stay light. Without torch (the core
+install, no ``rlguard[torch]``), asking for a name that needs it raises an ``ImportError`` naming the extra.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rlguard._lazy import lazy
 
 if TYPE_CHECKING:
     from rlguard.core_losses.advantages import ADVANTAGE_SCALES, GroupAdvantages, group_advantages
@@ -137,13 +139,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy(__name__, _MODULE_OF)
 
 
 def __dir__() -> list[str]:

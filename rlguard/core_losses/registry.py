@@ -15,7 +15,7 @@ import pluggy
 from rlguard.core_losses.objective import Objective
 from rlguard.core_losses.objectives import BUILTIN_OBJECTIVES
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import collect, ensure_registered, plugin_manager
+from rlguard.plugins import collect, ensure_registered, plugin_failures, plugin_manager
 
 __all__ = ["collect_objectives", "get_objective", "list_objectives", "objective_class", "objective_registry"]
 
@@ -48,10 +48,12 @@ def list_objectives() -> list[str]:
 
 
 def objective_class(name: str) -> type[Objective]:
-    """The class registered under ``name``; unknown names raise ``ValueError`` listing the known ones."""
+    """The class registered under ``name``; unknown names raise ``ValueError`` listing the known ones and the
+    plugins of objectives that failed to load."""
     registry = objective_registry()
     if name not in registry:
-        raise ValueError(f"unknown objective {name!r}; registered objectives: {', '.join(sorted(registry))}.")
+        failed = "".join(f" {line}." for line in plugin_failures(plugin_manager(), "objective"))
+        raise ValueError(f"unknown objective {name!r}; registered objectives: {', '.join(sorted(registry))}.{failed}")
     return registry[name]
 
 

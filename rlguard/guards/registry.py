@@ -14,7 +14,14 @@ from rlguard.guards.detectors import BUILTIN_DETECTORS, Detector
 from rlguard.guards.fields import check_fields
 from rlguard.guards.interventions import BUILTIN_INTERVENTIONS, OPT_IN_INTERVENTIONS, Intervention
 from rlguard.hookspecs import hookimpl
-from rlguard.plugins import collect, ensure_registered, make_plugin_manager, plugin_manager
+from rlguard.plugins import (
+    collect,
+    ensure_registered,
+    load_plugins,
+    make_plugin_manager,
+    plugin_failures,
+    plugin_manager,
+)
 
 __all__ = [
     "build_members",
@@ -69,7 +76,7 @@ def guard_plugin_manager(*own: object) -> pluggy.PluginManager:
     """A plugin manager for one guard: the process-wide manager's plugins (entry points and built-ins), then
     ``own`` (that guard's alerts; None entries are skipped). pluggy's host pattern: the guard keeps the manager's
     relay (``pm.hook``) and calls its hooks through it, so a plugin of one guard never sees another's decisions."""
-    shared = plugin_manager()
+    shared = load_plugins(plugin_manager(), "guard")
     pm = make_plugin_manager(autoload=False)
     for plugin in shared.get_plugins():
         pm.register(plugin, name=shared.get_name(plugin))
@@ -83,10 +90,12 @@ def build_members(
     registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str
 ) -> dict[str, Any]:
     """The detectors or interventions (``kind``) a guard runs: each registered class, unless ``overrides`` switches
-    it off (None) or it is opt-in and not named, built with its overrides (types checked strictly)."""
+    it off (None) or it is opt-in and not named, built with its overrides (types checked strictly). An unknown
+    name is refused with the lines of the guard's plugins that failed to load."""
     unknown = set(overrides) - set(registry)
     if unknown:
-        raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.")
+        failed = "".join(f" {line}." for line in plugin_failures(plugin_manager(), "guard"))
+        raise ValueError(f"unknown {kind}(s) {sorted(unknown)}; registered: {', '.join(registry)}.{failed}")
     built = {}
     for name, cls in registry.items():
         if (name in overrides and overrides[name] is None) or (

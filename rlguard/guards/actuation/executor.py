@@ -11,7 +11,7 @@ import pluggy
 from rlguard.guards.actuation.budget import check_snapshot_budget
 from rlguard.guards.actuation.contract import OUTCOME_CAPABILITY, Actuator, Applied, check_capabilities
 from rlguard.guards.decision import Controls, Decision
-from rlguard.plugins import plugin_manager
+from rlguard.plugins import load_plugins, plugin_manager
 
 if TYPE_CHECKING:
     from rlguard.guards.guard import Guard
@@ -51,7 +51,7 @@ def apply_decision(decision: Decision, actuator: Actuator, *, hook: pluggy.HookR
     if outcome == "halt" and able("stop"):
         actuator.stop()
     applied = Applied(outcome, tuple(dict.fromkeys(skipped)))
-    (hook or plugin_manager().hook).rlguard_on_decision(decision=decision, applied=applied)
+    (hook or load_plugins(plugin_manager(), "guard").hook).rlguard_on_decision(decision=decision, applied=applied)
     return applied
 
 

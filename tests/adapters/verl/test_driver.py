@@ -26,6 +26,7 @@ from omegaconf import open_dict  # after the skip: verl brings omegaconf
 from rlguard.adapters.verl import GuardedPolicyLossConfig, guarded_trainer_class
 from rlguard.adapters.verl import driver as verl_guard
 from rlguard.adapters.verl import trainers as verl_trainers
+from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import GuardConfig
 from tests.helpers.guards import ScriptedGuard
 from tests.helpers.verl_loss import GLOBAL, actor, inputs, run
@@ -225,14 +226,22 @@ def test_guarded_v1_trainer_runs_as_verls_sync_trainer(tmp_path: Path) -> None:
     assert verl_guard.v1_mode(FakeTrainer) is None  # not a V1 trainer: nothing to restore
 
 
-def test_guard_from_spec_imports_a_factory() -> None:
-    assert verl_guard.guard_from_spec("strict") == "strict"
-    config = verl_guard.guard_from_spec("rlguard.guards:GuardConfig")
+def test_the_guard_setting_imports_a_factory() -> None:
+    assert resolve_guard_setting("strict") == "strict"
+    config = resolve_guard_setting("rlguard.guards:GuardConfig")
     assert isinstance(config, GuardConfig)
     with pytest.raises(ValueError, match=r"'no_such_module:f' names no importable callable.*module:factory"):
-        verl_guard.guard_from_spec("no_such_module:f")
+        resolve_guard_setting("no_such_module:f")
     with pytest.raises(ValueError, match=r"'os:getcwd' returned '.*'; expected a GuardConfig or a Guard"):
-        verl_guard.guard_from_spec("os:getcwd")
+        resolve_guard_setting("os:getcwd")
+
+
+def test_guard_from_spec_is_a_deprecated_name_of_resolve_guard_setting() -> None:
+    with pytest.warns(DeprecationWarning, match=r"driver\.guard_from_spec is deprecated: use .*resolve_guard_setting"):
+        from rlguard.adapters.verl.driver import guard_from_spec
+    assert guard_from_spec is resolve_guard_setting
+    with pytest.raises(AttributeError, match="has no attribute 'guard_from_specs'"):
+        verl_guard.guard_from_specs  # noqa: B018  # any other name is still an error
 
 
 def test_legacy_task_runner_builds_the_class_bound_in_its_own_globals() -> None:

@@ -38,8 +38,8 @@ def test_trl_guard_json_and_verl_config_carry_alerts() -> None:
     pytest.importorskip("trl")
     from omegaconf import OmegaConf
 
-    from rlguard.adapters.trl.config import guard_from_spec as trl_spec
-    from rlguard.adapters.verl.driver import guard_from_spec as verl_spec
+    from rlguard.adapters.trl.config import parse_guard_flag as trl_spec
+    from rlguard.adapters.verl.settings import resolve_guard_setting as verl_spec
 
     spec = '{"preset": "strict", "alerts": {"webhook_env": "SLACK_WEBHOOK_URL", "format": "slack"}}'
     trl = trl_spec(spec)

@@ -293,7 +293,9 @@ def watch(
         ),
     ],
     once: Annotated[bool, typer.Option("--once", help="Judge the log once and exit (for scripts).")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between looks at the run's files.", min=0.05)] = 2.0,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between looks at the run's files (finite, at least 0.05).", min=0.05)
+    ] = 2.0,
     pid: Annotated[int | None, typer.Option(help="End the watch when this process (the training job) exits.")] = None,
     idle: Annotated[
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
@@ -313,7 +315,10 @@ def watch(
         mapping = parse_key_map(key_map or [])
     except ValueError as err:
         raise _bad_input("watch", err) from None
-    result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+    try:
+        result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+    except ValueError as err:  # --interval inf or nan, --idle nan (typer's range lets them through)
+        raise _bad_input("watch", err) from None
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 

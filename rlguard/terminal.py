@@ -65,9 +65,10 @@ def latest_stats_table(d: Diagnosis) -> Table:
     return table
 
 
-def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
+def diagnosis_renderables(d: Diagnosis, *, final: bool = True) -> list[RenderableType]:
     """What ``rlguard doctor`` prints: the summary line, unrecognised keys, findings, what it could not check, the
-    live guard's events and the verdict."""
+    live guard's events and the verdict (not when the read is not ``final``: the watch's last good read of a log
+    that then could not be read)."""
     out: list[RenderableType] = [summary_line(d)]
     for line in d.read.lines():
         out.append(f"[bold yellow]{escape(line)}[/bold yellow]" if line.startswith("damaged") else escape(line))
@@ -95,7 +96,7 @@ def diagnosis_renderables(d: Diagnosis) -> list[RenderableType]:
     if d.live_events:
         out.append(events_table(d.live_events, f"the live guard's events ({escape(str(d.live_events_path))})"))
     out.extend(f"[yellow]warning[/yellow]: {escape(w)}" for w in d.live_warnings)
-    last = verdict(d)
+    last = verdict(d) if final else None
     if last is not None:
         out.append(last)
     return out

@@ -20,6 +20,7 @@ TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps`
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +31,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
-from rlguard.doctor import EXIT_BAD_INPUT, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
 from rlguard.terminal import diagnosis_renderables, events_table, findings_table, latest_stats_table, summary_line
 
 __all__ = ["WatchResult", "files_signature", "job_ended", "watch"]
@@ -131,6 +132,8 @@ def _read(run_dir: Path, key_map: Mapping[str, str]) -> tuple[Diagnosis | None, 
         return diagnose(run_dir, key_map=key_map), None
     except (LogInputError, ValueError) as err:  # a log not there yet, or caught mid-write
         return None, str(err)
+    except OSError as err:  # made unreadable, or removed between the listing and the read
+        return None, f"{err.filename or run_dir}: cannot be read ({err.strerror or err})"
 
 
 def live_view(run_dir: Path, d: Diagnosis | None, error: str | None, status: str) -> RenderableType:
@@ -165,6 +168,9 @@ def watch(
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
     seconds without a change to the run's files. The final diagnosis is printed as ``rlguard doctor`` prints it.
     """
+    _check_period("interval", interval, allow_inf=False)
+    if idle is not None:
+        _check_period("idle", idle, allow_inf=True)
     run_dir = Path(run_dir)
     key_map = dict(key_map or {})
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
@@ -179,6 +185,13 @@ def watch(
             result.diagnosis = d
     _finish(result, console)
     return result
+
+
+def _check_period(name: str, seconds: float, *, allow_inf: bool) -> None:
+    """A number of seconds must be positive, and finite unless ``allow_inf`` (NaN never is)."""
+    if not (seconds > 0 and (allow_inf or math.isfinite(seconds))):
+        accepted = "a positive number of seconds" + ("" if allow_inf else ", finite")
+        raise ValueError(f"{name}: expected {accepted}; got {seconds!r}")
 
 
 def _follow(
@@ -226,8 +239,17 @@ def _finish(result: WatchResult, console: Console) -> None:
         result.exit_code = EXIT_BAD_INPUT
         return
     assert d is not None
-    for renderable in diagnosis_renderables(d):
+    if result.error is not None:
+        # the log as the job left it could not be read: what the last good read saw is no verdict on the rest
+        console.print(
+            f"[bold yellow]rlguard watch: the log could not be read at the end[/bold yellow]: {escape(result.error)}"
+        )
+        console.print(
+            f"the last good read ({len(d.steps)} steps) is shown; the records after it were not judged "
+            f"(exit code {EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT})"
+        )
+    for renderable in diagnosis_renderables(d, final=result.error is None):
         console.print(renderable)
-    result.exit_code = d.exit_code
+    result.exit_code = d.exit_code if result.error is None else EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT
     if result.ended != "once":
         console.print(f"watch ended: {escape(result.ended)} (exit code {result.exit_code})")

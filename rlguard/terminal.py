@@ -1,11 +1,14 @@
 """A diagnosis on the terminal: the rich renderables ``rlguard doctor`` prints and ``rlguard watch`` keeps live.
 
-Everything read from a log (paths, key names, messages) is escaped before it reaches rich's markup.
+Everything read from a file (paths, key names, messages) goes through :func:`safe_text` before it reaches the
+terminal: control characters become visible escapes (``\\x1b``), so a metric name or an event message cannot clear
+the screen, move the cursor, overwrite a line (``\\r``) or plant an OSC-8 link; and rich's markup is escaped.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
@@ -18,13 +21,29 @@ if TYPE_CHECKING:
 
 SEVERITY_STYLE = {"critical": "bold red", "warn": "yellow"}
 
+#: C0 controls (newline and tab included: a table cell is one line), DEL, C1 controls (``\x9b`` is CSI on its
+#: own), and Unicode's bidirectional overrides and isolates (they reorder what follows them on the line)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(text: object, *, markup: bool = True) -> str:
+    """``str(text)`` made safe for the terminal: every control character written as a visible escape (``\\x1b``,
+    ``\\r``, ``\\u202e``), then rich's markup escaped (``markup=False`` for plain output such as ``typer.echo``)."""
+    shown = _UNSAFE.sub(_visible, str(text))
+    return escape(shown) if markup else shown
+
 
 def summary_line(d: Diagnosis) -> str:
     """``PATH: FORMAT, N steps (FIRST to LAST); stats: ...`` (rich markup)."""
     span = f"{len(d.steps)} steps ({d.steps[0]} to {d.steps[-1]})" if d.steps else "no step"
     return (
-        f"[bold]{escape(str(d.log.path))}[/bold]: {d.log.format}, {span}; "
-        f"stats: {escape(', '.join(sorted(set(d.keys.mapped.values()))))}"
+        f"[bold]{safe_text(d.log.path)}[/bold]: {d.log.format}, {span}; "
+        f"stats: {safe_text(', '.join(sorted(set(d.keys.mapped.values()))))}"
     )
 
 
@@ -37,7 +56,8 @@ def findings_table(d: Diagnosis) -> Table | None:
         table.add_column(col)
     for f in d.findings:
         onset = str(f.step) if f.severity_step == f.step else f"{f.step} ({f.severity} at {f.severity_step})"
-        table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.detector, onset, escape(f.message))
+        severity = f"[{SEVERITY_STYLE.get(f.severity, '')}]{safe_text(f.severity)}[/]"
+        table.add_row(severity, safe_text(f.detector), onset, safe_text(f.message))
     return table
 
 
@@ -48,7 +68,7 @@ def events_table(events: list[Event], title: str) -> Table:
         table.add_column(col)
     for e in events:
         style = SEVERITY_STYLE.get(e.severity, "")
-        table.add_row(str(e.step), f"[{style}]{escape(e.severity)}[/]", escape(e.detector), escape(e.message))
+        table.add_row(str(e.step), f"[{style}]{safe_text(e.severity)}[/]", safe_text(e.detector), safe_text(e.message))
     return table
 
 
@@ -61,7 +81,7 @@ def latest_stats_table(d: Diagnosis) -> Table:
         logged = zip(reversed(d.steps), reversed(values), strict=True)
         last = next(((s, v) for s, v in logged if not math.isnan(v)), None)
         if last is not None:
-            table.add_row(escape(name), f"{last[1]:.4g}", str(last[0]))
+            table.add_row(safe_text(name), f"{last[1]:.4g}", str(last[0]))
     return table
 
 
@@ -71,17 +91,17 @@ def diagnosis_renderables(d: Diagnosis, *, final: bool = True) -> list[Renderabl
     that then could not be read)."""
     out: list[RenderableType] = [summary_line(d)]
     for line in d.read.lines():
-        out.append(f"[bold yellow]{escape(line)}[/bold yellow]" if line.startswith("damaged") else escape(line))
+        out.append(f"[bold yellow]{safe_text(line)}[/bold yellow]" if line.startswith("damaged") else safe_text(line))
     if d.keys.auto_mapped:
         auto = ", ".join(f"{k} -> {c}" for k, c in d.keys.auto_mapped.items())
         out.append(
-            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {escape(auto)}"
+            f"mapped automatically (exactly one canonical stat matches; --no-auto-map to refuse): {safe_text(auto)}"
         )
     if d.keys.unrecognised:
-        out.append(f"unrecognised keys: {escape(', '.join(d.keys.unrecognised))}")
+        out.append(f"unrecognised keys: {safe_text(', '.join(d.keys.unrecognised))}")
     if d.keys.suggestions:
         maps = " ".join(f"--map {k}={c}" for k, c in d.keys.suggestions.items())
-        out.append(f"[yellow]these look like canonical stats[/yellow]; to read them, rerun with: {escape(maps)}")
+        out.append(f"[yellow]these look like canonical stats[/yellow]; to read them, rerun with: {safe_text(maps)}")
     findings = findings_table(d)
     if findings is not None:
         out.append(findings)
@@ -91,11 +111,11 @@ def diagnosis_renderables(d: Diagnosis, *, final: bool = True) -> list[Renderabl
         table.add_column("detector")
         table.add_column("why")
         for name, why in unchecked.items():
-            table.add_row(name, escape(why))
+            table.add_row(safe_text(name), safe_text(why))
         out.append(table)
     if d.live_events:
-        out.append(events_table(d.live_events, f"the live guard's events ({escape(str(d.live_events_path))})"))
-    out.extend(f"[yellow]warning[/yellow]: {escape(w)}" for w in d.live_warnings)
+        out.append(events_table(d.live_events, f"the live guard's events ({safe_text(str(d.live_events_path))})"))
+    out.extend(f"[yellow]warning[/yellow]: {safe_text(w)}" for w in d.live_warnings)
     last = verdict(d) if final else None
     if last is not None:
         out.append(last)

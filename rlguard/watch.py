@@ -29,10 +29,16 @@ from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 
 from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
-from rlguard.terminal import diagnosis_renderables, events_table, findings_table, latest_stats_table, summary_line
+from rlguard.terminal import (
+    diagnosis_renderables,
+    events_table,
+    findings_table,
+    latest_stats_table,
+    safe_text,
+    summary_line,
+)
 
 __all__ = ["WatchResult", "files_signature", "job_ended", "watch"]
 
@@ -138,9 +144,9 @@ def _read(run_dir: Path, key_map: Mapping[str, str]) -> tuple[Diagnosis | None, 
 
 def live_view(run_dir: Path, d: Diagnosis | None, error: str | None, status: str) -> RenderableType:
     """The live display: the state of the watch, the latest stats, the findings and the last live events."""
-    parts: list[RenderableType] = [f"[bold]rlguard watch[/bold] {escape(str(run_dir))}: {escape(status)}"]
+    parts: list[RenderableType] = [f"[bold]rlguard watch[/bold] {safe_text(run_dir)}: {safe_text(status)}"]
     if error is not None:
-        parts.append(f"[yellow]{escape(error)}[/yellow]" + ("" if d is None else " (showing the last good read)"))
+        parts.append(f"[yellow]{safe_text(error)}[/yellow]" + ("" if d is None else " (showing the last good read)"))
     if d is None:
         return Group(*parts)
     parts += [summary_line(d), latest_stats_table(d)]
@@ -178,7 +184,7 @@ def watch(
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
-            console.print(f"rlguard watch {escape(str(run_dir))}: following its files (Ctrl-C to stop)")
+            console.print(f"rlguard watch {safe_text(run_dir)}: following its files (Ctrl-C to stop)")
         result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, key_map, sleep)
         d, result.error = _read(run_dir, key_map)  # the files as the job left them
         if d is not None:
@@ -235,14 +241,14 @@ def _finish(result: WatchResult, console: Console) -> None:
     """Print the final diagnosis (as the doctor does) and set the exit code from it."""
     d = result.diagnosis
     if result.error is not None and d is None:
-        console.print(f"rlguard watch: {escape(result.error)}")
+        console.print(f"rlguard watch: {safe_text(result.error)}")
         result.exit_code = EXIT_BAD_INPUT
         return
     assert d is not None
     if result.error is not None:
         # the log as the job left it could not be read: what the last good read saw is no verdict on the rest
         console.print(
-            f"[bold yellow]rlguard watch: the log could not be read at the end[/bold yellow]: {escape(result.error)}"
+            f"[bold yellow]rlguard watch: the log could not be read at the end[/bold yellow]: {safe_text(result.error)}"
         )
         console.print(
             f"the last good read ({len(d.steps)} steps) is shown; the records after it were not judged "
@@ -252,4 +258,4 @@ def _finish(result: WatchResult, console: Console) -> None:
         console.print(renderable)
     result.exit_code = d.exit_code if result.error is None else EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT
     if result.ended != "once":
-        console.print(f"watch ended: {escape(result.ended)} (exit code {result.exit_code})")
+        console.print(f"watch ended: {safe_text(result.ended)} (exit code {result.exit_code})")

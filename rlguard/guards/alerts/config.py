@@ -26,12 +26,12 @@ import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlguard.guards.alerts.sender import AlertSender, Message
 from rlguard.guards.alerts.urls import check_webhook_url
 from rlguard.guards.events import SEVERITY_LEVEL
-from rlguard.guards.fields import check_fields
+from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
 from rlguard.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -87,6 +87,13 @@ class AlertConfig:
     timeout_s: float = 5.0
     queue_size: int = 64
 
+    #: a request needs time (a timeout of 0 would make the socket non-blocking); the queue holds one alert at least
+    field_ranges: ClassVar[dict[str, Range]] = {
+        "min_interval_s": NON_NEGATIVE,
+        "timeout_s": POSITIVE,
+        "queue_size": AT_LEAST_ONE,
+    }
+
     def __post_init__(self) -> None:
         # the field types, strictly (lists given for events and outcomes become tuples)
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -104,11 +111,6 @@ class AlertConfig:
                 + ("a URL" if "://" in self.webhook_env else repr(self.webhook_env))
                 + "."
             )
-        for name in ("min_interval_s", "timeout_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"alerts.{name} must be >= 0; got {getattr(self, name)!r}.")
-        if self.queue_size < 1:
-            raise ValueError(f"alerts.queue_size must be >= 1; got {self.queue_size!r}.")
         if self.webhook_env is not None and os.environ.get(self.webhook_env, "").strip():
             self.webhook_url()  # a malformed URL is an error here, not a warning at the first alert
 

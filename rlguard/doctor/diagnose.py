@@ -169,7 +169,20 @@ def diagnose(
     ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
     run folder's ``events.jsonl`` (what the live guard recorded) is read too.
     """
-    log = read_log(path)
+    return diagnose_log(read_log(path), path, config, key_map, auto_map=auto_map, rule=rule)
+
+
+def diagnose_log(
+    log: MetricLog,
+    path: str | Path,
+    config: GuardConfig | None = None,
+    key_map: Mapping[str, str] | None = None,
+    *,
+    auto_map: bool = True,
+    rule: ConsequenceRule | None = None,
+) -> Diagnosis:
+    """:func:`diagnose` of a log already read (``rlguard watch`` reads its log by increments): ``path`` is what
+    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for."""
     keys = classify_keys(log.keys, key_map, auto_map)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")

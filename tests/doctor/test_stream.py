@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from rlguard.doctor import LogInputError, read_log
@@ -169,3 +171,38 @@ def test_watch_says_when_the_log_was_truncated(tmp_path: Path) -> None:
     result = watch(path, console=console, interval=0.001, idle=1.0, sleep=_each_poll(restart, 1))
     assert result.diagnosis is not None and result.diagnosis.steps[-1] == 30
     assert result.restarts and "read again from the start" in buffer.getvalue()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    name=st.sampled_from(sorted(LOGS)),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),
+    tail=st.sampled_from(["", "\n", "{", '{"step": 99, "grad_norm": 1}', "not json\n", "\n\n", '{"step": -1}\n']),
+)
+def test_the_follower_agrees_with_read_log_however_the_log_is_cut(
+    tmp_path_factory: pytest.TempPathFactory, name: str, cuts: list[int], tail: str
+) -> None:
+    """Whatever the writes and wherever a poll falls: the same rows and account as ``read_log``, or the same
+    refusal (a bad line, a negative step, no step at all)."""
+    data = (LOGS[name] + tail).encode()
+    path = tmp_path_factory.mktemp("cut") / "metrics.jsonl"
+    path.write_bytes(b"")
+    follower = JsonlFollower(path)
+    done = 0
+    followed: object
+    try:
+        for cut in sorted({min(c, len(data)) for c in cuts} | {len(data)}):
+            with path.open("ab") as fh:
+                fh.write(data[done:cut])
+            done = cut
+            follower.poll()
+        log = follower.log()
+        followed = (log.format, log.rows, log.report.to_dict())
+    except LogInputError:
+        followed = LogInputError
+    try:
+        whole = read_log(path)
+        expected: object = (whole.format, whole.rows, whole.report.to_dict())
+    except LogInputError:
+        expected = LogInputError
+    assert followed == expected

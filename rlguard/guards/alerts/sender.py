@@ -1,11 +1,12 @@
 """Delivery of the guard's alerts off the training thread: a bounded queue, one daemon worker, a rate limit, a
-timeout on every request; only the standard library (``urllib``).
+total deadline on every request (connect, send and read together); only the standard library (``urllib``).
 
 The training thread only puts a message on the queue (``put_nowait``: it never waits, and a full queue drops the
-message and counts it). The worker sends at most one request per ``min_interval_s``; messages that arrive in between
-are combined into the next request, so nothing is lost to the rate limit. A request that fails or times out is a
-logged warning, never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send what is
-still queued (the alert of a halt is often the last thing a run does).
+message and counts it, with a warning). The worker sends at most one request per ``min_interval_s``; messages that
+arrive in between are combined into the next request, so nothing is lost to the rate limit. A request that fails or
+times out is a logged warning naming the webhook by scheme and host only (its path is a secret), never an exception
+in training. At interpreter exit the worker is given ``timeout_s`` to send what is still queued (the alert of a halt
+is often the last thing a run does); what it could not send then is a last warning.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         self.deadline = deadline
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_bounded(http.client.HTTPSConnection, self.deadline), req, context=self._context)  # type: ignore[attr-defined]
+        connection = _bounded(http.client.HTTPSConnection, self.deadline)
+        return self.do_open(connection, req, context=self._context)  # type: ignore[attr-defined]
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:

@@ -2,16 +2,19 @@
 
 Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json`` or that of its latest
 ``checkpoint-*``, verl's file-logger JSONL, a flat JSONL, a wandb CSV, TensorBoard files) and the live guard's
-``events.jsonl``; whenever one of them changed it re-reads and re-judges the whole log with
-:func:`rlguard.doctor.diagnose`, so the findings are exactly what ``rlguard doctor`` would say of the log so far
-(the consequence rule needs the whole history). A refresh costs one read and one replay of the log: time linear in
-its steps, memory that of one diagnosis.
+``events.jsonl``; whenever one of them changed it reads what changed and judges the log with the doctor's own
+functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``rlguard doctor`` would say of the
+log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
+(:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
+said) and judged again on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`) that keeps the cost per
+appended record constant, amortised; other logs are read whole at each change.
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard
 halted the run (an ``action:halt`` event), the process ``--pid`` exited, or nothing changed for ``--idle`` seconds;
 or on Ctrl-C. It returns the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical
-finding, 2 no readable log, 3 too little to judge.
+finding, 2 no readable log (a log that could not be read at the end is never judged from the last good read), 3 too
+little to judge.
 
 TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps``); verl's file logger and
 ``events.jsonl`` are written at every step.

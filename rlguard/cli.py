@@ -304,7 +304,9 @@ def watch(
         ),
     ],
     once: Annotated[bool, typer.Option("--once", help="Judge the log once and exit (for scripts).")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between looks at the run's files.", min=0.05)] = 2.0,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between looks at the run's files (finite, at least 0.05).", min=0.05)
+    ] = 2.0,
     pid: Annotated[int | None, typer.Option(help="End the watch when this process (the training job) exits.")] = None,
     idle: Annotated[
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
@@ -318,13 +320,17 @@ def watch(
     2 no readable log, 3 could not judge.
     """
     from rlguard.doctor.keys import parse_key_map
+    from rlguard.terminal import safe_text
     from rlguard.watch import watch as watch_run
 
     try:
         mapping = parse_key_map(key_map or [])
     except ValueError as err:
-        raise _bad_input("watch", err) from None
-    result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+        raise _bad_input("watch", ValueError(safe_text(err, markup=False))) from None
+    try:
+        result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+    except ValueError as err:  # --interval inf or nan, --idle nan (typer's range lets them through)
+        raise _bad_input("watch", ValueError(safe_text(err, markup=False))) from None
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 

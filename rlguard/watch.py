@@ -2,16 +2,19 @@
 
 Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json`` or that of its latest
 ``checkpoint-*``, verl's file-logger JSONL, a flat JSONL, a wandb CSV, TensorBoard files) and the live guard's
-``events.jsonl``; whenever one of them changed it re-reads and re-judges the whole log with
-:func:`rlguard.doctor.diagnose`, so the findings are exactly what ``rlguard doctor`` would say of the log so far
-(the consequence rule needs the whole history). A refresh costs one read and one replay of the log: time linear in
-its steps, memory that of one diagnosis.
+``events.jsonl``; whenever one of them changed it reads what changed and judges the log with the doctor's own
+functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``rlguard doctor`` would say of the
+log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
+(:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
+said) and judged again on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`) that keeps the cost per
+appended record constant, amortised; other logs are read whole at each change.
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard
 halted the run (an ``action:halt`` event), the process ``--pid`` exited, or nothing changed for ``--idle`` seconds;
 or on Ctrl-C. It returns the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical
-finding, 2 no readable log, 3 too little to judge.
+finding, 2 no readable log (a log that could not be read at the end is never judged from the last good read), 3 too
+little to judge.
 
 TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps``); verl's file logger and
 ``events.jsonl`` are written at every step.
@@ -20,6 +23,7 @@ TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps`
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -28,10 +32,19 @@ from pathlib import Path
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 
-from rlguard.doctor import EXIT_BAD_INPUT, Diagnosis, LogInputError, diagnose, find_log
-from rlguard.terminal import diagnosis_renderables, events_table, findings_table, latest_stats_table, summary_line
+from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor.diagnose import diagnose_log
+from rlguard.doctor.readers import detect_format
+from rlguard.doctor.stream import JsonlFollower
+from rlguard.terminal import (
+    diagnosis_renderables,
+    events_table,
+    findings_table,
+    latest_stats_table,
+    safe_text,
+    summary_line,
+)
 
 __all__ = ["WatchResult", "files_signature", "job_ended", "watch"]
 
@@ -49,6 +62,9 @@ class WatchResult:
         diagnosis: the last diagnosis, or None if no log could be read.
         error: the last reading error, if the last read failed.
         refreshes: the number of steps judged at each refresh, in order (how the log grew under the watch).
+        bytes_read: bytes of a JSONL log read in all (each appended byte once, but after a truncation or a
+            rotation); None for logs read whole.
+        restarts: each time a JSONL log was read again from the start (truncated, or rotated), and why.
     """
 
     exit_code: int
@@ -56,6 +72,8 @@ class WatchResult:
     diagnosis: Diagnosis | None
     error: str | None = None
     refreshes: list[int] = field(default_factory=list)
+    bytes_read: int | None = None
+    restarts: list[str] = field(default_factory=list)
 
 
 def files_signature(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
@@ -126,18 +144,65 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _read(run_dir: Path, key_map: Mapping[str, str]) -> tuple[Diagnosis | None, str | None]:
-    try:
-        return diagnose(run_dir, key_map=key_map), None
-    except (LogInputError, ValueError) as err:  # a log not there yet, or caught mid-write
-        return None, str(err)
+#: a growing JSONL log is judged again when it grew by this share of its steps, or when the time since the last
+#: judgement is this many times what that judgement took: judging costs at most about 1/REJUDGE_EVERY of the
+#: watch's time and, amortised, a constant time per appended record
+REJUDGE_GROWTH, REJUDGE_EVERY = 0.1, 20.0
+
+
+class _Reader:
+    """The run's log as the watch reads it: a JSONL log (verl's file logger, a flat metrics JSONL) by what was
+    appended (:class:`~rlguard.doctor.stream.JsonlFollower`), judged again on the schedule above; other logs
+    (TRL's ``trainer_state.json``, rewritten whole at each checkpoint; TensorBoard; a CSV) read whole."""
+
+    def __init__(self, run_dir: Path, key_map: Mapping[str, str]) -> None:
+        self.run_dir = run_dir
+        self.key_map = key_map
+        self.follower: JsonlFollower | None = None
+        self._judged_steps = 0
+        self._judged_at = 0.0
+        self._cost = 0.0
+
+    @property
+    def bytes_read(self) -> int | None:
+        """Bytes of a JSONL log read in all (None for another log)."""
+        return None if self.follower is None else self.follower.bytes_read
+
+    def read(self, *, final: bool = False) -> tuple[Diagnosis | None, str | None]:
+        """A new diagnosis (None when not due, or on an error) and the reading error, if any."""
+        try:
+            return self._read(final), None
+        except (LogInputError, ValueError) as err:  # a log not there yet, or caught mid-write
+            return None, str(err)
+        except OSError as err:  # made unreadable, or removed between the listing and the read
+            return None, f"{err.filename or self.run_dir}: cannot be read ({err.strerror or err})"
+
+    def _read(self, final: bool) -> Diagnosis | None:
+        log_path = find_log(self.run_dir) if self.run_dir.is_dir() else self.run_dir
+        if log_path.suffix != ".jsonl" or not log_path.is_file() or detect_format(log_path) not in ("verl", "jsonl"):
+            self.follower = None
+            return diagnose(self.run_dir, key_map=self.key_map)
+        if self.follower is None or self.follower.path != log_path:
+            self.follower = JsonlFollower(log_path)
+            self._judged_steps = 0
+        self.follower.poll()
+        steps = self.follower.steps
+        grown = steps - self._judged_steps >= max(1.0, REJUDGE_GROWTH * self._judged_steps)
+        waited = time.monotonic() - self._judged_at >= REJUDGE_EVERY * self._cost
+        if not (final or self._judged_steps == 0 or (steps != self._judged_steps and (grown or waited))):
+            return None
+        start = time.monotonic()
+        d = diagnose_log(self.follower.log(), self.run_dir, key_map=self.key_map)
+        self._judged_at, self._judged_steps = time.monotonic(), steps
+        self._cost = self._judged_at - start
+        return d
 
 
 def live_view(run_dir: Path, d: Diagnosis | None, error: str | None, status: str) -> RenderableType:
     """The live display: the state of the watch, the latest stats, the findings and the last live events."""
-    parts: list[RenderableType] = [f"[bold]rlguard watch[/bold] {escape(str(run_dir))}: {escape(status)}"]
+    parts: list[RenderableType] = [f"[bold]rlguard watch[/bold] {safe_text(run_dir)}: {safe_text(status)}"]
     if error is not None:
-        parts.append(f"[yellow]{escape(error)}[/yellow]" + ("" if d is None else " (showing the last good read)"))
+        parts.append(f"[yellow]{safe_text(error)}[/yellow]" + ("" if d is None else " (showing the last good read)"))
     if d is None:
         return Group(*parts)
     parts += [summary_line(d), latest_stats_table(d)]
@@ -165,20 +230,35 @@ def watch(
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
     seconds without a change to the run's files. The final diagnosis is printed as ``rlguard doctor`` prints it.
     """
+    _check_period("interval", interval, allow_inf=False)
+    if idle is not None:
+        _check_period("idle", idle, allow_inf=True)
     run_dir = Path(run_dir)
     key_map = dict(key_map or {})
+    reader = _Reader(run_dir, key_map)
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
-    d, error = _read(run_dir, key_map)
+    d, error = reader.read(final=True)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
-            console.print(f"rlguard watch {escape(str(run_dir))}: following its files (Ctrl-C to stop)")
-        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, key_map, sleep)
-        d, result.error = _read(run_dir, key_map)  # the files as the job left them
+            console.print(f"rlguard watch {safe_text(run_dir)}: following its files (Ctrl-C to stop)")
+        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep)
+        d, result.error = reader.read(final=True)  # the files as the job left them
         if d is not None:
             result.diagnosis = d
+            if result.refreshes[-1:] != [len(d.steps)]:
+                result.refreshes.append(len(d.steps))
+    if reader.follower is not None:
+        result.bytes_read, result.restarts = reader.follower.bytes_read, list(reader.follower.restarts)
     _finish(result, console)
     return result
+
+
+def _check_period(name: str, seconds: float, *, allow_inf: bool) -> None:
+    """A number of seconds must be positive, and finite unless ``allow_inf`` (NaN never is)."""
+    if not (seconds > 0 and (allow_inf or math.isfinite(seconds))):
+        accepted = "a positive number of seconds" + ("" if allow_inf else ", finite")
+        raise ValueError(f"{name}: expected {accepted}; got {seconds!r}")
 
 
 def _follow(
@@ -189,7 +269,7 @@ def _follow(
     interval: float,
     pid: int | None,
     idle: float | None,
-    key_map: Mapping[str, str],
+    reader: _Reader,
     sleep: Callable[[float], None],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
@@ -207,27 +287,46 @@ def _follow(
                 now = files_signature(run_dir)
                 if now == signature:
                     continue
+                # the live guard's events (a halt ends the watch) are judged at once, the log on its schedule
+                events = _events_entries(now) != _events_entries(signature)
                 signature, changed_at = now, time.monotonic()
-                d, result.error = _read(run_dir, key_map)
+                d, result.error = reader.read(final=events)
                 if d is not None:
                     result.diagnosis = d
                     result.refreshes.append(len(d.steps))
                 status = f"watching (Ctrl-C to stop); updated {time.strftime('%H:%M:%S')}"
+                if reader.follower is not None and reader.follower.restarts:
+                    status += f"; {reader.follower.restarts[-1]}"
                 live.update(live_view(run_dir, result.diagnosis, result.error, status))
         except KeyboardInterrupt:
             return "interrupted"
+
+
+def _events_entries(signature: tuple[tuple[str, int, int], ...]) -> set[tuple[str, int, int]]:
+    return {entry for entry in signature if entry[0].endswith("events.jsonl")}
 
 
 def _finish(result: WatchResult, console: Console) -> None:
     """Print the final diagnosis (as the doctor does) and set the exit code from it."""
     d = result.diagnosis
     if result.error is not None and d is None:
-        console.print(f"rlguard watch: {escape(result.error)}")
+        console.print(f"rlguard watch: {safe_text(result.error)}")
         result.exit_code = EXIT_BAD_INPUT
         return
     assert d is not None
-    for renderable in diagnosis_renderables(d):
+    if result.error is not None:
+        # the log as the job left it could not be read: what the last good read saw is no verdict on the rest
+        console.print(
+            f"[bold yellow]rlguard watch: the log could not be read at the end[/bold yellow]: {safe_text(result.error)}"
+        )
+        console.print(
+            f"the last good read ({len(d.steps)} steps) is shown; the records after it were not judged "
+            f"(exit code {EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT})"
+        )
+    for renderable in diagnosis_renderables(d, final=result.error is None):
         console.print(renderable)
-    result.exit_code = d.exit_code
+    result.exit_code = d.exit_code if result.error is None else EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT
+    for line in result.restarts:
+        console.print(f"[yellow]rlguard watch[/yellow]: {safe_text(line)}")
     if result.ended != "once":
-        console.print(f"watch ended: {escape(result.ended)} (exit code {result.exit_code})")
+        console.print(f"watch ended: {safe_text(result.ended)} (exit code {result.exit_code})")

@@ -172,13 +172,13 @@ class CanonicalLog:
 
 
 def read_canonical(
-    path: str | Path, key_map: Mapping[str, str] | None = None, *, auto_map: bool = True
+    path: str | Path, key_map: Mapping[str, str] | None = None, *, auto_map: bool = True, log: MetricLog | None = None
 ) -> CanonicalLog:
     """Read the log at ``path`` and its canonical stats, step by step (``key_map``: ``--map``; ``auto_map``: map
     keys that match exactly one canonical stat and whose values are evidence for it). The one reading of a log
     that the doctor and its live replay (:mod:`rlguard.doctor.live`) share. LogInputError when no key maps to a
-    stat a detector reads."""
-    log = read_log(path)
+    stat a detector reads. ``log``: the log at ``path`` already read (the watch reads it by increments)."""
+    log = read_log(path) if log is None else log
     keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
@@ -207,7 +207,21 @@ def diagnose(
     ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
     run folder's ``events.jsonl`` (what the live guard recorded) is read too.
     """
-    read = read_canonical(path, key_map, auto_map=auto_map)
+    return diagnose_log(read_log(path), path, config, key_map, auto_map=auto_map, rule=rule)
+
+
+def diagnose_log(
+    log: MetricLog,
+    path: str | Path,
+    config: GuardConfig | None = None,
+    key_map: Mapping[str, str] | None = None,
+    *,
+    auto_map: bool = True,
+    rule: ConsequenceRule | None = None,
+) -> Diagnosis:
+    """:func:`diagnose` of a log already read (``rlguard watch`` reads its log by increments): ``path`` is what
+    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for."""
+    read = read_canonical(path, key_map, auto_map=auto_map, log=log)
     log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
     steps: list[int] = []

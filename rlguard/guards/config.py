@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from rlguard.guards.alerts.config import AlertConfig
-from rlguard.guards.fields import FieldError, check_fields, check_value
+from rlguard.guards.fields import AT_LEAST_ONE, FieldError, Range, check_fields, check_value
 from rlguard.guards.interventions import LRBackoff, Rollback
 from rlguard.guards.interventions.recovery import Recovery
 from rlguard.guards.schedules import SCHEDULED_KEYS, Schedule
@@ -67,6 +67,12 @@ class GuardConfig:
     alerts: AlertConfig | None = None
     consequence: Literal["step", "online"] = "step"
 
+    #: a snapshot every step at most; a share of the host's available memory, 0 < x <= 1
+    field_ranges: ClassVar[dict[str, Range]] = {
+        "snapshot_interval": AT_LEAST_ONE,
+        "snapshot_budget": Range(0.0, 1.0, open_low=True),
+    }
+
     def __post_init__(self) -> None:
         # the field types, strictly (a mapping given for alerts becomes an AlertConfig, a list a tuple)
         given = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -75,13 +81,6 @@ class GuardConfig:
         unknown = set(self.schedules) - set(SCHEDULED_KEYS)
         if unknown:
             raise ValueError(f"schedules may set {list(SCHEDULED_KEYS)}; got {sorted(unknown)}.")
-        if self.snapshot_interval < 1:
-            raise ValueError(f"snapshot_interval must be >= 1; got {self.snapshot_interval}.")
-        if self.snapshot_budget is not None and not 0 < self.snapshot_budget <= 1:
-            raise ValueError(
-                f"snapshot_budget is a share of the host's available memory, 0 < x <= 1, or None (no check); got "
-                f"{self.snapshot_budget!r}."
-            )
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any], *, where: str = "guard") -> GuardConfig:

@@ -8,23 +8,93 @@ Values from JSON, YAML or a command line are typed by their parser, so a type is
 too, never a ``bool``), a JSON list for a ``tuple`` field (it becomes a tuple), a mapping for a dataclass field (its
 fields are checked in turn). Errors name the field by its path (``guard.alerts.min_severity``), the value received
 and what is accepted.
+
+Numbers are checked for range as well as type: a NaN is never accepted (``critical_above: NaN`` would switch a bound
+off, every comparison with it being false), an infinity only where the field's :class:`Range` says so, an integer
+beyond 2**53 never (no count or step is that large; it would fail later, mid-training). A class declares its
+fields' ranges in one table, ``field_ranges`` (field name -> :class:`Range`; ``"*"``: every other number of the
+class), read through its bases: ``Detector`` and ``Intervention`` declare every number ``>= 0`` (a negative
+threshold would fire on a healthy run at its first step) and name the fields that need more.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["FieldError", "check_fields", "check_value", "describe"]
+__all__ = ["AT_LEAST_ONE", "NON_NEGATIVE", "POSITIVE", "FieldError", "Range", "check_fields", "check_value", "describe"]
+
+#: the largest integer a field accepts: larger ones are no count or step, and beyond float's exact integers
+MAX_INT = 2**53
 
 
 class FieldError(ValueError):
     """A configuration value of the wrong type, or an unknown field; ``str(err)`` names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a field accepts: ``low <= x <= high`` (``low < x`` when ``open_low``), finite unless
+    ``infinite`` (then ``low`` and ``high`` may be reached as infinities too); NaN never."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    open_low: bool = False
+    infinite: bool = False
+
+    def admits(self, x: float) -> bool:
+        """Whether number ``x`` is in the range."""
+        if math.isnan(x) or (math.isinf(x) and not self.infinite):
+            return False
+        return (self.low < x if self.open_low else self.low <= x) and x <= self.high
+
+    def __str__(self) -> str:
+        bounds = []
+        if self.low > -math.inf:
+            bounds.append(f"{'>' if self.open_low else '>='} {self.low:g}")
+        if self.high < math.inf:
+            bounds.append(f"<= {self.high:g}")
+        return ("a number" if self.infinite else "a finite number") + (" " + " and ".join(bounds) if bounds else "")
+
+
+NON_NEGATIVE = Range(0.0)
+POSITIVE = Range(0.0, open_low=True)
+AT_LEAST_ONE = Range(1.0)
+#: what a number of a class that declares no range accepts
+_ANY_FINITE = Range()
+
+
+def field_range(cls: type, name: str) -> Range:
+    """The range of ``cls``'s numeric field ``name``: the first of its classes (in method resolution order) whose
+    own ``field_ranges`` names it, else the first whose table has ``"*"``, else any finite number."""
+    tables = [vars(c).get("field_ranges") or {} for c in cls.__mro__]
+    for key in (name, "*"):
+        for table in tables:
+            if key in table:
+                return table[key]  # type: ignore[no-any-return]
+    return _ANY_FINITE
+
+
+def _check_range(cls: type, name: str, value: Any, where: str) -> None:
+    """:class:`FieldError` naming ``where`` unless ``value`` (a field's value, type-checked) is in its range;
+    values that are not numbers (None, strings, lists) are left to the type check."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return
+    if isinstance(value, numbers.Integral) and abs(int(value)) > MAX_INT:
+        raise FieldError(f"{where}: expected an integer of at most 2**53; got an integer of {len(str(value))} digits")
+    allowed = field_range(cls, name)
+    if not allowed.admits(float(value)):
+        tp = _init_fields(cls).get(name, Any)
+        members = (tp, *typing.get_args(tp))
+        whole = int in members and float not in members
+        accepted = str(allowed).replace("a finite number", "an integer") if whole else str(allowed)
+        raise FieldError(f"{where}: expected {accepted}; got {_show(value)}")
 
 
 @functools.cache
@@ -39,16 +109,20 @@ def _init_fields(cls: type) -> dict[str, Any]:
 
 
 def check_fields(cls: type, values: Mapping[Any, Any], *, where: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``values`` (field name -> value) checked against the field types of dataclass ``cls``: unknown names and
-    values of another type raise :class:`FieldError` naming ``where.<field>``; returns the values, lists given for
-    tuples as tuples and mappings given for dataclass fields built. Fields in ``exclude`` are refused here."""
+    """``values`` (field name -> value) checked against the field types of dataclass ``cls`` and, for numbers,
+    against their ranges (:func:`field_range`): unknown names, values of another type and numbers out of range
+    raise :class:`FieldError` naming ``where.<field>``; returns the values, lists given for tuples as tuples and
+    mappings given for dataclass fields built. Fields in ``exclude`` are refused here."""
     if not isinstance(values, Mapping):
         raise FieldError(f"{where}: expected a mapping of {cls.__name__}'s fields; got {_show(values)}")
     known = {k: v for k, v in _init_fields(cls).items() if k not in exclude}
     unknown = sorted(str(k) for k in values if k not in known)
     if unknown:
         raise FieldError(f"{where}: unknown field(s) {unknown}; accepted: {sorted(known)}")
-    return {str(k): check_value(known[str(k)], v, f"{where}.{k}") for k, v in values.items()}
+    checked = {str(k): check_value(known[str(k)], v, f"{where}.{k}") for k, v in values.items()}
+    for name, value in checked.items():
+        _check_range(cls, name, value, f"{where}.{name}")
+    return checked
 
 
 def check_value(tp: Any, value: Any, where: str) -> Any:

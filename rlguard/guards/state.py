@@ -4,14 +4,17 @@ validation of a state read back, and its file (``rlguard_guard.json``), written 
 A state file is written to a temporary file beside it, ``fsync``-ed and renamed over the old one
 (:func:`write_state_file`): a crash leaves the old file or the new one, never half of one. Read back
 (:func:`read_state_file`, ``Guard.load_state_dict``) it is validated before anything changes: its version, known
-keys only, and the type of every value (a state file never sets anything on the guard but its counters and
-baselines); every error names the file and the key.
+keys only, the type of every value (a state file never sets anything on the guard but its counters and
+baselines) and its range: no NaN anywhere (a NaN baseline would switch its detector off: every comparison with it
+is false), no infinity in a rolling window or a list, and no integer beyond 2**53 (a count or a step that would
+fail at the next ``observe``, mid-training, instead of at the resume); every error names the file and the key.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -41,12 +44,35 @@ class GuardStateError(ValueError):
     """A guard state that cannot be loaded; ``str(err)`` names the file, the key and what was expected."""
 
 
+#: the largest integer a state holds (counts and steps; a larger one is no count, and beyond float's exact integers)
+MAX_STATE_INT = 2**53
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) <= MAX_STATE_INT
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A number a baseline may hold: not NaN; an integer within :data:`MAX_STATE_INT`; infinities allowed (a best
+    level starts at -inf)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if isinstance(value, numbers.Integral):
+        return abs(int(value)) <= MAX_STATE_INT
+    return not math.isnan(value)
+
+
+def _is_finite(value: Any) -> bool:
+    """A number a rolling window or a list of observations may hold: finite (a detector learns finite values only)."""
+    return _is_real(value) and math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: its type and at most 80 characters (an integer of 400 digits by its length;
+    ``repr`` of an int beyond 4,300 digits raises)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) > MAX_STATE_INT:
+        return f"an integer of {int(value).bit_length()} bits (at most 2**53)"
+    return f"{type(value).__name__} {value!r:.80}"
 
 
 def state_object(value: Any, where: str, keys: tuple[str, ...] | None = None) -> Mapping[str, Any]:
@@ -69,31 +95,35 @@ def state_list(value: Any, where: str) -> list[Any]:
 def state_count(value: Any, where: str, least: int = 0) -> int:
     """``value`` read from a state file as an integer ``>= least``; :class:`GuardStateError` naming ``where``
     otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise GuardStateError(f"{where}: expected an integer >= {least}; got {type(value).__name__} {value!r:.80}")
-    return value
+    if not _is_int(value) or value < least:
+        raise GuardStateError(f"{where}: expected an integer >= {least}; got {_shown(value)}")
+    return int(value)
 
 
 def check_state_value(current: Any, value: Any, where: str) -> Any:
-    """``value`` read for an attribute whose value is now ``current``, if of the same kind: a list of numbers for a
-    rolling window or a list, a number for a float, an integer for an int, a string for a string; for an attribute
-    now None, None or a number or a string. :class:`GuardStateError` naming ``where`` otherwise."""
+    """``value`` read for an attribute whose value is now ``current``, if of the same kind and range: a list of
+    finite numbers for a rolling window or a list, a number (not NaN) for a float, an integer of at most 2**53 for
+    an int, a string for a string; for an attribute now None, None or such a number or a string.
+    :class:`GuardStateError` naming ``where`` (and the item of a list) otherwise."""
     if isinstance(current, (RollingWindow, list)):
-        ok = isinstance(value, list) and all(_is_real(v) for v in value)
-        expected = "a list of numbers"
+        ok = isinstance(value, list) and all(_is_finite(v) for v in value)
+        expected = "a list of numbers (finite)"
+        if isinstance(value, list) and not ok:
+            at = next(i for i, v in enumerate(value) if not _is_finite(v))
+            raise GuardStateError(f"{where}: expected {expected}; item {at} is {_shown(value[at])}")
     elif isinstance(current, bool):
         ok, expected = isinstance(value, bool), "true or false"
     elif isinstance(current, numbers.Integral):
-        ok, expected = _is_int(value), "an integer"
+        ok, expected = _is_int(value), "an integer of at most 2**53"
     elif isinstance(current, numbers.Real):
-        ok, expected = _is_real(value), "a number"
+        ok, expected = _is_real(value), "a number, not NaN"
     elif isinstance(current, str):
         ok, expected = isinstance(value, str), "a string"
     else:
         ok = value is None or isinstance(value, str) or _is_real(value)
-        expected = "null, a number or a string"
+        expected = "null, a number (not NaN) or a string"
     if not ok:
-        raise GuardStateError(f"{where}: expected {expected}; got {type(value).__name__} {value!r:.80}")
+        raise GuardStateError(f"{where}: expected {expected}; got {_shown(value)}")
     return value
 
 
@@ -176,6 +206,8 @@ def read_state_file(path: str | Path) -> Any:
             "file cut short by a crash? Resume from an earlier checkpoint, or delete the file to start the guard "
             "afresh (its baselines and history are then lost)"
         ) from None
+    except ValueError as err:  # an integer of more than 4,300 digits (Python's limit on converting them)
+        raise GuardStateError(f"{path}: not the guard's state: {err}") from None
 
 
 def missing_state_message(path: str | Path, step: int) -> str:

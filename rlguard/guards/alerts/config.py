@@ -23,15 +23,15 @@ import fnmatch
 import logging
 import os
 import sys
-import urllib.parse
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlguard.guards.alerts.sender import AlertSender, Message
+from rlguard.guards.alerts.urls import check_webhook_url
 from rlguard.guards.events import SEVERITY_LEVEL
-from rlguard.guards.fields import check_fields
+from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
 from rlguard.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -87,6 +87,13 @@ class AlertConfig:
     timeout_s: float = 5.0
     queue_size: int = 64
 
+    #: a request needs time (a timeout of 0 would make the socket non-blocking); the queue holds one alert at least
+    field_ranges: ClassVar[dict[str, Range]] = {
+        "min_interval_s": NON_NEGATIVE,
+        "timeout_s": POSITIVE,
+        "queue_size": AT_LEAST_ONE,
+    }
+
     def __post_init__(self) -> None:
         # the field types, strictly (lists given for events and outcomes become tuples)
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -104,15 +111,13 @@ class AlertConfig:
                 + ("a URL" if "://" in self.webhook_env else repr(self.webhook_env))
                 + "."
             )
-        for name in ("min_interval_s", "timeout_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"alerts.{name} must be >= 0; got {getattr(self, name)!r}.")
-        if self.queue_size < 1:
-            raise ValueError(f"alerts.queue_size must be >= 1; got {self.queue_size!r}.")
+        if self.webhook_env is not None and os.environ.get(self.webhook_env, "").strip():
+            self.webhook_url()  # a malformed URL is an error here, not a warning at the first alert
 
     def webhook_url(self) -> str | None:
         """The URL from ``webhook_env``; None (with a warning) when the variable is unset or empty. A URL that is
-        not http(s) raises ``ValueError`` (without echoing it: it is a secret)."""
+        not a well-formed http(s) URL with a host raises ``ValueError`` naming the variable (never echoing the
+        URL's path: it is a secret)."""
         if self.webhook_env is None:
             return None
         url = os.environ.get(self.webhook_env, "").strip()
@@ -122,12 +127,7 @@ class AlertConfig:
                 self.webhook_env,
             )
             return None
-        scheme = urllib.parse.urlsplit(url).scheme
-        if scheme not in ("http", "https"):
-            raise ValueError(
-                f"the webhook URL in ${self.webhook_env} must start with http:// or https://; its scheme is {scheme!r}."
-            )
-        return url
+        return check_webhook_url(url, self.webhook_env)
 
 
 def alert_config(spec: AlertConfig | Mapping[str, Any] | None) -> AlertConfig | None:

@@ -1,20 +1,23 @@
 """Delivery of the guard's alerts off the training thread: a bounded queue, one daemon worker, a rate limit, a
-timeout on every request; only the standard library (``urllib``).
+total deadline on every request (connect, send and read together); only the standard library (``urllib``).
 
 The training thread only puts a message on the queue (``put_nowait``: it never waits, and a full queue drops the
-message and counts it). The worker sends at most one request per ``min_interval_s``; messages that arrive in between
-are combined into the next request, so nothing is lost to the rate limit. A request that fails or times out is a
-logged warning, never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send what is
-still queued (the alert of a halt is often the last thing a run does).
+message and counts it, with a warning). The worker sends at most one request per ``min_interval_s``; messages that
+arrive in between are combined into the next request, so nothing is lost to the rate limit. A request that fails or
+times out is a logged warning naming the webhook by scheme and host only (its path is a secret), never an exception
+in training. At interpreter exit the worker is given ``timeout_s`` to send what is still queued (the alert of a halt
+is often the last thing a run does); what it could not send then is a last warning.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import json
 import logging
 import queue
+import socket
 import sys
 import threading
 import time
@@ -22,6 +25,8 @@ import urllib.request
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from rlguard.guards.alerts.urls import redacted, scrub
 
 logger = logging.getLogger("rlguard.alerts")
 
@@ -32,14 +37,100 @@ Message = tuple[str, str, dict[str, Any]]
 _STOP = object()
 
 
+class _Deadline:
+    """One request's total deadline: each connection made for it (a redirect makes another) is registered, and at
+    the deadline their sockets are shut down, which ends a read or write blocked on them in the sending thread.
+    A per-operation socket timeout cannot do this: a server that sends one byte a second never lets it expire."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def remaining(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0 or self.expired:
+            raise TimeoutError(self.message())
+        return left
+
+    def message(self) -> str:
+        return f"timed out: no complete answer within {self.seconds:g} s (connect, send and read together)"
+
+    def register(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            if sock is not None:
+                self._sockets.append(sock)
+            if self.expired:
+                self._shut()
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _bounded(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
+    """``base`` (``HTTPConnection`` or ``HTTPSConnection``) connecting within what is left of ``deadline`` and
+    registering its socket with it."""
+
+    class Bounded(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            self.timeout = deadline.remaining()
+            super().connect()
+            deadline.register(self.sock)
+
+    return Bounded
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_bounded(http.client.HTTPConnection, self.deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        connection = _bounded(http.client.HTTPSConnection, self.deadline)
+        return self.do_open(connection, req, context=self._context)  # type: ignore[attr-defined]
+
+
 def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
-    """POST ``payload`` as JSON to ``url`` (http or https), raising on a status >= 400 or after ``timeout`` s."""
+    """POST ``payload`` as JSON to ``url`` (http or https, through the environment's proxies as ``urllib`` does),
+    raising on a status >= 400, and ``TimeoutError`` when connecting, sending and reading the answer together take
+    longer than ``timeout`` s."""
     data = json.dumps(payload).encode("utf-8")
     request = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": "application/json", "User-Agent": "rlguard"}
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # the scheme is checked (http/https)
-        response.read()
+    deadline = _Deadline(timeout)
+    opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
+    timer = threading.Timer(timeout, deadline.expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with opener.open(request, timeout=timeout) as response:  # the scheme is checked (http/https)
+            while response.read(65536):
+                deadline.remaining()
+    except Exception:
+        if deadline.expired or time.monotonic() >= deadline.at:
+            raise TimeoutError(deadline.message()) from None
+        raise
+    finally:
+        timer.cancel()
 
 
 class AlertSender:
@@ -74,6 +165,7 @@ class AlertSender:
         self._idle.set()
         self.sent = 0  # requests made (webhook and W&B count once together)
         self.failures = 0
+        self.dropped = 0  # alerts the full queue refused, in all
 
     def send(self, message: Message) -> None:
         """Queue ``message``; returns at once whatever the endpoint does."""
@@ -118,6 +210,14 @@ class AlertSender:
             stop = self._drain(batch)
             with self._lock:
                 dropped, self._dropped = self._dropped, 0
+            if dropped:
+                self.dropped += dropped
+                logger.warning(
+                    "rlguard alerts: %d alert(s) dropped, the queue of %d being full (the endpoint too slow); the next "
+                    "message counts them (training goes on)",
+                    dropped,
+                    self._queue.maxsize,
+                )
             self._deliver(batch, dropped)
             next_allowed = time.monotonic() + self._min_interval
             with self._lock:
@@ -145,9 +245,10 @@ class AlertSender:
                 self._post(self._url, self._make_payload(batch, dropped), self._timeout)
             except Exception as err:  # refused, timed out, an HTTP error status: never an exception in training
                 self.failures += 1
-                reason = getattr(err, "reason", None) or err
+                reason = scrub(str(getattr(err, "reason", None) or err), self._url)
                 logger.warning(
-                    "rlguard alerts: the webhook did not take %d alert(s): %s: %s (training goes on)",
+                    "rlguard alerts: the webhook (%s) did not take %d alert(s): %s: %s (training goes on)",
+                    redacted(self._url),
                     len(batch),
                     type(err).__name__,
                     reason,
@@ -181,4 +282,7 @@ EXIT_FLUSH_S = 10.0
 @atexit.register
 def _flush_at_exit() -> None:
     for sender in list(_SENDERS):
-        sender.flush(min(EXIT_FLUSH_S, sender._timeout + 1.0))
+        if not sender.flush(min(EXIT_FLUSH_S, sender._timeout + 1.0)):
+            with sender._lock:
+                pending = sender._pending
+            logger.warning("rlguard alerts: %d alert(s) still unsent at exit, given up", pending)

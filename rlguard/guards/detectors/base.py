@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
+from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import RollingWindow
 from rlguard.guards.state import PrivateState
 
@@ -36,6 +37,17 @@ class Detector(PrivateState):
     source: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     finding_class: ClassVar[str] = "control"
+    #: the range of each number a config may set (:func:`rlguard.guards.fields.field_range`): every threshold,
+    #: factor and count of a detector is ``>= 0``; a streak and the windows hold at least one observation
+    field_ranges: ClassVar[dict[str, Range]] = {
+        "*": NON_NEGATIVE,
+        "patience": AT_LEAST_ONE,
+        "window": AT_LEAST_ONE,
+        "trend_window": AT_LEAST_ONE,
+        "level_window": AT_LEAST_ONE,
+        "control_window": AT_LEAST_ONE,
+        "recent": AT_LEAST_ONE,
+    }
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

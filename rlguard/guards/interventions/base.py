@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from rlguard.guards.decision import Proposal
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.fields import NON_NEGATIVE, Range
 from rlguard.guards.state import PrivateState
 
 __all__ = ["Intervention", "Proposal", "StepContext", "findings_at_least"]
@@ -82,6 +83,9 @@ class Intervention(PrivateState):
     #: fields under an earlier name: old name -> new name, or "" for a field that no longer exists (a config that
     #: sets it gets a DeprecationWarning saying which)
     renamed_fields: ClassVar[dict[str, str]] = {}
+    #: the range of each number a config may set (:func:`rlguard.guards.fields.field_range`): every factor, scale,
+    #: count and number of steps of an intervention is ``>= 0``
+    field_ranges: ClassVar[dict[str, Range]] = {"*": NON_NEGATIVE}
 
     def propose(self, ctx: StepContext) -> Proposal | None:
         """The proposal for this step, or None."""

@@ -1,0 +1,173 @@
+"""A growing JSONL log (verl's file logger, a flat metrics JSONL) read by what was appended since the last read:
+:class:`JsonlFollower`, for ``rlguard watch``.
+
+The follower keeps the file's offset and identity (device and inode): each :meth:`~JsonlFollower.poll` reads the
+bytes appended since the last one, parses the complete lines among them and keeps a torn last line for the next
+poll, so reading costs time per appended byte, not per byte of the log. A file shorter than the offset (truncated,
+rewritten) or another file under the same name (rotated) is read again from the start, and said
+(:attr:`~JsonlFollower.restarts`). Each record is read as :func:`rlguard.doctor.read_log` reads a line of a JSONL
+log (the same helpers, the same account in a :class:`~rlguard.doctor.readreport.ReadReport`); :meth:`log` gives
+the :class:`~rlguard.doctor.readers.MetricLog` so far, equal to what ``read_log`` gives for the file as it stands.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rlguard.doctor.readers import _STEP_KEYS, MetricLog, _numeric, _same, _step
+from rlguard.doctor.readreport import LogInputError, ReadReport
+
+__all__ = ["JsonlFollower"]
+
+
+class JsonlFollower:
+    """Reads the JSONL log at ``path`` by increments (module docstring).
+
+    Attributes:
+        path: the log file.
+        bytes_read: bytes read from it in all (re-reads after a truncation or a rotation included).
+        restarts: one line per time the file was read again from the start, and why.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.bytes_read = 0
+        self.restarts: list[str] = []
+        self._reset()
+        self._identity: tuple[int, int] | None = None
+
+    def _reset(self) -> None:
+        self._offset = 0
+        self._pending = b""  # the bytes after the last newline: a line being written
+        self._lines = 0  # lines complete so far (for "line N" in messages)
+        self._records = 0  # JSON records read (lines that are not blank)
+        self._report = ReadReport()
+        self._rows: dict[int, dict[str, float]] = {}
+        self._format = "jsonl"
+        self._error: LogInputError | None = None
+        # the last complete line, when it is not JSON: torn (the reader skips a torn last line) unless another follows
+        self._suspect: tuple[str, LogInputError] | None = None
+
+    @property
+    def steps(self) -> int:
+        """The training steps read so far."""
+        return len(self._rows)
+
+    def poll(self) -> int:
+        """Read what was appended since the last poll; the number of complete lines it held. ``OSError`` when the
+        file cannot be read; :class:`LogInputError` for a line that is not a JSON object (again at every poll,
+        until the file is truncated or replaced)."""
+        with self.path.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            identity = (st.st_dev, st.st_ino)
+            if self._identity is not None and identity != self._identity:
+                self.restarts.append(f"{self.path} was replaced by another file (rotated): read again from the start")
+                self._reset()
+            elif st.st_size < self._offset:
+                self.restarts.append(
+                    f"{self.path} is shorter ({st.st_size} bytes) than what was read ({self._offset} bytes): "
+                    "truncated or rewritten, read again from the start"
+                )
+                self._reset()
+            self._identity = identity
+            if self._error is not None:
+                raise self._error
+            fh.seek(self._offset)
+            data = fh.read()
+        self._offset += len(data)
+        self.bytes_read += len(data)
+        *complete, self._pending = (self._pending + data).split(b"\n")
+        for raw in complete:
+            self._lines += 1
+            if self._suspect is not None and raw.strip():
+                self._error = self._suspect[1]  # a bad line with lines after it: not torn, bad input
+                raise self._error
+            try:
+                self._line(raw, f"line {self._lines}")
+            except _NotJson as err:
+                self._suspect = (f"line {self._lines}", LogInputError(str(err)))
+            except LogInputError as err:
+                self._error = err
+                raise
+        return len(complete)
+
+    def _line(self, raw: bytes, where: str) -> None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise LogInputError(
+                f"{self.path}, {where}: byte {err.start} of the line is not UTF-8 ({err.reason}); save or export the "
+                "log as UTF-8"
+            ) from None
+        if not line.strip():
+            return
+        record = self._load(line, where)
+        self._records += 1
+        report = self._report
+        data = record.get("data")
+        if isinstance(data, dict):  # verl's file logger
+            row = _numeric(data, report)
+            given = record.get("step")
+            value = report.number("step", given) if given is not None else None
+            step = _step({} if value is None else {"step": value}, {"step": given}, self._records - 1, self.path, where)
+            if self._records == 1 and "step" in record:
+                self._format = "verl"
+        else:
+            row = _numeric(record, report)
+            step = _step(row, record, self._records - 1, self.path, where)
+        metrics = {k: v for k, v in row.items() if k not in _STEP_KEYS}
+        if not metrics:
+            report.drop("records with no numeric value (all null, text or step counters only)")
+            return
+        report.rows += 1
+        into = self._rows.setdefault(step, {})
+        report.overwritten += sum(1 for k, v in metrics.items() if k in into and not _same(into[k], v))
+        into.update(metrics)
+
+    def _load(self, line: str, where: str) -> dict[str, Any]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise _NotJson(f"{self.path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
+        except RecursionError:
+            raise LogInputError(f"{self.path}, {where}: JSON nested too deeply to read; log flat records") from None
+        if not isinstance(record, dict):
+            raise LogInputError(
+                f"{self.path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"
+            )
+        return record
+
+    def log(self) -> MetricLog:
+        """The log read so far, as :func:`~rlguard.doctor.read_log` reads the file as it stands: a torn last line
+        (bytes after the last newline) skipped with a warning. :class:`LogInputError` when it holds no step."""
+        now = self
+        if self._pending.strip():  # a last line without its newline yet: read as the reader reads it
+            now = copy.deepcopy(self)
+            now._pending = b""
+            now._lines += 1
+            if now._suspect is not None:
+                raise now._suspect[1]
+            try:
+                now._line(self._pending, f"line {now._lines}")
+            except _NotJson as err:
+                now._suspect = (f"line {now._lines}", LogInputError(str(err)))
+        report = copy.deepcopy(now._report)
+        report.records = now._records
+        if now._suspect is not None:
+            report.records += 1
+            report.warnings.append(f"{now._suspect[0]}: a torn last line (the writer was stopped mid-line), skipped")
+            report.drop("torn last line")
+        if not now._rows:
+            if not report.records:
+                raise LogInputError(f"{self.path} is empty")
+            lines = "; ".join(report.lines())
+            raise LogInputError(f"{self.path} ({now._format}) holds no training step with a numeric metric ({lines})")
+        return MetricLog(now._format, self.path, sorted(now._rows.items()), report)
+
+
+class _NotJson(LogInputError):
+    """A line that is not JSON: bad input, or the torn last line of a writer stopped mid-line."""

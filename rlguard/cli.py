@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -212,6 +216,35 @@ def _bad_input(command: str, err: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
+#: exit status of an internal error (a bug, not the input): ``rlguard.doctor.EXIT_INTERNAL``, written out so that the
+#: command line starts without importing the doctor (tests/doctor/test_exit_codes_doc.py checks they agree)
+EXIT_INTERNAL = 4
+
+
+@contextlib.contextmanager
+def _internal_errors(command: str, debug: bool) -> Iterator[None]:
+    """An exception that is not the input's (a bug): one line on stderr and exit code 4; the traceback with
+    ``--debug``."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, click.exceptions.ClickException, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        else:
+            typer.echo(
+                f"rlguard {command}: internal error ({type(err).__name__}: {err}); rerun with --debug for the "
+                "traceback, and report it",
+                err=True,
+            )
+        raise typer.Exit(EXIT_INTERNAL) from None
+
+
+#: ``--debug`` of the commands that read a log
+DebugOption = Annotated[bool, typer.Option("--debug", help="On an internal error (exit code 4), print the traceback.")]
+
+
 #: ``--map KEY=CANONICAL`` of the commands that read a log
 KeyMapOption = Annotated[
     list[str] | None,
@@ -228,8 +261,8 @@ def doctor(
     path: Annotated[
         Path,
         typer.Argument(
-            help="A training log: trainer_state.json, a .jsonl, a wandb .csv, a "
-            "TensorBoard folder, or a run folder holding one (and the guard's events.jsonl)."
+            help="A training log: trainer_state.json, a .jsonl, a wandb .csv, a TensorBoard folder, or a run folder "
+            "holding one (and the guard's events.jsonl); - reads stdin (a pipe or a FIFO is read whole too)."
         ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
@@ -243,28 +276,60 @@ def doctor(
         ),
     ] = False,
     key_map: KeyMapOption = None,
+    step_key: Annotated[
+        str | None, typer.Option("--step-key", help="Read this column as the step (e.g. --step-key iteration).")
+    ] = None,
+    row_steps: Annotated[
+        bool,
+        typer.Option("--row-steps", help="Number the rows 1, 2, ... as steps (a log without a step column)."),
+    ] = False,
+    run: Annotated[
+        str | None,
+        typer.Option("--run", help="Judge this run of a file that holds several (the error names them)."),
+    ] = None,
+    debug: DebugOption = False,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
 
-    Exit code 0: no critical finding in what could be checked; 1: a critical finding (or a critical event in the
-    run's events.jsonl that the log confirms, or a halt the live guard recorded there); 2: bad input (missing
-    file, unknown format, a bad record, no usable metric, a malformed --map), with the file, the line or record and
-    the fix; 3: could not judge (no critical finding, and no detector but nonfinite had enough steps of its stats
-    to get past its warm-up, or part of the log could not be read): map the log's own names with --map, log more
-    steps, or re-copy a damaged file.
+    Exit code 0: every record read and no critical finding in what could be checked; 1: a critical finding (or a
+    critical event in the run's events.jsonl that the log confirms, or a halt the live guard recorded there); 2:
+    bad input (missing file, a device file, unknown format, a bad record, no step column, two runs in one file, no
+    usable metric, a malformed or unmatched --map, an unwritable --html), with the file, the line or record and the
+    fix; 3: could not judge (no critical finding, and no detector but nonfinite had enough steps of its stats to get
+    past its warm-up, or part of the log could not be read): map the log's own names with --map, log more steps, or
+    re-copy a damaged file; 4: an internal error (--debug prints its traceback).
     """
+    with _internal_errors("doctor", debug):
+        _doctor(path, as_json, html, not no_auto_map, key_map or [], step_key, row_steps, run)
+
+
+def _doctor(
+    path: Path,
+    as_json: bool,
+    html: Path | None,
+    auto_map: bool,
+    key_map: list[str],
+    step_key: str | None,
+    row_steps: bool,
+    run: str | None,
+) -> None:
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
 
     try:
-        diagnosis = diagnose(path, key_map=parse_key_map(key_map or []), auto_map=not no_auto_map)
-    except (LogInputError, ValueError, OSError) as err:
+        mapping = parse_key_map(key_map)
+        diagnosis = diagnose(path, key_map=mapping, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
+    except (LogInputError, ValueError) as err:  # ValueError: a malformed --map
         raise _bad_input("doctor", err) from None
     if html is not None:
         from rlguard.doctor.html import doctor_html
 
-        html.parent.mkdir(parents=True, exist_ok=True)
-        html.write_text(doctor_html(diagnosis), encoding="utf-8")
+        try:
+            html.parent.mkdir(parents=True, exist_ok=True)
+            html.write_text(doctor_html(diagnosis), encoding="utf-8")
+        except OSError as err:
+            why = f"--html {html}: cannot write the report there ({err.strerror or err})"
+            raise _bad_input("doctor", LogInputError(why)) from None
     if as_json:
         typer.echo(json.dumps(diagnosis.to_dict(), indent=2))
     else:
@@ -299,21 +364,26 @@ def watch(
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
     ] = None,
     key_map: KeyMapOption = None,
+    debug: DebugOption = False,
 ) -> None:
     """Follow a running job's log and the guard's events: the doctor's findings and the latest stats, live.
 
     Ends when the job does (TRL's end-of-training summary, a halt by the guard, --pid exited, --idle reached) or
     on Ctrl-C, with the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical finding,
-    2 no readable log, 3 could not judge.
+    2 no readable log, 3 could not judge, 4 an internal error (--debug prints its traceback).
     """
     from rlguard.doctor.keys import parse_key_map
-    from rlguard.watch import watch as watch_run
 
     try:
         mapping = parse_key_map(key_map or [])
     except ValueError as err:
         raise _bad_input("watch", err) from None
-    result = watch_run(run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping)
+    with _internal_errors("watch", debug):
+        from rlguard import watch as watching
+
+        result = watching.watch(
+            run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping
+        )
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -324,24 +394,30 @@ def report(
         Path,
         typer.Argument(
             help="A run folder: trainer_state.json (or checkpoint-*/), a metrics "
-            ".jsonl or TensorBoard files, and events.jsonl if the guard wrote one."
+            ".jsonl or TensorBoard files, and events.jsonl if the guard wrote one; or a log file."
         ),
     ],
     out: Annotated[
-        Path | None, typer.Option("--out", help="Folder for report.html and its PNGs (default RUN_DIR).")
+        Path | None,
+        typer.Option("--out", help="Folder for report.html and its PNGs (default RUN_DIR, or the log file's folder)."),
     ] = None,
+    debug: DebugOption = False,
 ) -> None:
-    """Plot a run's canonical metrics with the guard's events marked, into report.html."""
-    from rlguard.doctor import LogInputError, write_report
+    """Plot a run's canonical metrics with the guard's events marked, into report.html.
 
-    try:
-        result = write_report(run_dir, out)
-    except (LogInputError, ValueError, OSError) as err:
-        raise _bad_input("report", err) from None
-    console.print(
-        f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
-        f"{len(result.events)} guard events"
-    )
+    Exit code 2: bad input (as the doctor's) or a folder that cannot be written; 4: an internal error (--debug prints
+    its traceback)."""
+    with _internal_errors("report", debug):
+        import rlguard.doctor as doctor
+
+        try:
+            result = doctor.write_report(run_dir, out)
+        except (doctor.LogInputError, OSError) as err:  # OSError: --out not writable
+            raise _bad_input("report", err) from None
+        console.print(
+            f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
+            f"{len(result.events)} guard events"
+        )
 
 
 bench_app = typer.Typer(help="Reproducible benchmarks, each printing a table.", no_args_is_help=True)

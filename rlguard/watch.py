@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from rlguard.doctor import EXIT_BAD_INPUT, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor.readers import events_file
 from rlguard.terminal import diagnosis_renderables, events_table, findings_table, latest_stats_table, summary_line
 
 __all__ = ["WatchResult", "files_signature", "job_ended", "watch"]
@@ -64,13 +65,11 @@ def files_signature(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
     try:
         log = find_log(run_dir) if run_dir.is_dir() else run_dir
         paths += sorted(log.rglob("events.out.tfevents.*")) if log.is_dir() else [log]
-    except LogInputError:
-        pass  # no log yet
-    folder = run_dir if run_dir.is_dir() else run_dir.parent
-    events = [folder / "events.jsonl"]
-    if folder.name.startswith("checkpoint-"):
-        events.append(folder.parent / "events.jsonl")
-    paths += [p for p in events if p.is_file()]
+        events = events_file(run_dir, log)  # as the doctor finds it: up from a checkpoint or TensorBoard folder
+        paths += [events] if events is not None else []
+    except LogInputError:  # no log yet: the events beside it still count
+        folder = run_dir if run_dir.is_dir() else run_dir.parent
+        paths += [p for p in (folder / "events.jsonl",) if p.is_file()]
     out = []
     for p in paths:
         try:

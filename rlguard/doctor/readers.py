@@ -159,6 +159,10 @@ def read_log(
 def _read(path: Path, steps: _Steps, run: str | None, *, streamed: bool, shown: Path) -> MetricLog:
     if path.is_dir():
         path = find_log(path)
+        if not path.is_file() and not path.is_dir():  # a FIFO or a device in the folder: never opened here
+            raise LogInputError(
+                f"{path} is not a regular file (a FIFO or a device file); give it as the path to read it as a pipe"
+            )
     fmt = detect_format(path, sniff=streamed)
     report = ReadReport()
     if steps.row_steps:

@@ -55,9 +55,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
     log = read_log(given)
     run_dir = given if given.is_dir() else given.parent
     keys = classify_keys(log.keys)
-    rows = [(step, canonical_stats(raw)) for step, raw in log.rows]
+    rows = [(step, canonical_stats(raw, keys.key_map)) for step, raw in log.rows]  # auto-mapped keys too
     rows = [(step, stats) for step, stats in rows if stats]
-    if not keys.judged:
+    if not keys.judged or not rows:
         raise LogInputError(f"no usable metric in {log.path} ({log.format}): no key maps to a canonical stat")
     events_path = None if log.streamed else events_file(given, log.path)
     try:

@@ -318,3 +318,22 @@ def test_watch_follows_the_events_of_a_tensorboard_run_given_by_its_runs_folder(
     assert str(tmp_path / "out/events.jsonl") in {p for p, _, _ in files_signature(tmp_path / "out/runs")}
     result = runner.invoke(app, ["watch", str(tmp_path / "out/runs"), "--once"])
     assert result.exit_code == 1, result.output
+
+
+def test_a_fifo_inside_a_run_folder_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    result = _cli("doctor", str(tmp_path), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "not a regular file" in result.stderr and "metrics.jsonl" in result.stderr
+
+
+def test_report_on_an_auto_mapped_log_plots_its_stats(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "log.csv"
+    path.write_text(
+        csv_text([{"step": r["step"], "reward_avg": r["reward_mean"], "entropy_avg": r["entropy"]} for r in rows(40)]),
+        encoding="utf-8",
+    )
+    result = runner.invoke(app, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report_reward_mean.png").is_file() and (tmp_path / "report_entropy.png").is_file()

@@ -318,8 +318,11 @@ def _doctor(
 
     try:
         mapping = parse_key_map(key_map)
+    except ValueError as err:  # a malformed --map
+        raise _bad_input("doctor", err) from None
+    try:
         diagnosis = diagnose(path, key_map=mapping, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
-    except (LogInputError, ValueError) as err:  # ValueError: a malformed --map
+    except LogInputError as err:  # any other exception is ours: exit 4 (_internal_errors)
         raise _bad_input("doctor", err) from None
     if html is not None:
         from rlguard.doctor.html import doctor_html

@@ -256,6 +256,18 @@ KeyMapOption = Annotated[
 ]
 
 
+#: where the steps are and which run to judge, for the commands that read a log
+StepKeyOption = Annotated[
+    str | None, typer.Option("--step-key", help="Read this column as the step (e.g. --step-key iteration).")
+]
+RowStepsOption = Annotated[
+    bool, typer.Option("--row-steps", help="Number the rows 1, 2, ... as steps (a log without a step column).")
+]
+RunOption = Annotated[
+    str | None, typer.Option("--run", help="Judge this run of a file that holds several (the error names them).")
+]
+
+
 @app.command()
 def doctor(
     path: Annotated[
@@ -276,17 +288,9 @@ def doctor(
         ),
     ] = False,
     key_map: KeyMapOption = None,
-    step_key: Annotated[
-        str | None, typer.Option("--step-key", help="Read this column as the step (e.g. --step-key iteration).")
-    ] = None,
-    row_steps: Annotated[
-        bool,
-        typer.Option("--row-steps", help="Number the rows 1, 2, ... as steps (a log without a step column)."),
-    ] = False,
-    run: Annotated[
-        str | None,
-        typer.Option("--run", help="Judge this run of a file that holds several (the error names them)."),
-    ] = None,
+    step_key: StepKeyOption = None,
+    row_steps: RowStepsOption = False,
+    run: RunOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
@@ -367,6 +371,9 @@ def watch(
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
     ] = None,
     key_map: KeyMapOption = None,
+    step_key: StepKeyOption = None,
+    row_steps: RowStepsOption = False,
+    run: RunOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Follow a running job's log and the guard's events: the doctor's findings and the latest stats, live.
@@ -385,7 +392,16 @@ def watch(
         from rlguard import watch as watching
 
         result = watching.watch(
-            run_dir, console=console, once=once, interval=interval, pid=pid, idle=idle, key_map=mapping
+            run_dir,
+            console=console,
+            once=once,
+            interval=interval,
+            pid=pid,
+            idle=idle,
+            key_map=mapping,
+            step_key=step_key,
+            row_steps=row_steps,
+            run=run,
         )
     if result.exit_code:
         raise typer.Exit(result.exit_code)
@@ -404,6 +420,9 @@ def report(
         Path | None,
         typer.Option("--out", help="Folder for report.html and its PNGs (default RUN_DIR, or the log file's folder)."),
     ] = None,
+    step_key: StepKeyOption = None,
+    row_steps: RowStepsOption = False,
+    run: RunOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Plot a run's canonical metrics with the guard's events marked, into report.html.
@@ -414,7 +433,7 @@ def report(
         import rlguard.doctor as doctor
 
         try:
-            result = doctor.write_report(run_dir, out)
+            result = doctor.write_report(run_dir, out, step_key=step_key, row_steps=row_steps, run=run)
         except (doctor.LogInputError, OSError) as err:  # OSError: --out not writable
             raise _bad_input("report", err) from None
         console.print(

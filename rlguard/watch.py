@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -125,9 +126,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _read(run_dir: Path, key_map: Mapping[str, str]) -> tuple[Diagnosis | None, str | None]:
+def _read(run_dir: Path, options: Mapping[str, Any]) -> tuple[Diagnosis | None, str | None]:
     try:
-        return diagnose(run_dir, key_map=key_map), None
+        return diagnose(run_dir, **options), None
     except (LogInputError, ValueError) as err:  # a log not there yet, or caught mid-write
         return None, str(err)
 
@@ -158,22 +159,26 @@ def watch(
     idle: float | None = None,
     key_map: Mapping[str, str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
 ) -> WatchResult:
     """Follow ``run_dir`` (module docstring) until the job ends or Ctrl-C; with ``once``, judge it once.
 
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
-    seconds without a change to the run's files. The final diagnosis is printed as ``rlguard doctor`` prints it.
+    seconds without a change to the run's files; ``key_map``, ``step_key``, ``row_steps``, ``run``: as
+    :func:`~rlguard.doctor.diagnose`'s. The final diagnosis is printed as ``rlguard doctor`` prints it.
     """
     run_dir = Path(run_dir)
-    key_map = dict(key_map or {})
+    options: dict[str, Any] = {"key_map": dict(key_map or {}), "step_key": step_key, "row_steps": row_steps, "run": run}
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
-    d, error = _read(run_dir, key_map)
+    d, error = _read(run_dir, options)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
             console.print(f"rlguard watch {escape(str(run_dir))}: following its files (Ctrl-C to stop)")
-        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, key_map, sleep)
-        d, result.error = _read(run_dir, key_map)  # the files as the job left them
+        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, options, sleep)
+        d, result.error = _read(run_dir, options)  # the files as the job left them
         if d is not None:
             result.diagnosis = d
     _finish(result, console)
@@ -188,7 +193,7 @@ def _follow(
     interval: float,
     pid: int | None,
     idle: float | None,
-    key_map: Mapping[str, str],
+    options: Mapping[str, Any],
     sleep: Callable[[float], None],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
@@ -207,7 +212,7 @@ def _follow(
                 if now == signature:
                     continue
                 signature, changed_at = now, time.monotonic()
-                d, result.error = _read(run_dir, key_map)
+                d, result.error = _read(run_dir, options)
                 if d is not None:
                     result.diagnosis = d
                     result.refreshes.append(len(d.steps))

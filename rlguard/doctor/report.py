@@ -46,13 +46,21 @@ class ReportResult:
     log_path: Path
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportResult:
+def write_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
+) -> ReportResult:
     """Plot the canonical stats of the run in ``run_dir`` (a run folder, or a log file) into ``out`` (default the
-    run folder, or the log file's folder)/report.html."""
+    run folder, or the log file's folder)/report.html; ``step_key``, ``row_steps``, ``run``: as
+    :func:`~rlguard.doctor.readers.read_log`'s."""
     given = Path(run_dir)
     if not given.exists():
         raise LogInputError(f"no such run folder or log file: {given}")
-    log = read_log(given)
+    log = read_log(given, step_key=step_key, row_steps=row_steps, run=run)
     run_dir = given if given.is_dir() else given.parent
     keys = classify_keys(log.keys)
     rows = [(step, canonical_stats(raw, keys.key_map)) for step, raw in log.rows]  # auto-mapped keys too

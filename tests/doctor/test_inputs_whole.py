@@ -337,3 +337,17 @@ def test_report_on_an_auto_mapped_log_plots_its_stats(tmp_path: Path) -> None:
     result = runner.invoke(app, ["report", str(path)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "report_reward_mean.png").is_file() and (tmp_path / "report_entropy.png").is_file()
+
+
+def test_watch_and_report_take_the_step_and_run_flags_their_errors_name(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "log.jsonl"
+    path.write_text(jsonl_text(rows(60, 0, nan_at=30)) + jsonl_text(rows(60, 1)), encoding="utf-8")
+    assert runner.invoke(app, ["watch", str(path), "--once"]).exit_code == 2
+    assert runner.invoke(app, ["watch", str(path), "--once", "--run", "1"]).exit_code == 1
+    assert "--run 1" in _bad_input(["report", str(path)])
+    assert runner.invoke(app, ["report", str(path), "--run", "2"]).exit_code == 0
+    no_step = tmp_path / "no_step.jsonl"
+    no_step.write_text(jsonl_text({k: v for k, v in r.items() if k != "step"} for r in rows(40)), encoding="utf-8")
+    assert runner.invoke(app, ["watch", str(no_step), "--once", "--row-steps"]).exit_code in (0, 3)
+    assert runner.invoke(app, ["report", str(no_step), "--row-steps"]).exit_code == 0

@@ -15,30 +15,23 @@ problem a user can fix raises :class:`LogInputError` naming the file, the line o
 is not a whole number, a record without a step (``--step-key``, ``--row-steps``), two runs in one file
 (``--run``), JSON that is not valid or nested too deeply, bytes that are not UTF-8, a wandb export of several runs.
 
-**Two runs in one file are refused, not split.** A run is the rows of one value of a run column (``run``,
-``run_name``, ``run_id``, ``name``) or, without one, a stretch of rows whose step never goes back (two TRL runs
-appended to one JSONL; a run resumed from a checkpoint into the same file). Merged by step, the later run's rows
-would replace the earlier's (a NaN at step 30 gone). The doctor refuses with exit 2, naming the runs, their steps
-and where each starts, and ``--run NAME`` judges one of them. It does not judge each run separately: a verdict per
-run has no single exit code a CI script can trust, and which stretch of a resumed run is the run the user means
-(the steps logged before the crash, or their replay after the resume) is the user's to say, not a guess. A step
-repeated with another value (not going back) stays a merge, counted as values replaced. TensorBoard files are
-exempt: a resumed TensorBoard run writes a new event file, and its folder is one run by TensorBoard's own rule.
+Where the step comes from and which run a row belongs to (two runs in one file are refused):
+:mod:`rlguard.doctor.steps`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlguard.doctor.inputs import open_input
 from rlguard.doctor.readreport import LogInputError, ReadReport
+from rlguard.doctor.steps import Row, StepRule, merge_runs, run_name
 from rlguard.doctor.tensorboard import TB_GLOB, read_tensorboard
 
 __all__ = [
@@ -53,64 +46,13 @@ __all__ = [
 ]
 
 FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
-#: step columns, most trusted first (TRL's ``train/global_step`` is the optimizer step; wandb's ``_step`` counts logs)
 #: the live guard's events beside a run's logs (:data:`rlguard.guards.events.EVENTS_FILE`)
 EVENTS_FILE = "events.jsonl"
-_STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step", "Step", "training/global_step")
-#: columns that name the run a row belongs to (a wandb export of several runs' histories)
-_RUN_KEYS: tuple[str, ...] = ("run", "run_name", "run_id", "name", "Name")
 _WANDB_AGGREGATE = re.compile(r"__(MIN|MAX)$")
 #: a UTF-8 byte-order mark is read as nothing
 _ENCODING = "utf-8-sig"
 #: nesting of a flat JSONL record read as ``outer/inner`` keys; deeper values are counted as non-numeric
 _MAX_DEPTH = 4
-Row = tuple[int, dict[str, float], str, str | None]  # (step, raw key -> value, where, run name or None)
-
-
-@dataclass(frozen=True)
-class _Steps:
-    """Where a record's step comes from: ``key`` (``--step-key``), else the first of :data:`_STEP_KEYS`; or the row
-    number (``row_steps``, ``--row-steps``)."""
-
-    key: str | None = None
-    row_steps: bool = False
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,) if self.key else _STEP_KEYS
-
-    def of(self, row: Mapping[str, float], raw: Mapping[str, Any], n: int, path: Path, where: str) -> int:
-        """The step of record ``n`` (0-based); LogInputError for a step that is not a whole number >= 0, or a record
-        with values and no step."""
-        if self.row_steps:
-            return n + 1
-        for key in self.keys:
-            if key in raw and raw[key] is not None:
-                value = row.get(key)
-                if value is None or not math.isfinite(value) or not float(value).is_integer() or value < 0:
-                    raise LogInputError(
-                        f"{path}, {where}: {key} {raw[key]!r} is not a whole number of steps >= 0; the step column "
-                        "must count optimizer steps (fix the record, or rename the column if it holds something else, "
-                        "e.g. epochs)"
-                    )
-                return int(value)
-        if not any(k not in _STEP_KEYS for k in row):
-            return 0  # nothing to judge in it: dropped as a record without a numeric value
-        if self.key:
-            raise LogInputError(
-                f"{path}, {where}: --step-key {self.key}: the record has no {self.key} (its columns: "
-                f"{_shown(raw)}); pass the column that counts optimizer steps"
-            )
-        raise LogInputError(
-            f"{path}, {where}: no step column (none of {', '.join(_STEP_KEYS)}; its columns: {_shown(raw)}): pass "
-            "--step-key COLUMN to read one as the step, or --row-steps to number the rows 1, 2, ... (said in the "
-            "output)"
-        )
-
-
-def _shown(keys: Iterable[str], most: int = 8) -> str:
-    names = sorted(keys)
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @dataclass(frozen=True)
@@ -146,7 +88,7 @@ def read_log(
     ``step_key``: the column that holds the step (``--step-key``); ``row_steps``: number the rows 1, 2, ... instead
     (``--row-steps``); ``run``: the run to judge of a file that holds several (``--run``, module docstring).
     """
-    steps = _Steps(step_key, row_steps)
+    steps = StepRule(step_key, row_steps)
     with open_input(path) as given:
         try:
             return _read(given.path, steps, run, streamed=given.streamed, shown=given.shown)
@@ -156,7 +98,7 @@ def read_log(
             raise LogInputError(str(err).replace(str(given.path), str(given.shown))) from None
 
 
-def _read(path: Path, steps: _Steps, run: str | None, *, streamed: bool, shown: Path) -> MetricLog:
+def _read(path: Path, steps: StepRule, run: str | None, *, streamed: bool, shown: Path) -> MetricLog:
     if path.is_dir():
         path = find_log(path)
         if not path.is_file() and not path.is_dir():  # a FIFO or a device in the folder: never opened here
@@ -171,10 +113,10 @@ def _read(path: Path, steps: _Steps, run: str | None, *, streamed: bool, shown: 
         report.step_source = f"column {steps.key} (--step-key)"
     try:
         if fmt == "tensorboard":
-            rows = _merge(((s, r, w, None) for s, r, w in read_tensorboard(path, report)), report, steps, path, run)
+            rows = merge_runs(((s, r, w, None) for s, r, w in read_tensorboard(path, report)), report, steps, path, run)
         else:
             reader = {"trl": _read_trainer_state, "verl": _read_jsonl, "jsonl": _read_jsonl, "wandb-csv": _read_csv}
-            rows = _merge(reader[fmt](path, report, steps), report, steps, path, run)
+            rows = merge_runs(reader[fmt](path, report, steps), report, steps, path, run)
     except UnicodeDecodeError as err:
         raise LogInputError(_not_utf8(path, err)) from None
     except OSError as err:
@@ -283,88 +225,6 @@ def _numeric(record: Mapping[str, Any], report: ReadReport, prefix: str = "", de
     return out
 
 
-def _merge(
-    rows: Iterator[Row], report: ReadReport, steps: _Steps, path: Path, run: str | None
-) -> list[tuple[int, dict[str, float]]]:
-    """Rows of one step merged (a later value replaces an earlier one, counted), one run's (module docstring):
-    LogInputError for a file of several runs unless ``run`` names one."""
-    runs: dict[str, _Run] = {}
-    stretch, last, named, current = 1, -1, False, None
-    for step, row, where, name in rows:
-        metrics = {k: v for k, v in row.items() if k not in _STEP_KEYS and k not in steps.keys}
-        if not metrics:
-            report.drop("records with no numeric value (all null, text or step counters only)")
-            continue
-        if name is None and named:
-            name = current  # a row without a run name belongs to the run of the rows before it
-        named, current = named or name is not None, name
-        back = ""
-        if name is None:
-            if step < last:  # the step goes back: another run starts here
-                stretch, back = stretch + 1, f"the step goes back from {last} to {step} at {where}"
-            last, name = step, str(stretch)
-        into = runs.get(name)
-        if into is None:
-            into = runs[name] = _Run(name, step, where, restart=back)
-        elif step < into.last:
-            raise LogInputError(
-                f"{path}, {where}: run {name}'s step goes back from {into.last} to {step}: two runs of that name in "
-                "one file; split the file, one run each"
-            )
-        into.last = step
-        if run is not None and name != run:
-            into.rows += 1
-            continue
-        report.rows += 1
-        into.rows += 1
-        merged = into.merged
-        values = merged.setdefault(step, {})
-        report.overwritten += sum(1 for k, v in metrics.items() if k in values and not _same(values[k], v))
-        values.update(metrics)
-    if run is not None:
-        if run not in runs:
-            raise LogInputError(f"{path}: no run {run} in the file; its runs: {_runs(runs, 8)}")
-        if len(runs) > 1:
-            report.drop(f"rows of other runs than --run {run}", sum(r.rows for n, r in runs.items() if n != run))
-            report.run = run
-        return sorted(runs[run].merged.items())
-    if len(runs) > 1:
-        names = ", ".join(list(runs)[:5]) + (", ..." if len(runs) > 5 else "")
-        why = (
-            f"named in its run column: {names}"
-            if named
-            else "; ".join(r.restart for r in list(runs.values())[1:3]) + ("; ..." if len(runs) > 3 else "")
-        )
-        raise LogInputError(
-            f"{path} holds {len(runs)} runs ({why}): {_runs(runs, 5)}; merged by step, one run's rows would replace "
-            f"another's: pass --run {next(iter(runs))} (or another) to judge one run, or split the file"
-        )
-    return sorted(next(iter(runs.values())).merged.items()) if runs else []
-
-
-@dataclass
-class _Run:
-    name: str
-    first: int
-    where: str
-    restart: str
-    last: int = -1
-    rows: int = 0
-    merged: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.last = self.first
-
-
-def _runs(runs: Mapping[str, _Run], most: int) -> str:
-    shown = [f"run {r.name}: steps {r.first}-{r.last} from {r.where}" for r in list(runs.values())[:most]]
-    return ", ".join(shown) + (f" and {len(runs) - most} more" if len(runs) > most else "")
-
-
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
 def _load_json(text: str, path: Path, where: str) -> Any:
     try:
         return json.loads(text)
@@ -379,16 +239,7 @@ def _load_json(text: str, path: Path, where: str) -> Any:
         raise LogInputError(f"{path}, {where}: {err}; fix the value") from None
 
 
-def _run_name(record: Mapping[str, Any]) -> str | None:
-    """The value of the record's run column, or None."""
-    for key in _RUN_KEYS:
-        value = record.get(key)
-        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():
-            return str(value).strip()
-    return None
-
-
-def _read_trainer_state(path: Path, report: ReadReport, steps: _Steps) -> Iterator[Row]:
+def _read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
     data = _load_json(path.read_text(encoding=_ENCODING), path, "")  # Python's json reads TRL's NaN and Infinity
     history = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(history, list):
@@ -413,7 +264,7 @@ def _read_trainer_state(path: Path, report: ReadReport, steps: _Steps) -> Iterat
         yield steps.of(row, record, i, path, where), row, where, None
 
 
-def _read_jsonl(path: Path, report: ReadReport, steps: _Steps) -> Iterator[Row]:
+def _read_jsonl(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
     with path.open(encoding=_ENCODING) as fh:
         lines = [(i + 1, line) for i, line in enumerate(fh) if line.strip()]
     for n, (number, line) in enumerate(lines):
@@ -445,10 +296,10 @@ def _read_jsonl(path: Path, report: ReadReport, steps: _Steps) -> Iterator[Row]:
         else:
             row = _numeric(record, report)
             step = steps.of(row, record, n, path, where)
-        yield step, row, where, _run_name(record)
+        yield step, row, where, run_name(record)
 
 
-def _read_csv(path: Path, report: ReadReport, steps: _Steps) -> Iterator[Row]:
+def _read_csv(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
     """wandb's run-history export (``train/reward``, ``_step``) or a chart export of one run (``Step``,
     ``<run> - train/reward``, ``<run> - train/reward__MIN``); ``__MIN``/``__MAX`` columns are skipped. A chart
     export of several runs, or a column name given twice, is refused: their values would collapse onto one key. A
@@ -495,7 +346,7 @@ def _read_csv(path: Path, report: ReadReport, steps: _Steps) -> Iterator[Row]:
                 number = report.number(key, cell)
                 if number is not None:
                     row[key] = number
-            yield steps.of(row, raw, n, path, where), row, where, _run_name(raw)
+            yield steps.of(row, raw, n, path, where), row, where, run_name(raw)
             n += 1
         _report_ragged(report, ragged, len(header), reader.line_num)
 

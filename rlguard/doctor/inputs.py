@@ -4,7 +4,9 @@ Format detection reads the start of a file and the reader opens it again: on a p
 log.jsonl)``, ``cat log.jsonl | rlguard doctor -``) the first read consumes what the second needs, and a device
 file (``/dev/zero``) never ends. So a non-seekable input is copied once, in chunks of 1 MiB, into a temporary file
 (disk, not memory), at most :data:`STREAM_LIMIT_BYTES` of it; the format is detected from those bytes and the
-copy is read as any log file, then deleted. A character or block device, or a socket, is refused naming it.
+copy is read as any log file, then deleted. A stream whose first chunk holds a NUL byte and is not a TensorBoard
+event file (``cat /dev/zero |``) is refused at once: text logs never hold one. A character or block device, or a
+socket, is refused naming it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ def _spool(source: BinaryIO, shown: Path) -> Iterator[LogInput]:
             limit = STREAM_LIMIT_BYTES
             total = 0
             while chunk := source.read(min(_CHUNK, limit + 1 - total)):
+                if not total and b"\0" in chunk and b"brain.Event:" not in chunk[:64]:
+                    raise LogInputError(
+                        f"{shown}: binary data that is not a TensorBoard event file (a NUL byte in the first "
+                        f"{len(chunk)} bytes), not a log; give a log file, or its text"
+                    )
                 total += len(chunk)
                 if total > limit:
                     raise LogInputError(

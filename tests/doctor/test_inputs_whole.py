@@ -351,3 +351,18 @@ def test_watch_and_report_take_the_step_and_run_flags_their_errors_name(tmp_path
     no_step.write_text(jsonl_text({k: v for k, v in r.items() if k != "step"} for r in rows(40)), encoding="utf-8")
     assert runner.invoke(app, ["watch", str(no_step), "--once", "--row-steps"]).exit_code in (0, 3)
     assert runner.invoke(app, ["report", str(no_step), "--row-steps"]).exit_code == 0
+
+
+def test_a_binary_stream_is_refused_at_its_first_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlguard.doctor.inputs as inputs
+
+    monkeypatch.setattr(inputs, "STREAM_LIMIT_BYTES", 1 << 40)  # not the limit: the first chunk decides
+    line = _bad_input_with(["doctor", "-"], b"\0" * 3_000_000)
+    assert "<stdin>" in line and "binary" in line
+
+
+def _bad_input_with(args: list[str], stdin: bytes) -> str:
+    result = runner.invoke(app, args, input=stdin)
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    (line,) = result.stderr.strip().splitlines()
+    return line

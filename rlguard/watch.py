@@ -11,7 +11,8 @@ The watch ends when the job does, as far as its files tell: TRL wrote its end-of
 checkpoint (``global_step`` reached ``max_steps``), the live guard
 halted the run (an ``action:halt`` event), the process ``--pid`` exited, or nothing changed for ``--idle`` seconds;
 or on Ctrl-C. It returns the doctor's exit code for the log at that moment: 0 no critical finding, 1 a critical
-finding, 2 no readable log, 3 too little to judge.
+finding, 2 no readable log, 3 too little to judge. A log deleted or turned unreadable by then is never judged by
+the last good read: the read error is printed and the exit code is 2 (1 if that last good read was critical).
 
 TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps``); verl's file logger and
 ``events.jsonl`` are written at every step.
@@ -31,7 +32,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 
-from rlguard.doctor import EXIT_BAD_INPUT, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
 from rlguard.doctor.readers import events_file
 from rlguard.terminal import diagnosis_renderables, events_table, findings_table, latest_stats_table, summary_line
 
@@ -233,5 +234,10 @@ def _finish(result: WatchResult, console: Console) -> None:
     for renderable in diagnosis_renderables(d):
         console.print(renderable)
     result.exit_code = d.exit_code
+    if result.error is not None:  # the log as the job left it could not be read: the last good read is not it
+        console.print(
+            f"[yellow]rlguard watch: {escape(result.error)}[/yellow] (the findings above are the last good read)"
+        )
+        result.exit_code = EXIT_CRITICAL if d.critical else EXIT_BAD_INPUT
     if result.ended != "once":
         console.print(f"watch ended: {escape(result.ended)} (exit code {result.exit_code})")

@@ -49,6 +49,8 @@ FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
 #: the live guard's events beside a run's logs (:data:`rlguard.guards.events.EVENTS_FILE`)
 EVENTS_FILE = "events.jsonl"
 _WANDB_AGGREGATE = re.compile(r"__(MIN|MAX)$")
+#: an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by default)
+TOO_MANY_DIGITS = "an integer of more digits than can be read (4300), not a value a trainer logs; fix or delete it"
 #: a UTF-8 byte-order mark is read as nothing
 _ENCODING = "utf-8-sig"
 #: nesting of a flat JSONL record read as ``outer/inner`` keys; deeper values are counted as non-numeric
@@ -180,8 +182,8 @@ def detect_format(path: Path, *, sniff: bool = False) -> str:
         return "trl" if re.search(r'"log_history"\s*:', _head(path)) else _unknown(path)
     except RecursionError:
         raise LogInputError(f"{path}, line 1: JSON nested too deeply to read; one flat object per line") from None
-    except ValueError as err:  # an integer of more digits than Python converts
-        raise LogInputError(f"{path}, line 1: {err}") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise LogInputError(f"{path}, line 1: {TOO_MANY_DIGITS}") from None
     if not isinstance(record, dict):
         return _unknown(path)
     if "log_history" in record:
@@ -235,8 +237,8 @@ def _load_json(text: str, path: Path, where: str) -> Any:
         ) from None
     except RecursionError:
         raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
-    except ValueError as err:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
-        raise LogInputError(f"{path}, {where}: {err}; fix the value") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
 
 
 def _read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
@@ -280,8 +282,8 @@ def _read_jsonl(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row
             raise LogInputError(f"{path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
         except RecursionError:
             raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
-        except ValueError as err:  # an integer of more digits than Python converts
-            raise LogInputError(f"{path}, {where}: {err}; fix or delete the line") from None
+        except ValueError:  # an integer of more digits than Python converts
+            raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
         if not isinstance(record, dict):
             raise LogInputError(
                 f"{path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"

@@ -115,8 +115,8 @@ def _read_file(
                     report.non_numeric[value.tag] += 1
         if event.step < 0:
             raise LogInputError(
-                f"{file}, {where}: step {event.step} is not a whole number of steps >= 0; the writer's global_step "
-                "must count optimizer steps"
+                f"{file.parent / where}: step {event.step} is not a whole number of steps >= 0; the writer's "
+                "global_step must count optimizer steps"
             )
         if row:
             yield int(event.step), row, where

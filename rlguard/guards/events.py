@@ -186,7 +186,10 @@ def parse_events(lines: list[str], source: str = "events.jsonl") -> EventsRead:
             record = json.loads(line, parse_constant=_json_constant)
         except (ValueError, RecursionError) as err:
             if not isinstance(err, (json.JSONDecodeError, RecursionError)):  # an integer of too many digits
-                raise EventsFileError(f"{source}, line {number}: {err}; fix or delete the line") from None
+                raise EventsFileError(
+                    f"{source}, line {number}: an integer of more digits than can be read (4300), not a value the "
+                    "guard writes; fix or delete the line"
+                ) from None
             if n == len(numbered) - 1:
                 warnings.append(f"{source}, line {number}: a torn last line (the writer was stopped mid-line), skipped")
                 continue

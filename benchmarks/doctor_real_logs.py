@@ -64,12 +64,14 @@ class Verdict:
         onset: the first logged step of the collapse (collapse only).
         why: the evidence, in the run's own numbers.
         key_map: ``--map`` entries for a log with its own column names (what the doctor's suggestions propose).
+        run: ``--run``: the run judged of a file that holds several (the doctor refuses to merge them), or None.
     """
 
     kind: str
     why: str
     onset: int | None = None
     key_map: tuple[tuple[str, str], ...] = ()
+    run: str | None = None
 
 
 #: the rasbt CSVs' own column names: each matches exactly one canonical stat, so the doctor maps them itself
@@ -118,10 +120,12 @@ VERDICTS: dict[str, Verdict] = {
     "rasbt-7_5-kl.csv": Verdict(
         "collapse", "entropy 1 -> 11.9 nats (uniform), KL 25, reward 0; eval 40.8 -> 0", onset=57
     ),
+    # the file holds two runs: 5 steps of a run of 300 (total_steps 300), then the run of 500 judged here
     "rasbt-7_3-tracking.csv": Verdict(
         "collapse",
         "entropy 0.5 -> 10.7 nats, reward -> 0 from 257; eval 44.2 -> 37 -> 33",
         onset=246,
+        run="2",
     ),
     "rasbt-ch06-grpo-nokl.csv": Verdict(
         "collapse", "the 7_3 run without entropy: reward -> 0, lengths at the 1024 cap", onset=246
@@ -276,7 +280,7 @@ def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
     for name in names:
         if ALL_VERDICTS[name].kind != "healthy":
             continue
-        log = read_log(paths[name])
+        log = read_log(paths[name], run=ALL_VERDICTS[name].run)
         key_map = classify_keys(log.keys, rows=log.rows).key_map
         kl = sorted(
             v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
@@ -318,7 +322,7 @@ def run_rlguard(path: Path, verdict: Verdict, config: Any = None) -> tuple[Any, 
     """The doctor's diagnosis (its defaults, or the guard ``config``) and the steps of its critical events."""
     from rlguard.doctor import diagnose
 
-    d = diagnose(path, config=config, key_map=dict(verdict.key_map) or None)
+    d = diagnose(path, config=config, key_map=dict(verdict.key_map) or None, run=verdict.run)
     critical = sorted({e.step for e in d.events if e.severity == "critical" and not e.detector.startswith("action:")})
     return d, critical
 

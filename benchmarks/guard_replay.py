@@ -52,7 +52,7 @@ def replay(path: Path, verdict: Verdict, preset: str) -> Replayed:
     """The replay of ``path`` under ``preset`` and, for a collapse, the delay of its first action."""
     from rlguard.doctor.replay import replay_live
 
-    r = replay_live(path, preset, dict(verdict.key_map) or None)
+    r = replay_live(path, preset, dict(verdict.key_map) or None, run=verdict.run)
     first = r.first_action
     delay = None
     if first is not None and verdict.kind == "collapse" and verdict.onset is not None:

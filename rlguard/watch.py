@@ -35,7 +35,8 @@ from rich.live import Live
 
 from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
 from rlguard.doctor.diagnose import diagnose_log
-from rlguard.doctor.readers import detect_format
+from rlguard.doctor.readers import detect_format, events_file
+from rlguard.doctor.steps import StepRule
 from rlguard.doctor.stream import JsonlFollower
 from rlguard.terminal import (
     diagnosis_renderables,
@@ -82,13 +83,11 @@ def files_signature(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
     try:
         log = find_log(run_dir) if run_dir.is_dir() else run_dir
         paths += sorted(log.rglob("events.out.tfevents.*")) if log.is_dir() else [log]
-    except LogInputError:
-        pass  # no log yet
-    folder = run_dir if run_dir.is_dir() else run_dir.parent
-    events = [folder / "events.jsonl"]
-    if folder.name.startswith("checkpoint-"):
-        events.append(folder.parent / "events.jsonl")
-    paths += [p for p in events if p.is_file()]
+        events = events_file(run_dir, log)  # as the doctor finds it: up from a checkpoint or TensorBoard folder
+        paths += [events] if events is not None else []
+    except LogInputError:  # no log yet: the events beside it still count
+        folder = run_dir if run_dir.is_dir() else run_dir.parent
+        paths += [p for p in (folder / "events.jsonl",) if p.is_file()]
     out = []
     for p in paths:
         try:
@@ -155,9 +154,10 @@ class _Reader:
     appended (:class:`~rlguard.doctor.stream.JsonlFollower`), judged again on the schedule above; other logs
     (TRL's ``trainer_state.json``, rewritten whole at each checkpoint; TensorBoard; a CSV) read whole."""
 
-    def __init__(self, run_dir: Path, key_map: Mapping[str, str]) -> None:
+    def __init__(self, run_dir: Path, key_map: Mapping[str, str], steps: StepRule, run: str | None) -> None:
         self.run_dir = run_dir
         self.key_map = key_map
+        self.steps, self.run = steps, run
         self.follower: JsonlFollower | None = None
         self._judged_steps = 0
         self._judged_at = 0.0
@@ -181,9 +181,15 @@ class _Reader:
         log_path = find_log(self.run_dir) if self.run_dir.is_dir() else self.run_dir
         if log_path.suffix != ".jsonl" or not log_path.is_file() or detect_format(log_path) not in ("verl", "jsonl"):
             self.follower = None
-            return diagnose(self.run_dir, key_map=self.key_map)
+            return diagnose(
+                self.run_dir,
+                key_map=self.key_map,
+                step_key=self.steps.key,
+                row_steps=self.steps.row_steps,
+                run=self.run,
+            )
         if self.follower is None or self.follower.path != log_path:
-            self.follower = JsonlFollower(log_path)
+            self.follower = JsonlFollower(log_path, self.steps, self.run)
             self._judged_steps = 0
         self.follower.poll()
         steps = self.follower.steps
@@ -224,18 +230,21 @@ def watch(
     idle: float | None = None,
     key_map: Mapping[str, str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
 ) -> WatchResult:
     """Follow ``run_dir`` (module docstring) until the job ends or Ctrl-C; with ``once``, judge it once.
 
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
-    seconds without a change to the run's files. The final diagnosis is printed as ``rlguard doctor`` prints it.
+    seconds without a change to the run's files; ``key_map``, ``step_key``, ``row_steps``, ``run``: as
+    :func:`~rlguard.doctor.diagnose`'s. The final diagnosis is printed as ``rlguard doctor`` prints it.
     """
     _check_period("interval", interval, allow_inf=False)
     if idle is not None:
         _check_period("idle", idle, allow_inf=True)
     run_dir = Path(run_dir)
-    key_map = dict(key_map or {})
-    reader = _Reader(run_dir, key_map)
+    reader = _Reader(run_dir, dict(key_map or {}), StepRule(step_key, row_steps), run)
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
     d, error = reader.read(final=True)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])

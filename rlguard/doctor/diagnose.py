@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlguard.doctor.keys import KeyReport, canonical_stats, classify_keys
-from rlguard.doctor.readers import LogInputError, MetricLog, read_log, run_folder
+from rlguard.doctor.keys import KeyReport, canonical_name, canonical_stats, classify_keys
+from rlguard.doctor.readers import LogInputError, MetricLog, events_file, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
 
-#: exit status of ``rlguard doctor``: no critical finding, a critical finding, bad input, could not judge
-EXIT_OK, EXIT_CRITICAL, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
+#: exit status of ``rlguard doctor``, ``report`` and ``watch``: every record read and no critical finding, a critical
+#: finding, bad input, could not judge (part of the log unread, or too little of it), an internal error (a bug)
+EXIT_OK, EXIT_CRITICAL, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,23 @@ class CanonicalLog:
 
 
 def read_canonical(
-    path: str | Path, key_map: Mapping[str, str] | None = None, *, auto_map: bool = True, log: MetricLog | None = None
+    path: str | Path,
+    key_map: Mapping[str, str] | None = None,
+    *,
+    auto_map: bool = True,
+    log: MetricLog | None = None,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
 ) -> CanonicalLog:
     """Read the log at ``path`` and its canonical stats, step by step (``key_map``: ``--map``; ``auto_map``: map
     keys that match exactly one canonical stat and whose values are evidence for it). The one reading of a log
     that the doctor and its live replay (:mod:`rlguard.doctor.live`) share. LogInputError when no key maps to a
-    stat a detector reads. ``log``: the log at ``path`` already read (the watch reads it by increments)."""
-    log = read_log(path) if log is None else log
+    stat a detector reads, or for a ``key_map`` naming a key the log lacks or a stat it has. ``log``: the log at
+    ``path`` already read (the watch reads it by increments); ``step_key``, ``row_steps``, ``run``: as
+    :func:`~rlguard.doctor.readers.read_log`'s."""
+    log = read_log(path, step_key=step_key, row_steps=row_steps, run=run) if log is None else log
+    _check_key_map(log, key_map or {})
     keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
@@ -199,15 +210,20 @@ def diagnose(
     *,
     auto_map: bool = True,
     rule: ConsequenceRule | None = None,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
 ) -> Diagnosis:
     """Read the log at ``path`` and judge every step with a guard (``monitor`` preset unless ``config``), then
     each finding by its consequence (``rule``, :class:`~rlguard.guards.consequence.rule.ConsequenceRule`).
 
     ``key_map`` maps the log's own column names onto canonical ones (``--map reward_avg=reward_mean``); with
     ``auto_map`` a key that matches exactly one canonical stat is mapped too (``--no-auto-map`` turns it off). A
-    run folder's ``events.jsonl`` (what the live guard recorded) is read too.
+    run folder's ``events.jsonl`` (what the live guard recorded) is read too. ``step_key``, ``row_steps`` and ``run``
+    say where the steps are and which run to judge (:func:`~rlguard.doctor.readers.read_log`).
     """
-    return diagnose_log(read_log(path), path, config, key_map, auto_map=auto_map, rule=rule)
+    log = read_log(path, step_key=step_key, row_steps=row_steps, run=run)
+    return diagnose_log(log, path, config, key_map, auto_map=auto_map, rule=rule)
 
 
 def diagnose_log(
@@ -242,7 +258,7 @@ def diagnose_log(
     labels = label_findings(timeline, guard.detectors, rule)
     events = judge_log(timeline, guard.detectors, rule, labels)
     coverage = _coverage(guard, keys, set(names))
-    live_path = _events_file(Path(path), log.path)
+    live_path = None if log.streamed else events_file(Path(path), log.path)  # a stream has no run folder
     live: list[Event] = []
     live_warnings: list[str] = []
     if live_path is not None:
@@ -267,11 +283,27 @@ def diagnose_log(
     )
 
 
-def _events_file(given: Path, log_path: Path) -> Path | None:
-    """The run folder's ``events.jsonl``: beside the log, in the folder given, or above a ``checkpoint-*``."""
-    folder = run_folder(given, log_path)
-    candidate = folder / "events.jsonl"
-    return candidate if candidate.is_file() else None
+def _check_key_map(log: MetricLog, key_map: Mapping[str, str]) -> None:
+    """LogInputError for a ``--map KEY=CANONICAL`` whose key the log lacks, or whose stat another key of the log
+    already holds (which of the two would be judged?); ``--map KEY=`` (a refusal) needs only the key."""
+    present = log.keys
+    for key, name in key_map.items():
+        if key not in present:
+            raise LogInputError(
+                f"--map {key}={name}: the log {log.path} has no key {key!r} (its keys: "
+                f"{', '.join(sorted(present)[:8])}{', ...' if len(present) > 8 else ''}); map one of its own keys"
+            )
+        if not name:
+            continue
+        holders = sorted(
+            k for k in present if k not in key_map and (hit := canonical_name(k)) is not None and hit[0] == name
+        )
+        others = sorted(k for k, n in key_map.items() if n == name and k != key)
+        if holders or others:
+            raise LogInputError(
+                f"--map {key}={name}: the log already has {name} (key {(holders or others)[0]!r}); map {key} onto "
+                f"another stat, or map {(holders or others)[0]} elsewhere"
+            )
 
 
 def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tuple[bool, str]]:

@@ -9,34 +9,52 @@ What is read and what is not is counted, never silently: a missing value (JSON `
 null; text that is a number (``"NaN"``, ``"0.5"``) is read as one (a NaN is evidence); other values are counted as
 non-numeric; evaluation-only rows, TRL's end-of-training summary and records whose values are all null are
 dropped and counted. Rows of one step are merged, a later value replacing an earlier one (counted). A torn last
-line of a JSONL file (a process stopped mid-write) is skipped with a warning. Every problem a user can fix raises
-:class:`LogInputError` naming the file, the line or record, and the fix: a step that is not a whole number, JSON
-that is not valid or nested too deeply, bytes that are not UTF-8, a wandb export of several runs.
+line of a JSONL file (a process stopped mid-write) is skipped with a warning; a CSV row with more or fewer cells
+than the header (its values may have shifted) is not read and is damage. A UTF-8 byte-order mark is read. Every
+problem a user can fix raises :class:`LogInputError` naming the file, the line or record, and the fix: a step that
+is not a whole number, a record without a step (``--step-key``, ``--row-steps``), two runs in one file
+(``--run``), JSON that is not valid or nested too deeply, bytes that are not UTF-8, a wandb export of several runs.
+
+Where the step comes from and which run a row belongs to (two runs in one file are refused):
+:mod:`rlguard.doctor.steps`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlguard.doctor.inputs import open_input
 from rlguard.doctor.readreport import LogInputError, ReadReport
+from rlguard.doctor.steps import Row, StepRule, merge_runs, run_name
 from rlguard.doctor.tensorboard import TB_GLOB, read_tensorboard
 
-__all__ = ["FORMATS", "LogInputError", "MetricLog", "ReadReport", "detect_format", "find_log", "read_log", "run_folder"]
+__all__ = [
+    "FORMATS",
+    "LogInputError",
+    "MetricLog",
+    "ReadReport",
+    "detect_format",
+    "events_file",
+    "find_log",
+    "read_log",
+]
 
 FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
-#: step columns, most trusted first (TRL's ``train/global_step`` is the optimizer step; wandb's ``_step`` counts logs)
-_STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step", "Step", "training/global_step")
+#: the live guard's events beside a run's logs (:data:`rlguard.guards.events.EVENTS_FILE`)
+EVENTS_FILE = "events.jsonl"
 _WANDB_AGGREGATE = re.compile(r"__(MIN|MAX)$")
+#: an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by default)
+TOO_MANY_DIGITS = "an integer of more digits than can be read (4300), not a value a trainer logs; fix or delete it"
+#: a UTF-8 byte-order mark is read as nothing
+_ENCODING = "utf-8-sig"
 #: nesting of a flat JSONL record read as ``outer/inner`` keys; deeper values are counted as non-numeric
 _MAX_DEPTH = 4
-Row = tuple[int, dict[str, float], str]  # (step, raw key -> value, where: the line or record)
 
 
 @dataclass(frozen=True)
@@ -48,12 +66,14 @@ class MetricLog:
         path: the file or folder read.
         rows: ``(step, {raw key: value})`` by increasing step, one per step.
         report: what was read and what was not.
+        streamed: whether the log was a stream (stdin, a pipe, a FIFO): it has no run folder.
     """
 
     format: str
     path: Path
     rows: list[tuple[int, dict[str, float]]]
     report: ReadReport = field(default_factory=ReadReport)
+    streamed: bool = False
 
     @property
     def keys(self) -> set[str]:
@@ -61,24 +81,44 @@ class MetricLog:
         return {k for _, row in self.rows for k in row}
 
 
-def read_log(path: str | Path) -> MetricLog:
-    """Read the log at ``path`` (a file, or a run folder: see :func:`find_log`), detecting its format."""
-    path = Path(path)
-    if not path.exists():
-        raise LogInputError(f"no such file or folder: {path}")
+def read_log(
+    path: str | Path, *, step_key: str | None = None, row_steps: bool = False, run: str | None = None
+) -> MetricLog:
+    """Read the log at ``path`` (a file, a run folder: see :func:`find_log`, or ``-``, a pipe or a FIFO: read once
+    and whole, :mod:`rlguard.doctor.inputs`), detecting its format.
+
+    ``step_key``: the column that holds the step (``--step-key``); ``row_steps``: number the rows 1, 2, ... instead
+    (``--row-steps``); ``run``: the run to judge of a file that holds several (``--run``, module docstring).
+    """
+    steps = StepRule(step_key, row_steps)
+    with open_input(path) as given:
+        try:
+            return _read(given.path, steps, run, streamed=given.streamed, shown=given.shown)
+        except LogInputError as err:
+            if not given.streamed:
+                raise
+            raise LogInputError(str(err).replace(str(given.path), str(given.shown))) from None
+
+
+def _read(path: Path, steps: StepRule, run: str | None, *, streamed: bool, shown: Path) -> MetricLog:
     if path.is_dir():
         path = find_log(path)
-    fmt = detect_format(path)
-    reader = {
-        "trl": _read_trainer_state,
-        "verl": _read_jsonl,
-        "jsonl": _read_jsonl,
-        "wandb-csv": _read_wandb_csv,
-        "tensorboard": read_tensorboard,
-    }[fmt]
+        if not path.is_file() and not path.is_dir():  # a FIFO or a device in the folder: never opened here
+            raise LogInputError(
+                f"{path} is not a regular file (a FIFO or a device file); give it as the path to read it as a pipe"
+            )
+    fmt = detect_format(path, sniff=streamed)
     report = ReadReport()
+    if steps.row_steps:
+        report.step_source = "row numbers (--row-steps), not logged steps"
+    elif steps.key:
+        report.step_source = f"column {steps.key} (--step-key)"
     try:
-        rows = _merge(reader(path, report), report)
+        if fmt == "tensorboard":
+            rows = merge_runs(((s, r, w, None) for s, r, w in read_tensorboard(path, report)), report, steps, path, run)
+        else:
+            reader = {"trl": _read_trainer_state, "verl": _read_jsonl, "jsonl": _read_jsonl, "wandb-csv": _read_csv}
+            rows = merge_runs(reader[fmt](path, report, steps), report, steps, path, run)
     except UnicodeDecodeError as err:
         raise LogInputError(_not_utf8(path, err)) from None
     except OSError as err:
@@ -87,7 +127,7 @@ def read_log(path: str | Path) -> MetricLog:
         raise LogInputError(
             f"{path} ({fmt}) holds no training step with a numeric metric ({'; '.join(report.lines())})"
         )
-    return MetricLog(fmt, path, rows, report)
+    return MetricLog(fmt, shown if streamed else path, rows, report, streamed)
 
 
 def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
@@ -118,25 +158,32 @@ def find_log(folder: Path) -> Path:
     )
 
 
-def detect_format(path: Path) -> str:
-    """The format of a log file (or TensorBoard folder), from its name and first record."""
+def detect_format(path: Path, *, sniff: bool = False) -> str:
+    """The format of a log file (or TensorBoard folder), from its name and first record; with ``sniff`` (a stream,
+    whose name says nothing), TensorBoard and CSV from the first bytes too."""
     if path.is_dir() or path.name.startswith("events.out.tfevents."):
         return "tensorboard"
     if path.suffix == ".csv":
         return "wandb-csv"
+    if sniff:
+        with path.open("rb") as fh:
+            if b"brain.Event:" in fh.read(64):  # the first record of every event file: its version
+                return "tensorboard"
     first = _first_line(path)
     if not first:
         raise LogInputError(f"{path} is empty")
+    if sniff and not first.startswith("{") and "," in first:
+        return "wandb-csv"
     if not first.startswith("{"):
         return _unknown(path)
     try:
         record = json.loads(first)
     except json.JSONDecodeError:  # a multi-line JSON document: TRL's is indented
-        return (
-            "trl" if re.search(r'"log_history"\s*:', path.read_text(encoding="utf-8")[:1_000_000]) else _unknown(path)
-        )
+        return "trl" if re.search(r'"log_history"\s*:', _head(path)) else _unknown(path)
     except RecursionError:
         raise LogInputError(f"{path}, line 1: JSON nested too deeply to read; one flat object per line") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise LogInputError(f"{path}, line 1: {TOO_MANY_DIGITS}") from None
     if not isinstance(record, dict):
         return _unknown(path)
     if "log_history" in record:
@@ -151,9 +198,15 @@ def _unknown(path: Path) -> str:
     )
 
 
+def _head(path: Path, size: int = 1_000_000) -> str:
+    """The first ``size`` characters (not the whole file: a TRL state is found by its ``log_history`` key)."""
+    with path.open(encoding=_ENCODING, errors="replace") as fh:
+        return fh.read(size)
+
+
 def _first_line(path: Path) -> str:
     try:
-        with path.open(encoding="utf-8") as fh:
+        with path.open(encoding=_ENCODING) as fh:
             for line in fh:
                 if line.strip():
                     return line.lstrip()
@@ -174,40 +227,6 @@ def _numeric(record: Mapping[str, Any], report: ReadReport, prefix: str = "", de
     return out
 
 
-def _step(row: Mapping[str, float], raw: Mapping[str, Any], fallback: int, path: Path, where: str) -> int:
-    """The record's step: its first step key (:data:`_STEP_KEYS`) that holds a value, else ``fallback``; a step
-    that is not a finite whole number >= 0 is bad input."""
-    for key in _STEP_KEYS:
-        if key in raw and raw[key] is not None:
-            value = row.get(key)
-            if value is None or not math.isfinite(value) or not float(value).is_integer() or value < 0:
-                raise LogInputError(
-                    f"{path}, {where}: {key} {raw[key]!r} is not a whole number of steps >= 0; the step column must "
-                    "count optimizer steps (fix the record, or rename the column if it holds something else, e.g. "
-                    "epochs)"
-                )
-            return int(value)
-    return fallback
-
-
-def _merge(rows: Iterator[Row], report: ReadReport) -> list[tuple[int, dict[str, float]]]:
-    merged: dict[int, dict[str, float]] = {}
-    for step, row, _ in rows:
-        metrics = {k: v for k, v in row.items() if k not in _STEP_KEYS}
-        if not metrics:
-            report.drop("records with no numeric value (all null, text or step counters only)")
-            continue
-        report.rows += 1
-        into = merged.setdefault(step, {})
-        report.overwritten += sum(1 for k, v in metrics.items() if k in into and not _same(into[k], v))
-        into.update(metrics)
-    return sorted(merged.items())
-
-
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
 def _load_json(text: str, path: Path, where: str) -> Any:
     try:
         return json.loads(text)
@@ -218,10 +237,12 @@ def _load_json(text: str, path: Path, where: str) -> Any:
         ) from None
     except RecursionError:
         raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
+        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
 
 
-def _read_trainer_state(path: Path, report: ReadReport) -> Iterator[Row]:
-    data = _load_json(path.read_text(encoding="utf-8"), path, "")  # Python's json reads TRL's NaN and Infinity
+def _read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
+    data = _load_json(path.read_text(encoding=_ENCODING), path, "")  # Python's json reads TRL's NaN and Infinity
     history = data.get("log_history") if isinstance(data, dict) else None
     if not isinstance(history, list):
         got = type(history).__name__ if isinstance(data, dict) else f"a JSON {type(data).__name__}"
@@ -242,46 +263,70 @@ def _read_trainer_state(path: Path, report: ReadReport) -> Iterator[Row]:
         if any(k.startswith("eval_") for k in row):
             report.drop("evaluation rows")  # they share the step of a training row but are not one
             continue
-        yield _step(row, record, i, path, where), row, where
+        yield steps.of(row, record, i, path, where), row, where, None
 
 
-def _read_jsonl(path: Path, report: ReadReport) -> Iterator[Row]:
-    with path.open(encoding="utf-8") as fh:
+class NotJson(LogInputError):
+    """A JSONL line that is not JSON: bad input, or the torn last line of a writer stopped mid-line."""
+
+
+def jsonl_record(line: str, path: Path, where: str) -> dict[str, Any]:
+    """One line of a JSONL log as its JSON object: :class:`NotJson` for a line that is not JSON, LogInputError for
+    one that is not an object or cannot be read."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise NotJson(f"{path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
+    except RecursionError:
+        raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
+    if not isinstance(record, dict):
+        raise LogInputError(
+            f"{path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"
+        )
+    return record
+
+
+def jsonl_row(record: Mapping[str, Any], report: ReadReport, steps: StepRule, n: int, path: Path, where: str) -> Row:
+    """Record ``n`` (0-based) of a JSONL log as a row: verl's file logger (``{"step", "data"}``) or a flat record."""
+    data = record.get("data")
+    if isinstance(data, dict):  # verl's file logger: the step beside the data
+        row = _numeric(data, report)
+        given = record.get("step")
+        value = report.number("step", given) if given is not None else None
+        view = {**row, **({} if value is None else {"step": value})}
+        step = steps.of(view, {**data, "step": given}, n, path, where)
+    else:
+        row = _numeric(record, report)
+        step = steps.of(row, record, n, path, where)
+    return step, row, where, run_name(record)
+
+
+def _read_jsonl(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
+    with path.open(encoding=_ENCODING) as fh:
         lines = [(i + 1, line) for i, line in enumerate(fh) if line.strip()]
     for n, (number, line) in enumerate(lines):
         report.records += 1
         where = f"line {number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
+            record = jsonl_record(line, path, where)
+        except NotJson:
             if n == len(lines) - 1:
                 report.warnings.append(f"{where}: a torn last line (the writer was stopped mid-line), skipped")
                 report.drop("torn last line")
                 continue
-            raise LogInputError(f"{path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
-        except RecursionError:
-            raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
-        if not isinstance(record, dict):
-            raise LogInputError(
-                f"{path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"
-            )
-        data = record.get("data")
-        if isinstance(data, dict):  # verl's file logger
-            row = _numeric(data, report)
-            given = record.get("step")
-            value = report.number("step", given) if given is not None else None
-            step = _step({} if value is None else {"step": value}, {"step": given}, n, path, where)
-        else:
-            row = _numeric(record, report)
-            step = _step(row, record, n, path, where)
-        yield step, row, where
+            raise
+        yield jsonl_row(record, report, steps, n, path, where)
 
 
-def _read_wandb_csv(path: Path, report: ReadReport) -> Iterator[Row]:
+def _read_csv(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
     """wandb's run-history export (``train/reward``, ``_step``) or a chart export of one run (``Step``,
     ``<run> - train/reward``, ``<run> - train/reward__MIN``); ``__MIN``/``__MAX`` columns are skipped. A chart
-    export of several runs, or a column name given twice, is refused: their values would collapse onto one key."""
-    with path.open(encoding="utf-8", newline="") as fh:
+    export of several runs, or a column name given twice, is refused: their values would collapse onto one key. A
+    row with more or fewer cells than the header is not read (its cells may have shifted columns): damage, or a
+    warning for a short last row (a torn write)."""
+    with path.open(encoding=_ENCODING, newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
@@ -301,26 +346,55 @@ def _read_wandb_csv(path: Path, report: ReadReport) -> Iterator[Row]:
                 f"{path}: column(s) {', '.join(twice)} appear twice: their values would collapse onto one key; "
                 "keep one column per stat"
             )
-        for i, cells in enumerate(reader):
+        ragged: dict[str, list[int]] = {"more": [], "fewer": []}
+        n = 0
+        for cells in reader:
+            if not cells:
+                continue  # a blank line
             report.records += 1
-            where = f"line {i + 2}"
+            line = reader.line_num
+            if len(cells) != len(header):
+                ragged["more" if len(cells) > len(header) else "fewer"].append(line)
+                report.drop("rows with more or fewer cells than the header")
+                continue
+            where = f"line {line}"
             row: dict[str, float] = {}
             raw: dict[str, Any] = {}
-            for column, key, cell in zip(header, keys, cells, strict=False):
+            for column, key, cell in zip(header, keys, cells, strict=True):
                 if _WANDB_AGGREGATE.search(column):
                     continue
                 raw[key] = cell if cell.strip() else None
                 number = report.number(key, cell)
                 if number is not None:
                     row[key] = number
-            yield _step(row, raw, i, path, where), row, where
+            yield steps.of(row, raw, n, path, where), row, where, run_name(raw)
+            n += 1
+        _report_ragged(report, ragged, len(header), reader.line_num)
 
 
-def run_folder(given: Path, log_path: Path) -> Path:
-    """The run folder of a log: the folder given, else the log's folder, or the one above a ``checkpoint-*``."""
-    if given.is_dir():
-        return given
-    folder = log_path.parent
-    if folder.name.startswith("checkpoint-") and not (folder / "events.jsonl").is_file():
-        return folder.parent
-    return folder
+def _report_ragged(report: ReadReport, ragged: dict[str, list[int]], cells: int, last_line: int) -> None:
+    if ragged["fewer"] and ragged["fewer"][-1] == last_line:
+        report.warnings.append(f"line {last_line}: a torn last row (fewer cells than the header), skipped")
+        ragged["fewer"].pop()
+    for kind, lines in ragged.items():
+        if lines:
+            shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+            report.damage.append(
+                f"{len(lines)} rows with {kind} cells than the header's {cells} (line {shown}), not read: a cell "
+                "holding the separator may have shifted their values; quote such cells, or fix the rows"
+            )
+
+
+def events_file(given: Path, log_path: Path) -> Path | None:
+    """The run's ``events.jsonl`` (what the live guard recorded): in the folder given or the log's folder, or up to
+    two levels above a ``checkpoint-*`` folder or a TensorBoard folder (``out/runs``, ``out/runs/<run>``, as the
+    watch guide shows); None where there is none."""
+    folder = given if given.is_dir() else log_path if log_path.is_dir() else log_path.parent
+    tensorboard = log_path.is_dir() or log_path.name.startswith("events.out.tfevents.")
+    for _ in range(3):
+        if (folder / EVENTS_FILE).is_file():
+            return folder / EVENTS_FILE
+        if not (folder.name.startswith("checkpoint-") or tensorboard):
+            return None
+        folder = folder.parent
+    return None

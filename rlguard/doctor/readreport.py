@@ -36,6 +36,8 @@ class ReadReport:
         bytes_total: the files' size in bytes (TensorBoard), or None.
         damage: data that could not be read, each with where and how much (a partial read).
         warnings: data read around with no loss to the judgement (a torn last line).
+        step_source: where the steps came from when not the log's step column (``--row-steps``, ``--step-key``).
+        run: the run judged of a file that holds several (``--run``), or None.
     """
 
     records: int = 0
@@ -48,15 +50,17 @@ class ReadReport:
     bytes_total: int | None = None
     damage: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    step_source: str | None = None
+    run: str | None = None
 
     @property
     def partial(self) -> bool:
         """Whether data of the log could not be read (damage): its judgement covers only part of the run."""
         return bool(self.damage)
 
-    def drop(self, why: str) -> None:
-        """Count one record not read as a training row, and why."""
-        self.dropped[why] += 1
+    def drop(self, why: str, n: int = 1) -> None:
+        """Count ``n`` records not read as training rows, and why."""
+        self.dropped[why] += n
 
     def number(self, key: str, value: Any) -> float | None:
         """``value`` as a float (numbers, and text that is one: ``"NaN"``, ``"inf"``, ``"0.5"``), or None: counted
@@ -84,8 +88,14 @@ class ReadReport:
         """What was read and what was not, one line each (empty parts left out)."""
         out = [f"read {self.rows} training rows from {self.records} records"]
         if self.bytes_total is not None and self.bytes_read is not None:
-            share = self.bytes_read / self.bytes_total if self.bytes_total else 1.0
-            out[0] += f"; {self.bytes_read} of {self.bytes_total} bytes ({share:.0%})"
+            share = (
+                math.floor(100 * self.bytes_read / self.bytes_total) if self.bytes_total else 100
+            )  # never 100 if not
+            out[0] += f"; {self.bytes_read} of {self.bytes_total} bytes ({share}%)"
+        if self.run is not None:
+            out.append(f"run {self.run} of the file's runs (--run)")
+        if self.step_source is not None:
+            out.append(f"steps: {self.step_source}")
         if self.dropped:
             out.append("not training rows: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items())))
         if self.non_numeric:
@@ -113,5 +123,7 @@ class ReadReport:
             "bytes_total": self.bytes_total,
             "damage": list(self.damage),
             "warnings": list(self.warnings),
+            "step_source": self.step_source,
+            "run": self.run,
             "partial": self.partial,
         }

@@ -111,10 +111,18 @@ class Replay:
 
 
 def replay_live(
-    path: str | Path, preset: str, key_map: Mapping[str, str] | None = None, *, auto_map: bool = True
+    path: str | Path,
+    preset: str,
+    key_map: Mapping[str, str] | None = None,
+    *,
+    auto_map: bool = True,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
 ) -> Replay:
-    """Replay the log at ``path`` through a live ``Guard(GuardConfig.preset(preset))``, record by record."""
-    read = read_canonical(path, key_map, auto_map=auto_map)
+    """Replay the log at ``path`` through a live ``Guard(GuardConfig.preset(preset))``, record by record
+    (``step_key``, ``row_steps``, ``run``: as :func:`~rlguard.doctor.readers.read_log`'s)."""
+    read = read_canonical(path, key_map, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
     guard = Guard(GuardConfig.preset(preset))
     decisions: list[LiveDecision] = []
     previous: dict[str, Any] = {}

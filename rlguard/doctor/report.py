@@ -1,7 +1,8 @@
 """``rlguard report RUN_DIR``: a plot per canonical stat of a run, with the guard's events marked.
 
-The run's log is found as by :func:`rlguard.doctor.readers.find_log`; events come from ``events.jsonl`` in the run
-folder (``GuardConfig(events_path=...)`` writes it) when present. A detector's events are marked on the plots of
+The run's log is found as by :func:`rlguard.doctor.readers.find_log` (or is the log file given); events come from
+the run's ``events.jsonl`` (``GuardConfig(events_path=...)`` writes it), found as the doctor finds it
+(:func:`rlguard.doctor.readers.events_file`), when present. A detector's events are marked on the plots of
 the stats it reads; the guard's interventions (``action:*``) on every plot.
 """
 
@@ -15,7 +16,7 @@ from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
 from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
 from rlguard.doctor.plots import plot_png
-from rlguard.doctor.readers import LogInputError, read_log
+from rlguard.doctor.readers import LogInputError, events_file, read_log
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.events import EventsFileError, read_events
 from rlguard.metrics import REDUCTIONS as STAT_REDUCTIONS  # the metric table itself: no torch
@@ -45,20 +46,30 @@ class ReportResult:
     log_path: Path
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportResult:
-    """Plot the canonical stats of the run in ``run_dir`` into ``out`` (default ``run_dir``)/report.html."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise LogInputError(f"no such run folder: {run_dir}")
-    log = read_log(run_dir)
+def write_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    step_key: str | None = None,
+    row_steps: bool = False,
+    run: str | None = None,
+) -> ReportResult:
+    """Plot the canonical stats of the run in ``run_dir`` (a run folder, or a log file) into ``out`` (default the
+    run folder, or the log file's folder)/report.html; ``step_key``, ``row_steps``, ``run``: as
+    :func:`~rlguard.doctor.readers.read_log`'s."""
+    given = Path(run_dir)
+    if not given.exists():
+        raise LogInputError(f"no such run folder or log file: {given}")
+    log = read_log(given, step_key=step_key, row_steps=row_steps, run=run)
+    run_dir = given if given.is_dir() else given.parent
     keys = classify_keys(log.keys, rows=log.rows)
-    rows = [(step, canonical_stats(raw)) for step, raw in log.rows]
+    rows = [(step, canonical_stats(raw, keys.key_map)) for step, raw in log.rows]  # auto-mapped keys too
     rows = [(step, stats) for step, stats in rows if stats]
-    if not keys.judged:
+    if not keys.judged or not rows:
         raise LogInputError(f"no usable metric in {log.path} ({log.format}): no key maps to a canonical stat")
-    events_path = run_dir / "events.jsonl"
+    events_path = None if log.streamed else events_file(given, log.path)
     try:
-        read = read_events(events_path) if events_path.is_file() else None
+        read = read_events(events_path) if events_path is not None else None
     except EventsFileError as err:
         raise LogInputError(str(err)) from None
     events = read.events if read is not None else []
@@ -83,7 +94,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
         "<p>" + "<br>".join(escape(line) for line in log.report.lines()) + "</p>",
         *(f"<p>{escape(w)}</p>" for w in (read.warnings if read is not None else [])),
         "<h2>Guard events</h2>",
-        events_table(events) if events_path.is_file() else "<p>No events.jsonl in the run folder.</p>",
+        events_table(events) if events_path is not None else "<p>No events.jsonl in the run folder.</p>",
         "<h2>Metrics</h2>",
     ]
     body += [f'<h3>{escape(n)}</h3><img alt="{escape(n)}" src="{escape(p.name)}">' for n, p in images.items()]

@@ -13,13 +13,12 @@ the :class:`~rlguard.doctor.readers.MetricLog` so far, equal to what ``read_log`
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
-from typing import Any
 
-from rlguard.doctor.readers import _STEP_KEYS, MetricLog, _numeric, _same, _step
+from rlguard.doctor.readers import MetricLog, NotJson, jsonl_record, jsonl_row
 from rlguard.doctor.readreport import LogInputError, ReadReport
+from rlguard.doctor.steps import Row, StepRule, merge_runs
 
 __all__ = ["JsonlFollower"]
 
@@ -33,8 +32,9 @@ class JsonlFollower:
         restarts: one line per time the file was read again from the start, and why.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, steps: StepRule | None = None, run: str | None = None) -> None:
         self.path = path
+        self.step_rule, self.run = steps or StepRule(), run
         self.bytes_read = 0
         self.restarts: list[str] = []
         self._reset()
@@ -46,7 +46,8 @@ class JsonlFollower:
         self._lines = 0  # lines complete so far (for "line N" in messages)
         self._records = 0  # JSON records read (lines that are not blank)
         self._report = ReadReport()
-        self._rows: dict[int, dict[str, float]] = {}
+        self._rows: list[Row] = []  # every record's row, merged per step (and run) as read_log merges them
+        self._steps: set[int] = set()
         self._format = "jsonl"
         self._error: LogInputError | None = None
         # the last complete line, when it is not JSON: torn (the reader skips a torn last line) unless another follows
@@ -54,8 +55,8 @@ class JsonlFollower:
 
     @property
     def steps(self) -> int:
-        """The training steps read so far."""
-        return len(self._rows)
+        """The distinct training steps read so far."""
+        return len(self._steps)
 
     def poll(self) -> int:
         """Read what was appended since the last poll; the number of complete lines it held. ``OSError`` when the
@@ -88,7 +89,7 @@ class JsonlFollower:
                 raise self._error
             try:
                 self._line(raw, f"line {self._lines}")
-            except _NotJson as err:
+            except NotJson as err:
                 self._suspect = (f"line {self._lines}", LogInputError(str(err)))
             except LogInputError as err:
                 self._error = err
@@ -97,7 +98,7 @@ class JsonlFollower:
 
     def _line(self, raw: bytes, where: str) -> None:
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if self._lines == 1 else "utf-8")  # a byte-order mark, as read_log reads it
         except UnicodeDecodeError as err:
             raise LogInputError(
                 f"{self.path}, {where}: byte {err.start} of the line is not UTF-8 ({err.reason}); save or export the "
@@ -105,41 +106,14 @@ class JsonlFollower:
             ) from None
         if not line.strip():
             return
-        record = self._load(line, where)
+        record = jsonl_record(line, self.path, where)
+        if self._records == 0 and "step" in record and isinstance(record.get("data"), dict):
+            self._format = "verl"
+        row = jsonl_row(record, self._report, self.step_rule, self._records, self.path, where)
+        self._rows.append(row)
+        if row[0] is not None and any(k for k in row[1]):
+            self._steps.add(row[0])
         self._records += 1
-        report = self._report
-        data = record.get("data")
-        if isinstance(data, dict):  # verl's file logger
-            row = _numeric(data, report)
-            given = record.get("step")
-            value = report.number("step", given) if given is not None else None
-            step = _step({} if value is None else {"step": value}, {"step": given}, self._records - 1, self.path, where)
-            if self._records == 1 and "step" in record:
-                self._format = "verl"
-        else:
-            row = _numeric(record, report)
-            step = _step(row, record, self._records - 1, self.path, where)
-        metrics = {k: v for k, v in row.items() if k not in _STEP_KEYS}
-        if not metrics:
-            report.drop("records with no numeric value (all null, text or step counters only)")
-            return
-        report.rows += 1
-        into = self._rows.setdefault(step, {})
-        report.overwritten += sum(1 for k, v in metrics.items() if k in into and not _same(into[k], v))
-        into.update(metrics)
-
-    def _load(self, line: str, where: str) -> dict[str, Any]:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise _NotJson(f"{self.path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
-        except RecursionError:
-            raise LogInputError(f"{self.path}, {where}: JSON nested too deeply to read; log flat records") from None
-        if not isinstance(record, dict):
-            raise LogInputError(
-                f"{self.path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"
-            )
-        return record
 
     def log(self) -> MetricLog:
         """The log read so far, as :func:`~rlguard.doctor.read_log` reads the file as it stands: a torn last line
@@ -153,7 +127,7 @@ class JsonlFollower:
                 raise now._suspect[1]
             try:
                 now._line(self._pending, f"line {now._lines}")
-            except _NotJson as err:
+            except NotJson as err:
                 now._suspect = (f"line {now._lines}", LogInputError(str(err)))
         report = copy.deepcopy(now._report)
         report.records = now._records
@@ -161,13 +135,10 @@ class JsonlFollower:
             report.records += 1
             report.warnings.append(f"{now._suspect[0]}: a torn last line (the writer was stopped mid-line), skipped")
             report.drop("torn last line")
-        if not now._rows:
-            if not report.records:
-                raise LogInputError(f"{self.path} is empty")
+        if not report.records:
+            raise LogInputError(f"{self.path} is empty")
+        rows = merge_runs(iter(now._rows), report, self.step_rule, self.path, self.run)
+        if not rows:
             lines = "; ".join(report.lines())
             raise LogInputError(f"{self.path} ({now._format}) holds no training step with a numeric metric ({lines})")
-        return MetricLog(now._format, self.path, sorted(now._rows.items()), report)
-
-
-class _NotJson(LogInputError):
-    """A line that is not JSON: bad input, or the torn last line of a writer stopped mid-line."""
+        return MetricLog(now._format, self.path, rows, report)

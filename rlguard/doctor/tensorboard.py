@@ -3,8 +3,9 @@ short, healthy one.
 
 An event file is a sequence of TFRecords: ``uint64 length``, ``uint32 masked CRC-32C of length``, ``data``,
 ``uint32 masked CRC-32C of data`` (TensorFlow's ``tf_record`` format). Reading stops at the first record whose
-checksum fails (nothing after it can be framed reliably): the bytes after it are reported as damage. A last
-record cut short at the end of the file (a writer that was stopped) is a warning. A folder is one run per
+checksum fails (nothing after it can be framed reliably): the bytes after it are reported as damage, and so is a
+last record cut short at the end of the file (a writer that was stopped, or a partial copy): the record is lost,
+so the log cannot be judged whole. A negative step is refused, as the other readers refuse it. A folder is one run per
 directory (TensorBoard's own notion of a run); a folder holding several runs that log the same tags is refused.
 The ``tensorboard`` package is needed only for its protobuf classes and CRC, imported when a file is read.
 """
@@ -74,7 +75,7 @@ def _read_file(
     while offset < size:
         where = f"{file.name}, record {index + 1} at byte {offset}"
         if size - offset < 12:
-            report.warnings.append(f"{where}: cut short at the end of the file ({size - offset} bytes), skipped")
+            _damaged(report, file, where, "it is cut short at the end of the file", size - offset)
             break
         header = data[offset : offset + 8]
         (length,) = struct.unpack("<Q", header)
@@ -84,7 +85,7 @@ def _read_file(
             _damaged(report, file, where, "its length fails its checksum", size - offset)
             break
         if end > size:
-            report.warnings.append(f"{where}: cut short at the end of the file, skipped")
+            _damaged(report, file, where, "it is cut short at the end of the file", size - offset)
             break
         payload = data[offset + 12 : offset + 12 + length]
         (data_crc,) = struct.unpack("<I", data[end - 4 : end])
@@ -112,6 +113,11 @@ def _read_file(
                     row[value.tag] = float(array.reshape(()))
                 else:
                     report.non_numeric[value.tag] += 1
+        if event.step < 0:
+            raise LogInputError(
+                f"{file.parent / where}: step {event.step} is not a whole number of steps >= 0; the writer's "
+                "global_step must count optimizer steps"
+            )
         if row:
             yield int(event.step), row, where
         else:

@@ -78,7 +78,10 @@ def _severity(value: Any) -> Severity:
 def _real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
         raise TypeError(f"{name} must be a number; got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond a float's range: not a value the guard wrote
+        raise ValueError(f"{name} must be a number within a float's range (+-1.8e308); got a larger integer") from None
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,12 @@ def parse_events(lines: list[str], source: str = "events.jsonl") -> EventsRead:
     for n, (number, line) in enumerate(numbered):
         try:
             record = json.loads(line, parse_constant=_json_constant)
-        except (json.JSONDecodeError, RecursionError) as err:
+        except (ValueError, RecursionError) as err:
+            if not isinstance(err, (json.JSONDecodeError, RecursionError)):  # an integer of too many digits
+                raise EventsFileError(
+                    f"{source}, line {number}: an integer of more digits than can be read (4300), not a value the "
+                    "guard writes; fix or delete the line"
+                ) from None
             if n == len(numbered) - 1:
                 warnings.append(f"{source}, line {number}: a torn last line (the writer was stopped mid-line), skipped")
                 continue

@@ -41,13 +41,20 @@ def _training(steps: int = 60) -> list[dict[str, Any]]:
 
 def test_the_arguments_record_is_not_mapped(tmp_path: Path) -> None:
     """A JSONL whose first record holds the run's arguments (read as ``args/entropy_beta``, ...): before, each
-    matched one canonical stat and was mapped (``args/kl_coef -> kl_ref``)."""
+    matched one canonical stat and was mapped (``args/kl_coef -> kl_ref``). Without a step among records with one,
+    it is no training step: not read as one (counted), so none of its keys can be mapped; with a step, its keys
+    under ``args/`` are refused."""
     args = {"args": {"entropy_beta": 0.01, "kl_coef": 0.04, "lr": 1e-6}}
-    d = diagnose(_write(tmp_path / "run.jsonl", [args, *_training()]))
-    assert d.keys.auto_mapped == {"entropy_avg": "entropy", "policy_ratio": "ratio_mean", "reward_avg": "reward_mean"}
-    for key in ("args/entropy_beta", "args/kl_coef", "args/lr"):
+    for first in (args, {"step": 0, **args}):
+        d = diagnose(_write(tmp_path / "run.jsonl", [first, *_training()]))
+        assert d.keys.auto_mapped == {
+            "entropy_avg": "entropy",
+            "policy_ratio": "ratio_mean",
+            "reward_avg": "reward_mean",
+        }
+        assert "kl_ref" not in d.series and "lr" not in d.series
+    for key in ("args/entropy_beta", "args/kl_coef", "args/lr"):  # the second: a step, so a row, refused by name
         assert "a run's configuration" in d.keys.refused[key], d.keys.refused
-    assert "kl_ref" not in d.series and "lr" not in d.series
 
 
 def test_a_configuration_record_without_a_prefix_is_not_mapped(tmp_path: Path) -> None:

@@ -141,13 +141,14 @@ def test_a_tensorboard_file_damaged_in_the_middle_is_a_partial_read(tmp_path: Pa
 
 
 def test_a_tensorboard_file_cut_short_at_its_end_is_a_warning(tmp_path: Path) -> None:
+    """Issue 37: a record cut short is lost, so the log is not read whole (exit 3), no longer a warning."""
     pytest.importorskip("tensorboard")
     folder = write_log("tensorboard", healthy_stream(60, 0, "plateau"), tmp_path / "tb")
     file = _tb_file(folder)
     file.write_bytes(file.read_bytes()[:-7])
     d = diagnose(folder)
-    assert not d.read.partial and d.read.warnings and "cut short" in d.read.warnings[0]
-    assert d.exit_code == 0
+    assert d.read.partial and "cut short" in d.read.damage[0]
+    assert d.exit_code == 3
 
 
 def test_nan_strings_and_numeric_nan_in_any_judged_stat_are_nonfinite(tmp_path: Path) -> None:

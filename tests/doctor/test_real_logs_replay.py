@@ -42,7 +42,7 @@ real = pytest.mark.skipif(not PATHS, reason="the shared real logs are not there"
 def test_no_real_log_maps_configuration_constants_or_values_out_of_domain(name: str) -> None:
     """verl's ``response/aborted_ratio`` (0 throughout) and the notebooks' ``completions / clipped_ratio`` (a
     fraction) were mapped onto ``ratio_mean`` before; rasbt's constant ``kl_loss`` 0 onto ``kl_ref``."""
-    keys = read_canonical(PATHS[name]).keys
+    keys = read_canonical(PATHS[name], run=BENCH.ALL_VERDICTS[name].run).keys
     assert "response/aborted_ratio" not in keys.auto_mapped and "completions / clipped_ratio" not in keys.auto_mapped
     assert set(keys.evidence) == set(keys.auto_mapped)
     if name.startswith("rasbt-7_6"):
@@ -55,7 +55,7 @@ def test_no_real_log_maps_configuration_constants_or_values_out_of_domain(name: 
 def test_the_live_guard_does_not_roll_back_or_halt_the_healthy_runs_it_was_calibrated_on(
     name: str, preset: str
 ) -> None:
-    replay = replay_live(PATHS[name], preset)
+    replay = replay_live(PATHS[name], preset, run=BENCH.VERDICTS[name].run)
     assert replay.count("rollback") == replay.count("halt") == 0, [d.to_dict() for d in replay.decisions]
 
 

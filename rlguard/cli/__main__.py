@@ -1,0 +1,5 @@
+"""``python -m rlguard.cli``."""
+
+from rlguard.cli import main
+
+main()

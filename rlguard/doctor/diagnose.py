@@ -19,6 +19,7 @@ from rlguard.doctor.keys import KeyReport, canonical_stats, classify_keys
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log, run_folder
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
+from rlguard.guards.consequence.excursions import Excursion, excursions
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
@@ -34,11 +35,15 @@ class DoctorFinding:
     Attributes:
         detector: the detector's registered name.
         severity: the highest level it reached.
-        step: step of onset, its first event.
+        step: step of onset: the first finding of the excursion in which it first reached ``severity`` (a
+            critical finding's onset is the start of the excursion that became critical, not of an earlier one it
+            recovered from; :mod:`rlguard.guards.consequence.excursions`).
         message: the message at ``severity``: evidence, threshold, suggested fix, and why it has that severity.
         value: the statistic judged when ``severity`` was reached.
         severity_step: the step at which ``severity`` was first reached.
         event_steps: steps of all its events (an alarm that clears and rises again has several).
+        excursions: each episode of its findings that raised the alarm, with its own onset, end, severity by
+            consequence and outcome (recovered, relapsed, unresolved).
     """
 
     detector: str
@@ -48,6 +53,7 @@ class DoctorFinding:
     value: float
     severity_step: int
     event_steps: list[int] = field(default_factory=list)
+    excursions: list[Excursion] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite ``value`` as a string)."""
@@ -60,6 +66,7 @@ class DoctorFinding:
             "value": value,
             "severity_step": self.severity_step,
             "event_steps": self.event_steps,
+            "excursions": [x.to_dict() for x in self.excursions],
         }
 
 
@@ -244,7 +251,7 @@ def diagnose(
         steps,
         series,
         events,
-        _findings(events),
+        _findings(events, excursions(timeline, guard.detectors, labels, rule)),
         detector_metrics(guard),
         coverage,
         live,
@@ -283,22 +290,26 @@ def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tup
     return out
 
 
-def _findings(events: list[Event]) -> list[DoctorFinding]:
+def _findings(events: list[Event], spans: Mapping[str, list[Excursion]]) -> list[DoctorFinding]:
     by_detector: dict[str, list[Event]] = {}
     for e in events:
         by_detector.setdefault(e.detector, []).append(e)
     findings = []
     for name, evs in by_detector.items():
         worst = max(evs, key=lambda e: (SEVERITY_LEVEL[e.severity], -e.step))
+        mine = spans.get(name, [])
+        # the onset: the start of the excursion in which the worst severity was first reached
+        onset = next((x.onset for x in mine if x.onset <= worst.step <= x.end), evs[0].step)
         findings.append(
             DoctorFinding(
                 detector=name,
                 severity=worst.severity,
-                step=evs[0].step,
+                step=onset,
                 message=worst.message,
                 value=worst.value,
                 severity_step=worst.step,
                 event_steps=[e.step for e in evs],
+                excursions=mine,
             )
         )
     return sorted(findings, key=lambda f: (-SEVERITY_LEVEL[f.severity], f.step, f.detector))

@@ -24,6 +24,14 @@ from rlguard.guards.consequence.offline import Timeline, judge_log, label_findin
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
 
+#: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
+#: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
+#: needs a window of 5
+MIN_BASELINE = 5
+#: in the doctor a detector's warm-up takes at most 1/WARMUP_SHARE of its observations, so that most of a short
+#: log is judged (a log of 21 records: a warm-up of 5, 16 judged)
+WARMUP_SHARE = 4
+
 #: exit status of ``rlguard doctor``: no critical finding, a critical finding, bad input, could not judge
 EXIT_OK, EXIT_CRITICAL, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
 
@@ -217,6 +225,7 @@ def diagnose(
     read = read_canonical(path, key_map, auto_map=auto_map)
     log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
+    fitted = fit_warmups(guard, [stats for _, stats in read.rows])
     steps: list[int] = []
     rows: list[dict[str, float]] = []
     step_findings: list[dict[str, Finding]] = []
@@ -234,7 +243,7 @@ def diagnose(
     timeline = Timeline(steps, rewards, step_findings, observed)
     labels = label_findings(timeline, guard.detectors, rule)
     events = judge_log(timeline, guard.detectors, rule, labels)
-    coverage = _coverage(guard, keys, set(names))
+    coverage = _coverage(guard, keys, set(names), fitted)
     live_path = _events_file(Path(path), log.path)
     live: list[Event] = []
     live_warnings: list[str] = []
@@ -260,6 +269,23 @@ def diagnose(
     )
 
 
+def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
+    """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
+    most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
+    for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
+    to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
+    of refused. Returns detector -> its own
+    warm-up, for those whose warm-up was shortened. The live guard cannot know a run's length: it keeps its
+    detectors' warm-ups (set them lower in its ``GuardConfig`` for a sparse log cadence)."""
+    fitted: dict[str, int] = {}
+    for name, det in guard.detectors.items():
+        seen = sum(1 for stats in rows if det.observes(stats))
+        warmup = min(det.warmup, max(MIN_BASELINE, seen // WARMUP_SHARE))
+        if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
+            fitted[name], det.warmup = det.warmup, warmup
+    return fitted
+
+
 def _events_file(given: Path, log_path: Path) -> Path | None:
     """The run folder's ``events.jsonl``: beside the log, in the folder given, or above a ``checkpoint-*``."""
     folder = run_folder(given, log_path)
@@ -267,8 +293,11 @@ def _events_file(given: Path, log_path: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tuple[bool, str]]:
-    """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not."""
+def _coverage(
+    guard: Guard, keys: KeyReport, present: set[str], fitted: Mapping[str, int]
+) -> dict[str, tuple[bool, str]]:
+    """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not (``fitted``:
+    detector -> its own warm-up, where :func:`fit_warmups` shortened it)."""
     seen = guard.observations()
     out: dict[str, tuple[bool, str]] = {}
     for name, det in guard.detectors.items():
@@ -286,7 +315,8 @@ def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tup
         elif n <= det.warmup:
             out[name] = (False, f"not checked: {n} steps with {stats}, all inside its warm-up of {det.warmup}")
         else:
-            out[name] = (True, f"checked {n - det.warmup} of {n} steps with {stats} (warm-up {det.warmup})")
+            of = f", fitted to the log: {fitted[name]} by default" if name in fitted else ""
+            out[name] = (True, f"checked {n - det.warmup} of {n} steps with {stats} (warm-up {det.warmup}{of})")
     return out
 
 

@@ -5,6 +5,8 @@ events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequenc
 from __future__ import annotations
 
 import bisect
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -13,6 +15,7 @@ from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
     RecoveryWatch,
+    converged,
     established_peak,
     reward_rises,
     sustained_count,
@@ -122,6 +125,8 @@ def _label(
         if rising and lost is None and (kind == "budget" or from_start):
             where = "present from the first observations" if from_start else "a condition of the generation budget"
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
+        elif kind == "budget" and lost is None and _at_top(timeline.rewards, ep.first, window_end):
+            labels[p] = ("warn", "a condition of the generation budget at a converged reward: it costs no reward")
         else:
             labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
             mine.add(p)
@@ -131,6 +136,15 @@ def _label(
         if obs[k] not in labels and episodes[obs[k]] in exempt:
             labels[obs[k]] = exempt[episodes[obs[k]]]
     return labels, mine
+
+
+def _at_top(rewards: Sequence[float], lo: int, hi: int) -> bool:
+    """Whether the reward's median over positions ``lo..hi`` is converged (:func:`converged`: at least 0.8 of its
+    range over the log, widened to ``[0, 1]``). A condition of the budget there costs no reward: the rule judges by
+    consequence, and the consequence of hitting the budget is reward lost."""
+    seen = [r for r in rewards[lo : hi + 1] if math.isfinite(r)]
+    every = [r for r in rewards if math.isfinite(r)]
+    return bool(seen) and converged(statistics.median(seen), min(every), max(every))
 
 
 def _lone(

@@ -257,6 +257,10 @@ def test_the_rule_exemptions_need_a_rising_reward_and_no_lost_control() -> None:
     budget = {"truncation": {p: _crit() for p in range(50, 70)}}
     assert label_findings(_timeline(100, rising, **budget), dets)["truncation"][60][0] == "warn"
     assert label_findings(_timeline(100, flat, **budget), dets)["truncation"][60][0] == "critical"
+    # the budget at a converged reward (0.95 of [0, 1], flat) costs no reward: a warning (issue 36)
+    top = [0.95 + 0.01 * math.sin(p) for p in range(100)]
+    at_top = label_findings(_timeline(100, top, **budget), dets)["truncation"][60]
+    assert at_top[0] == "warn" and "converged reward" in at_top[1], at_top
     with_length = {**budget, "length_explosion": {p: _crit() for p in range(52, 70)}}
     assert label_findings(_timeline(100, rising, **with_length), dets)["truncation"][60][0] == "critical"
     # zero variance: the exemption holds from the first observations only (warm-up 10 + 10)

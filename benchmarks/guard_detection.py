@@ -35,7 +35,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=1, help="generation stats on every N-th step only (TRL)")
     parser.add_argument(
-        "--consequence", choices=("step", "online"), default="step", help="GuardConfig.consequence of every guard"
+        "--consequence",
+        choices=("step", "online"),
+        default=None,
+        help="GuardConfig.consequence of every guard (default: each preset's own)",
     )
     args = parser.parse_args()
     failure_seeds, healthy_seeds = (2, 3) if args.quick else (10, 20)
@@ -43,22 +46,25 @@ def main() -> None:
     console = Console(width=150)
 
     sparse = f", generation stats every {args.every} steps" if args.every > 1 else ""
-    sparse += f", consequence={args.consequence!r}"
+    changes = {} if args.consequence is None else {"consequence": args.consequence}
+    sparse += f", consequence={args.consequence or 'each preset own'!r}"
     table = Table(title=f"detection delay (steps after onset {onset}), {failure_seeds} seeds, preset 'monitor'{sparse}")
-    for col in ("failure", "detector", "missed", "min", "median", "max", "reached critical", "skipped (default)"):
+    columns = ("failure", "detector", "missed", "min", "median", "max", "reached critical", "skipped (default)")
+    for col in (*columns, "acted (default)"):
         table.add_column(col)
     for mode, (_, detector) in FAILURES.items():
-        delays, critical, skipped = [], 0, 0
+        delays, critical, skipped, acted = [], 0, 0, 0
         for seed in range(failure_seeds):
-            guard = Guard(GuardConfig.preset("monitor", consequence=args.consequence))
-            acting = Guard(GuardConfig.preset("default", consequence=args.consequence))
-            first, skips = None, 0
+            guard = Guard(GuardConfig.preset("monitor", **changes))
+            acting = Guard(GuardConfig.preset("default", **changes))
+            first, skips, acts = None, 0, 0
             for step, stats in enumerate(sparse_stream(failing_stream(mode, args.steps, onset, seed), args.every)):
                 for event in guard.observe(step, stats).events:
                     if event.detector == detector and first is None:
                         first = step - onset
-                skips += acting.observe(step, dict(stats)).outcome == "skip"
-            skipped += skips > 0
+                outcome = acting.observe(step, dict(stats)).outcome
+                skips, acts = skips + (outcome == "skip"), acts + (outcome != "step")
+            skipped, acted = skipped + (skips > 0), acted + (acts > 0)
             if first is not None:
                 delays.append(first)
             critical += any(e.detector == detector and e.severity == "critical" for e in guard.events)
@@ -70,6 +76,7 @@ def main() -> None:
             *map(str, stats_),
             f"{critical}/{failure_seeds}",
             f"{skipped}/{failure_seeds}",
+            f"{acted}/{failure_seeds}",
         )
     console.print(table)
 
@@ -77,7 +84,7 @@ def main() -> None:
     actions: Counter[str] = Counter()
     for shape in SHAPES:
         for seed in range(healthy_seeds):
-            guard = Guard(GuardConfig.preset("default", consequence=args.consequence))
+            guard = Guard(GuardConfig.preset("default", **changes))
             for step, stats in enumerate(sparse_stream(healthy_stream(args.steps, seed, shape), args.every)):
                 actions[decision_action(guard.observe(step, stats))] += 1
             counts.update((e.detector, e.severity) for e in guard.events)

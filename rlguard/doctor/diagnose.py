@@ -19,9 +19,18 @@ from rlguard.doctor.keys import KeyReport, canonical_name, canonical_stats, clas
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
+from rlguard.guards.consequence.excursions import Excursion, excursions
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
+
+#: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
+#: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
+#: needs a window of 5
+MIN_BASELINE = 5
+#: in the doctor a detector's warm-up takes at most 1/WARMUP_SHARE of its observations, so that most of a short
+#: log is judged (a log of 21 records: a warm-up of 5, 16 judged)
+WARMUP_SHARE = 4
 
 #: exit status of ``rlguard doctor``, ``report`` and ``watch``: every record read and no critical finding, a critical
 #: finding, bad input, could not judge (part of the log unread, or too little of it), an internal error (a bug)
@@ -35,11 +44,15 @@ class DoctorFinding:
     Attributes:
         detector: the detector's registered name.
         severity: the highest level it reached.
-        step: step of onset, its first event.
+        step: step of onset: the first finding of the excursion in which it first reached ``severity`` (a
+            critical finding's onset is the start of the excursion that became critical, not of an earlier one it
+            recovered from; :mod:`rlguard.guards.consequence.excursions`).
         message: the message at ``severity``: evidence, threshold, suggested fix, and why it has that severity.
         value: the statistic judged when ``severity`` was reached.
         severity_step: the step at which ``severity`` was first reached.
         event_steps: steps of all its events (an alarm that clears and rises again has several).
+        excursions: each episode of its findings that raised the alarm, with its own onset, end, severity by
+            consequence and outcome (recovered, relapsed, unresolved).
     """
 
     detector: str
@@ -49,6 +62,7 @@ class DoctorFinding:
     value: float
     severity_step: int
     event_steps: list[int] = field(default_factory=list)
+    excursions: list[Excursion] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite ``value`` as a string)."""
@@ -61,6 +75,7 @@ class DoctorFinding:
             "value": value,
             "severity_step": self.severity_step,
             "event_steps": self.event_steps,
+            "excursions": [x.to_dict() for x in self.excursions],
         }
 
 
@@ -240,6 +255,7 @@ def diagnose_log(
     read = read_canonical(path, key_map, auto_map=auto_map, log=log)
     log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
+    fitted = fit_warmups(guard, [stats for _, stats in read.rows])
     steps: list[int] = []
     rows: list[dict[str, float]] = []
     step_findings: list[dict[str, Finding]] = []
@@ -257,7 +273,7 @@ def diagnose_log(
     timeline = Timeline(steps, rewards, step_findings, observed)
     labels = label_findings(timeline, guard.detectors, rule)
     events = judge_log(timeline, guard.detectors, rule, labels)
-    coverage = _coverage(guard, keys, set(names))
+    coverage = _coverage(guard, keys, set(names), fitted)
     live_path = None if log.streamed else events_file(Path(path), log.path)  # a stream has no run folder
     live: list[Event] = []
     live_warnings: list[str] = []
@@ -274,7 +290,7 @@ def diagnose_log(
         steps,
         series,
         events,
-        _findings(events),
+        _findings(events, excursions(timeline, guard.detectors, labels, rule)),
         detector_metrics(guard),
         coverage,
         live,
@@ -306,8 +322,28 @@ def _check_key_map(log: MetricLog, key_map: Mapping[str, str]) -> None:
             )
 
 
-def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tuple[bool, str]]:
-    """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not."""
+def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
+    """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
+    most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
+    for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
+    to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
+    of refused. Returns detector -> its own
+    warm-up, for those whose warm-up was shortened. The live guard cannot know a run's length: it keeps its
+    detectors' warm-ups (set them lower in its ``GuardConfig`` for a sparse log cadence)."""
+    fitted: dict[str, int] = {}
+    for name, det in guard.detectors.items():
+        seen = sum(1 for stats in rows if det.observes(stats))
+        warmup = min(det.warmup, max(MIN_BASELINE, seen // WARMUP_SHARE))
+        if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
+            fitted[name], det.warmup = det.warmup, warmup
+    return fitted
+
+
+def _coverage(
+    guard: Guard, keys: KeyReport, present: set[str], fitted: Mapping[str, int]
+) -> dict[str, tuple[bool, str]]:
+    """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not (``fitted``:
+    detector -> its own warm-up, where :func:`fit_warmups` shortened it)."""
     seen = guard.observations()
     out: dict[str, tuple[bool, str]] = {}
     for name, det in guard.detectors.items():
@@ -325,26 +361,31 @@ def _coverage(guard: Guard, keys: KeyReport, present: set[str]) -> dict[str, tup
         elif n <= det.warmup:
             out[name] = (False, f"not checked: {n} steps with {stats}, all inside its warm-up of {det.warmup}")
         else:
-            out[name] = (True, f"checked {n - det.warmup} of {n} steps with {stats} (warm-up {det.warmup})")
+            of = f", fitted to the log: {fitted[name]} by default" if name in fitted else ""
+            out[name] = (True, f"checked {n - det.warmup} of {n} steps with {stats} (warm-up {det.warmup}{of})")
     return out
 
 
-def _findings(events: list[Event]) -> list[DoctorFinding]:
+def _findings(events: list[Event], spans: Mapping[str, list[Excursion]]) -> list[DoctorFinding]:
     by_detector: dict[str, list[Event]] = {}
     for e in events:
         by_detector.setdefault(e.detector, []).append(e)
     findings = []
     for name, evs in by_detector.items():
         worst = max(evs, key=lambda e: (SEVERITY_LEVEL[e.severity], -e.step))
+        mine = spans.get(name, [])
+        # the onset: the start of the excursion in which the worst severity was first reached
+        onset = next((x.onset for x in mine if x.onset <= worst.step <= x.end), evs[0].step)
         findings.append(
             DoctorFinding(
                 detector=name,
                 severity=worst.severity,
-                step=evs[0].step,
+                step=onset,
                 message=worst.message,
                 value=worst.value,
                 severity_step=worst.step,
                 event_steps=[e.step for e in evs],
+                excursions=mine,
             )
         )
     return sorted(findings, key=lambda f: (-SEVERITY_LEVEL[f.severity], f.step, f.detector))

@@ -277,3 +277,18 @@ def test_doctor_needs_neither_trl_nor_matplotlib_without_html(tmp_path: Path) ->
         "assert 'kl_old_blowup' in result.stdout\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_a_log_of_21_records_is_judged_with_warm_ups_fitted_to_it(tmp_path: Path) -> None:
+    """21 records (logged every 20-25 steps): each detector's warm-up is at most a quarter of its observations,
+    never under 5 (issue 36, class 4), so an entropy collapse at the 9th record is found and a healthy log judged."""
+    from tests.helpers.doctor_logs import shaped_stream
+
+    flat = {"reward_mean": lambda i: 0.3 + 0.01 * (i % 2)}
+    healthy = diagnose(write_trainer_state(shaped_stream(21, 0, **flat), tmp_path / "h" / "trainer_state.json"))
+    assert healthy.judged and healthy.exit_code == 0, healthy.coverage
+    checked, why = healthy.coverage["entropy_collapse"]
+    assert checked and "warm-up 5, fitted to the log: 20 by default" in why, why
+    collapsed = shaped_stream(21, 0, entropy=lambda i: 0.8 if i < 8 else 0.02, **flat)
+    d = diagnose(write_trainer_state(collapsed, tmp_path / "c" / "trainer_state.json"))
+    assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings), d.findings

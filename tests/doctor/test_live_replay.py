@@ -33,7 +33,7 @@ def test_a_healthy_log_is_let_through(tmp_path: Path) -> None:
     assert replay.count("rollback") == replay.count("halt") == 0 and replay.exit_code == 0
     result = runner.invoke(app, ["doctor", "--live", "default", str(path)])
     assert result.exit_code == 0, result.output
-    # the terminal wraps the line where the temporary path makes it long
+    # the terminal wraps the line where the temporary path's length puts it: compare with whitespace collapsed
     assert "120 of 120 records replayed through the live guard of preset default" in " ".join(result.stdout.split())
 
 

@@ -5,7 +5,7 @@ A critical observation is critical at once when it is unrecoverable or sustained
 may still be skipped: ``Finding.observed`` keeps the detector's own severity) until lost control follows within the
 horizon, or recovery does not show, and is raised to critical at that later step. What it cannot apply is what
 needs the future: the exemptions of a rising reward (a condition present from the first observations, or of the
-budget), and "the log ends before recovery". "An established peak" becomes an established *level*:
+budget), and "unresolved" at the end of the log. "An established peak" becomes an established *level*:
 :class:`RewardLevel`, the reward's EWMA clearly above the floor of its range (a run warm-started at 0.5 that falls
 has collapsed, though it never rose above its start). The rule itself is :mod:`rlguard.guards.consequence.rule`.
 """

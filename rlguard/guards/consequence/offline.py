@@ -5,6 +5,8 @@ events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequenc
 from __future__ import annotations
 
 import bisect
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -13,6 +15,7 @@ from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
     RecoveryWatch,
+    converged,
     established_peak,
     reward_rises,
     sustained_count,
@@ -122,6 +125,8 @@ def _label(
         if rising and lost is None and (kind == "budget" or from_start):
             where = "present from the first observations" if from_start else "a condition of the generation budget"
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
+        elif kind == "budget" and lost is None and _at_top(timeline.rewards, ep.first, window_end):
+            labels[p] = ("warn", "a condition of the generation budget at a converged reward: it costs no reward")
         else:
             labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
             mine.add(p)
@@ -133,6 +138,15 @@ def _label(
     return labels, mine
 
 
+def _at_top(rewards: Sequence[float], lo: int, hi: int) -> bool:
+    """Whether the reward's median over positions ``lo..hi`` is converged (:func:`converged`: at least 0.8 of its
+    range over the log, widened to ``[0, 1]``). A condition of the budget there costs no reward: the rule judges by
+    consequence, and the consequence of hitting the budget is reward lost."""
+    seen = [r for r in rewards[lo : hi + 1] if math.isfinite(r)]
+    every = [r for r in rewards if math.isfinite(r)]
+    return bool(seen) and converged(statistics.median(seen), min(every), max(every))
+
+
 def _lone(
     name: str,
     timeline: Timeline,
@@ -142,8 +156,11 @@ def _lone(
     classes: Mapping[str, str],
     rule: ConsequenceRule,
 ) -> None:
-    """Label ``name``'s lone critical observations: critical when lost control follows within the horizon or the
-    log ends before recovery shows; a warning otherwise."""
+    """Label ``name``'s lone critical observations: critical when lost control follows within the horizon or
+    recovery does not show within it; a warning otherwise. A lone observation near the end of the log that has
+    not had the chance to recover (the log ends before recovery or its absence could show) is unresolved: a
+    warning that says so. Principle: the rule needs what followed, and nothing followed; unrecoverable and
+    sustained findings need no future and stay critical."""
     n = len(timeline.steps)
     for k, p in enumerate(obs):
         f = timeline.findings[p].get(name)
@@ -162,6 +179,7 @@ def _lone(
             None,
         )
         recovery = _recovery(name, timeline, obs[k + 1 :], p + rule.horizon, rule.recovered)
+        seen_after = len(obs) - k - 1
         if own is not None:
             labels[p] = (
                 "critical",
@@ -169,11 +187,18 @@ def _lone(
             )
         elif lost is not None:
             labels[p] = ("critical", f"followed by lost control ({lost})")
-        elif not recovery:
-            why = (
-                "the log ends before" if p + rule.horizon >= n else f"no sign of it within {rule.horizon} logged steps:"
+        elif recovery is None:
+            labels[p] = (
+                "warn",
+                f"unresolved: the log ends {seen_after} observations after it, before recovery could show "
+                f"({rule.recovered} clean observations in a row) or lost control did",
             )
-            labels[p] = ("critical", f"{why} recovery ({rule.recovered} clean observations in a row)")
+        elif not recovery:
+            labels[p] = (
+                "critical",
+                f"no sign of recovery within {rule.horizon} logged steps "
+                f"({rule.recovered} clean observations in a row)",
+            )
         else:
             labels[p] = (
                 "warn",
@@ -182,15 +207,15 @@ def _lone(
             )
 
 
-def _recovery(name: str, timeline: Timeline, after: list[int], until: int, clean: int) -> bool:
+def _recovery(name: str, timeline: Timeline, after: list[int], until: int, clean: int) -> bool | None:
     """Whether ``name`` recovered over the positions ``after`` (its observations after a lone critical one):
-    :class:`RecoveryWatch`; a log that ends first has not."""
+    :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved)."""
     watch = RecoveryWatch(until, clean)
     for q in after:
         verdict = watch.see(q, name in timeline.findings[q])
         if verdict is not None:
             return verdict
-    return False
+    return None
 
 
 def label_findings(
@@ -258,9 +283,10 @@ def relabel(
 ) -> list[Event]:
     """``events`` a live guard recorded, with the hindsight of the log: a critical event of a detector that judged
     the log (``checked``) stays critical if the log's own labels (``labels``, from :func:`label_findings`) have it
-    critical within ``rule.horizon`` logged steps from the event, or the log ends sooner; otherwise it becomes a
-    warning (the live guard decided on the step itself). Events of detectors that could not judge the log, and
-    the guard's actions, are kept as recorded."""
+    critical within ``rule.horizon`` logged steps from the event, or the event comes after the log's last step (the
+    log cannot judge it); otherwise it becomes a warning (the live guard decided on the step itself), *unresolved*
+    where the log ends within the horizon (as :func:`label_findings` labels a lone finding there). Events of
+    detectors that could not judge the log, and the guard's actions, are kept as recorded."""
     rule = rule or ConsequenceRule()
     steps = list(timeline.steps)
     out = []
@@ -270,9 +296,11 @@ def relabel(
             continue
         at = bisect.bisect_left(steps, e.step)
         mine = labels.get(e.detector, {})
-        lasting = at + rule.horizon >= len(steps) or any(
+        lasting = at >= len(steps) or any(
             mine.get(q, ("warn", ""))[0] == "critical" for q in range(at, at + rule.horizon + 1)
         )
         note = " [warn in hindsight: the log shows it did not last and nothing lost control after it]"
+        if at + rule.horizon >= len(steps):
+            note = " [warn in hindsight: unresolved: the log ends before it could show whether it lasted]"
         out.append(e if lasting else replace(e, severity="warn", message=e.message + note))
     return out

@@ -15,8 +15,12 @@ Everything else is a ``warn``:
 
 - a single observation the run recovered from, whatever its size (the live guard still skips that step: it
   decides on the step itself; this rule needs what followed);
+- a single observation at the end of the log that has not had the chance to recover (the log ends before
+  ``recovered`` clean observations or their absence within the horizon could show): *unresolved*, a warning that
+  says so (unrecoverable and sustained findings need no future and stay critical);
 - a condition present from the first observations while the reward rises (the run learns with it);
-- a condition of the budget (``truncation``) while the reward rises;
+- a condition of the budget (``truncation``) while the reward rises, or at a converged reward (:func:`converged`
+  over the condition and the horizon after it: hitting the budget costs no reward there), nothing losing control;
 - groups without reward variance in a run whose reward is at the top of its range (converged, nothing left to
   learn: :func:`converged`, applied by the detector itself);
 - a reward drawdown without an established peak (:func:`established_peak`): a reward at zero with blips has no

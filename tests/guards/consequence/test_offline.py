@@ -192,6 +192,23 @@ def test_each_collapse_is_critical_within_15_logged_steps_of_its_onset(tmp_path:
     assert d.exit_code == 1
 
 
+def test_a_spike_on_the_last_record_is_unresolved_not_critical(tmp_path: Path) -> None:
+    # isolated one-record KL spikes, the last of them on the log's last record (issue 36, class 1)
+    d = _doctor(tmp_path, shaped_stream(200, 0, kl_ref=_kl_with_spikes({80: 4.8, 199: 4.8})))
+    (kl,) = [f for f in d.findings if f.detector == "kl_ref_blowup"]
+    assert kl.severity == "warn" and d.exit_code == 0, kl
+    (last,) = [e for e in d.events if e.detector == "kl_ref_blowup" and e.step == 200]
+    assert last.severity == "warn" and "unresolved" in last.message, last
+    assert kl.excursions[-1].outcome == "unresolved"
+    # held over the last three records it is sustained, and one-token completions are unrecoverable: critical
+    held = _doctor(
+        tmp_path / "held", shaped_stream(200, 0, kl_ref=_kl_with_spikes(dict.fromkeys((197, 198, 199), 4.8)))
+    )
+    assert ("kl_ref_blowup", 198) in _critical(held), held.findings  # logs count steps from 1
+    one = _doctor(tmp_path / "one", shaped_stream(200, 0, length_mean=lambda i: 1.0 if i >= 198 else 200.0))
+    assert any(f.detector == "length_collapse" for f in one.findings if f.severity == "critical"), one.findings
+
+
 # -- the rule on hand-made timelines -----------------------------------------------------------------------------------
 def _timeline(n: int, rewards: list[float], **found: dict[int, Finding]) -> Timeline:
     findings = [{name: f[p] for name, f in found.items() if p in f} for p in range(n)]
@@ -222,7 +239,11 @@ def test_the_rule_lone_sustained_lost_control_end_of_log_and_unrecoverable() -> 
     assert severity(late, "grad_norm_spike", 40) == "warn"  # 15 steps later: not this spike's consequence
     assert severity({"grad_norm_spike": {p: _crit() for p in (40, 41, 43)}}, "grad_norm_spike", 43) == "critical"
     assert severity({"grad_norm_spike": {p: _crit() for p in (40, 45, 50)}}, "grad_norm_spike", 50) == "warn"
-    assert severity({"grad_norm_spike": {98: _crit()}}, "grad_norm_spike", 98) == "critical"  # log ends
+    # the log ends before recovery could show: unresolved, a warning that says so (issue 36, class 1)
+    end = label_findings(_timeline(100, flat, grad_norm_spike={98: _crit()}), dets)["grad_norm_spike"][98]
+    assert end[0] == "warn" and end[1].startswith("unresolved"), end
+    assert severity({"grad_norm_spike": {98: _crit(unrecoverable=True)}}, "grad_norm_spike", 98) == "critical"
+    assert severity({"grad_norm_spike": {p: _crit() for p in (97, 98, 99)}}, "grad_norm_spike", 99) == "critical"
     warn = Finding("warn", 1.0, 0.5, "x")
     lingering = {"grad_norm_spike": {40: _crit(), **{p: warn for p in range(41, 60) if p % 3}}}
     assert severity(lingering, "grad_norm_spike", 40) == "critical"  # never 3 clean observations in a row
@@ -236,6 +257,10 @@ def test_the_rule_exemptions_need_a_rising_reward_and_no_lost_control() -> None:
     budget = {"truncation": {p: _crit() for p in range(50, 70)}}
     assert label_findings(_timeline(100, rising, **budget), dets)["truncation"][60][0] == "warn"
     assert label_findings(_timeline(100, flat, **budget), dets)["truncation"][60][0] == "critical"
+    # the budget at a converged reward (0.95 of [0, 1], flat) costs no reward: a warning (issue 36)
+    top = [0.95 + 0.01 * math.sin(p) for p in range(100)]
+    at_top = label_findings(_timeline(100, top, **budget), dets)["truncation"][60]
+    assert at_top[0] == "warn" and "converged reward" in at_top[1], at_top
     with_length = {**budget, "length_explosion": {p: _crit() for p in range(52, 70)}}
     assert label_findings(_timeline(100, rising, **with_length), dets)["truncation"][60][0] == "critical"
     # zero variance: the exemption holds from the first observations only (warm-up 10 + 10)

@@ -1,0 +1,47 @@
+"""Each excursion of a detector is its own finding (rlguard.guards.consequence.excursions): the onset of a critical
+finding is the start of the excursion that became critical, not the first excursion ever (issue 36, class 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from rlguard.doctor import diagnose
+from tests.helpers.doctor_logs import shaped_stream, write_trainer_state
+
+
+def _kl(levels: Callable[[int], float | None], seed: int = 0) -> Callable[[int], float]:
+    """KL to the reference near 0.02 with noise, or ``levels(i)`` where it gives one."""
+    noise = np.random.default_rng(seed).normal(0, 0.2, 1000)
+    return lambda i: level if (level := levels(i)) is not None else 0.02 * math.exp(float(noise[i]))
+
+
+def _kl_finding(tmp_path: Path, levels: Callable[[int], float | None]):
+    d = diagnose(write_trainer_state(shaped_stream(220, 0, kl_ref=_kl(levels)), tmp_path / "trainer_state.json"))
+    (kl,) = [f for f in d.findings if f.detector == "kl_ref_blowup"]
+    return d, kl
+
+
+def test_a_recovered_excursion_before_a_blow_up_is_not_the_blow_ups_onset(tmp_path: Path) -> None:
+    # KL 1.2 nats (above the 1-nat warning bound) at indices 50-53, back to 0.02; a blow-up to 5 nats from 150 on
+    d, kl = _kl_finding(tmp_path, lambda i: 1.2 if 50 <= i < 54 else 5.0 if i >= 150 else None)
+    assert kl.severity == "critical" and kl.step == 151, kl  # logs count steps from 1: index 150 is step 151
+    first, *_, last = kl.excursions
+    assert (first.onset, first.severity, first.outcome) == (51, "warn", "recovered"), kl.excursions
+    assert (last.onset, last.severity, last.outcome) == (151, "critical", "unresolved"), kl.excursions
+    # the JSON gives each excursion
+    doc = json.loads(json.dumps(d.to_dict()))
+    (kl_doc,) = [f for f in doc["findings"] if f["detector"] == "kl_ref_blowup"]
+    assert [x["onset"] for x in kl_doc["excursions"]] == [x.onset for x in kl.excursions]
+    assert set(kl_doc["excursions"][0]) == {"onset", "end", "severity", "severity_step", "outcome", "findings", "alarm"}
+
+
+def test_a_warning_precursor_in_the_same_excursion_is_not_the_critical_onset(tmp_path: Path) -> None:
+    # KL 1.2 nats (a warning) from index 120, then 5 nats (critical) from 170: one episode of findings
+    _, kl = _kl_finding(tmp_path, lambda i: 5.0 if i >= 170 else 1.2 if i >= 120 else None)
+    assert kl.severity == "critical" and kl.step == 171, kl
+    assert [(x.alarm, x.onset, x.severity) for x in kl.excursions] == [(121, 171, "critical")], kl.excursions

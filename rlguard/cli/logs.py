@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from rich.markup import escape
 
@@ -33,7 +32,7 @@ def _internal_errors(command: str, debug: bool) -> Iterator[None]:
     ``--debug``."""
     try:
         yield
-    except (typer.Exit, typer.Abort, click.exceptions.ClickException, KeyboardInterrupt, ImportError):
+    except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt, ImportError):
         raise  # a missing extra's module: the console script names the extra (rlguard._extras)
     except Exception as err:
         if debug:

@@ -6,20 +6,36 @@ through rlguard's plugin manager. Nothing registers the plugin by hand: only the
 from __future__ import annotations
 
 import os
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlguard.plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP
 
 
-def install_plugin(folder: Path, module: str, source: str) -> dict[str, str]:
-    """Write ``module`` (its ``source``) and its distribution's metadata into ``folder``; returns the environment
-    of a child process that sees it: ``folder`` first on ``PYTHONPATH``, plugin autoload on."""
+def install_distribution(
+    folder: Path, dist: str, entry_points: Mapping[str, Mapping[str, str]], modules: Mapping[str, str]
+) -> None:
+    """Write the ``modules`` (name -> source) and a distribution ``dist`` whose ``entry_points.txt`` has
+    ``entry_points`` (group -> {name: module}) into ``folder``, as ``pip install`` leaves them on ``sys.path``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{module}.py").write_text(source)
-    dist = folder / f"{module}-0.1.dist-info"
-    dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{module} = {module}\n")
+    for module, source in modules.items():
+        (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    info = folder / f"{dist}-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.1\n")
+    groups = "".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in eps.items()) + "\n"
+        for group, eps in entry_points.items()
+    )
+    (info / "entry_points.txt").write_text(groups)
+
+
+def install_plugin(folder: Path, module: str, source: str) -> dict[str, str]:
+    """Write ``module`` (its ``source``) and its distribution's metadata into ``folder``, one entry point in the
+    ``rlguard`` group; returns the environment of a child process that sees it: ``folder`` first on
+    ``PYTHONPATH``, plugin autoload on."""
+    install_distribution(folder, module, {ENTRY_POINT_GROUP: {module: module}}, {module: source})
     env = {k: v for k, v in os.environ.items() if k != DISABLE_AUTOLOAD_ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
     return env

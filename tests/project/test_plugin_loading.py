@@ -13,13 +13,12 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from rlguard.plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP, GROUPS, PluginFailure, make_plugin_manager
+from tests.helpers.plugin_install import install_distribution
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,22 +108,6 @@ with open(out, "w") as fh:
 """
 
 
-def install(folder: Path, dist: str, entry_points: Mapping[str, Mapping[str, str]], modules: Mapping[str, str]) -> None:
-    """Write the ``modules`` (name -> source) and a distribution ``dist`` whose ``entry_points.txt`` has
-    ``entry_points`` (group -> {name: module}) into ``folder``, as ``pip install`` leaves them on ``sys.path``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for module, source in modules.items():
-        (folder / f"{module}.py").write_text(textwrap.dedent(source))
-    info = folder / f"{dist}-0.1.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.1\n")
-    groups = "".join(
-        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in eps.items()) + "\n"
-        for group, eps in entry_points.items()
-    )
-    (info / "entry_points.txt").write_text(groups)
-
-
 def child_env(folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != DISABLE_AUTOLOAD_ENV}
     env["PYTHONPATH"] = os.pathsep.join((str(folder), str(ROOT)))
@@ -159,7 +142,7 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A split plugin (a torch-free detector, an objective that imports torch) and a plugin whose module raises
     ImportError, each its own installed distribution."""
     folder = tmp_path_factory.mktemp("site")
-    install(
+    install_distribution(
         folder,
         "split_plugin",
         {
@@ -168,7 +151,7 @@ def plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
         },
         {"split_detector": DETECTOR, "split_objective": OBJECTIVE},
     )
-    install(
+    install_distribution(
         folder, "broken_plugin", {"rlguard.detectors": {"broken_plugin": "broken_plugin"}}, {"broken_plugin": BROKEN}
     )
     return folder
@@ -200,7 +183,9 @@ def test_a_catch_all_plugin_that_imports_torch_is_skipped_in_one_line_without_to
     """The ``rlguard`` group loads for every kind (as before the groups per kind): without torch its plugin fails to
     load, and the doctor still runs."""
     folder = tmp_path / "site"
-    install(folder, "legacy_torch", {"rlguard": {"legacy_torch": "legacy_torch"}}, {"legacy_torch": LEGACY_TORCH})
+    install_distribution(
+        folder, "legacy_torch", {"rlguard": {"legacy_torch": "legacy_torch"}}, {"legacy_torch": LEGACY_TORCH}
+    )
     result, stderr = probe(folder, tmp_path, "doctor", str(trl_run), missing="torch")
     assert result == {"code": 0, "loaded": []}
     assert stderr == [
@@ -247,7 +232,7 @@ print(json.dumps(result))
 
 
 def test_a_name_asked_for_is_refused_with_the_broken_plugins_line(tmp_path: Path) -> None:
-    install(
+    install_distribution(
         tmp_path,
         "broken_pair",
         {
@@ -285,7 +270,9 @@ def test_a_module_of_a_kinds_group_may_not_implement_another_kind(tmp_path: Path
     """What a module of ``rlguard.objectives`` registers besides objectives would be seen or not depending on which
     kind a process collected first: such a module is refused, in one line."""
     both = OBJECTIVE + DETECTOR.split('"""', 2)[2]
-    install(tmp_path / "site", "both", {"rlguard.objectives": {"both": "split_objective"}}, {"split_objective": both})
+    install_distribution(
+        tmp_path / "site", "both", {"rlguard.objectives": {"both": "split_objective"}}, {"split_objective": both}
+    )
     result, stderr = probe(tmp_path / "site", tmp_path, "losses", "--json")
     assert result["code"] == 0
     assert stderr == [

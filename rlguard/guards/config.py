@@ -48,11 +48,13 @@ class GuardConfig:
             run with no healthy snapshot, and the next real failure halts it instead of rolling back.
         alerts: where the guard's important decisions are sent (a webhook, W&B), as an :class:`AlertConfig` or
             a mapping of its fields (:mod:`rlguard.guards.alerts`); None sends none.
-        consequence: how a finding's severity is decided live. ``"step"``: the detector's, on the step itself.
-            ``"online"``: by consequence, from the past only
+        consequence: how a finding's severity is decided live. ``"online"`` (the default, and ``default`` and
+            ``stable``'s): by consequence, from the past only
             (:class:`~rlguard.guards.consequence.live.OnlineConsequence`): a lone critical observation is a
             warning (``skip_step`` still skips its step) until what follows makes it critical, a sustained or
-            unrecoverable one is critical at once, a reward drawdown needs an established level.
+            unrecoverable one is critical at once, a reward drawdown needs an established level; so a lone
+            excursion gets at most a skip, and a rollback or a halt needs what a critical finding of the doctor
+            needs. ``"step"`` (``strict``, ``monitor``): the detector's, on the step itself.
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -65,7 +67,7 @@ class GuardConfig:
     observe_only: bool = False
     healthy_despite: tuple[str, ...] = ()
     alerts: AlertConfig | None = None
-    consequence: Literal["step", "online"] = "step"
+    consequence: Literal["step", "online"] = "online"
 
     #: a snapshot every step at most; a share of the host's available memory, 0 < x <= 1
     field_ranges: ClassVar[dict[str, Range]] = {
@@ -118,7 +120,9 @@ def check_preset(name: object) -> str:
 
 
 def _monitor() -> GuardConfig:
-    return GuardConfig(observe_only=True)
+    # it acts on nothing, so no consequence rule gates an action: it reports each step's findings as the detectors
+    # make them (the doctor judges them by consequence with hindsight, consequence.offline.relabel)
+    return GuardConfig(observe_only=True, consequence="step")
 
 
 def _default() -> GuardConfig:
@@ -144,6 +148,9 @@ def _strict() -> GuardConfig:
             "halt": {"critical_steps": 10},
         },
         snapshot_interval=5,
+        # acts on the step's own severity: a lone critical step is rolled back at once (where one bad update
+        # costs more than a needless rollback); default and stable wait for what a critical finding needs
+        consequence="step",
     )
 
 

@@ -61,12 +61,14 @@ def test_the_live_guard_does_not_roll_back_or_halt_the_healthy_runs_it_was_calib
 
 @real
 def test_a_run_broken_at_its_first_log_is_halted_there() -> None:
-    """website-sanitizer: KL 10,833 at the first log, no healthy snapshot to roll back to."""
+    """website-sanitizer: KL 10,833 from the first log, no healthy snapshot to roll back to: halted at its third
+    record (step 30), where the KL above its bound is sustained (3 of 5 observations, ``ConsequenceRule``); the
+    first two are lone findings, answered by LR back-offs."""
     path = PATHS.get("website-sanitizer-grpo.trainer_state.json")
     if path is None:
         pytest.skip("doctor_foreign is not there")
     result = runner.invoke(app, ["doctor", "--live", "default", "--json", str(path)])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert doc["decisions"][-1]["outcome"] == "halt" and doc["decisions"][-1]["step"] == 10
+    assert [(d["step"], d["outcome"]) for d in doc["decisions"]] == [(10, "step"), (20, "step"), (30, "halt")]
     assert "no healthy snapshot" in doc["decisions"][-1]["reason"]

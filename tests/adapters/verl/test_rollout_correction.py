@@ -356,20 +356,21 @@ def test_the_remedy_picks_rollout_is_first_under_the_verl_driver(tmp_path: Path)
 
 
 def test_the_stable_guard_on_the_driver_switches_verls_tis_on_at_the_gaps_consequence(tmp_path: Path) -> None:
-    """verl's ``rollout_corr/k3_kl`` (``mismatch_kl``) jumps to 0.01 at step 40 and the max ratio explodes at step
-    43: the stable guard's remedy switches token TIS (cap 2) on in verl's config from then on, not the kept
-    gradient, and not at the gap alone."""
+    """verl's ``rollout_corr/k3_kl`` (``mismatch_kl``) jumps to 0.01 at step 40 and the max ratio explodes from
+    step 43 on: the stable guard's remedy switches token TIS (cap 2) on in verl's config at the explosion's
+    critical consequence (sustained at step 45, its third critical observation) and from then on, not the kept
+    gradient, and not at the gap alone or at the explosion's first, lone, steps."""
     driver = driver_for(grpo_config(tmp_path), Guard(GuardConfig.preset("stable")))
     read = []
-    for step, stats in enumerate(healthy_stream(45, seed=0), start=1):
+    for step, stats in enumerate(healthy_stream(48, seed=0), start=1):
         # verl's key for the gap, as its trainers log it (the stream's canonical mismatch_kl would be read first)
         gap = 0.01 if step >= 40 else stats.pop("mismatch_kl")
         stats.pop("mismatch_kl", None)
         data = {**stats, "rollout_corr/k3_kl": gap, "training/global_step": step}
-        if step == 43:
+        if step >= 43:
             data["ratio_max"] = 1000.0
         driver.on_log(data, step)
         read.append(correction_of(driver))
-    assert all(r is not None and r["rollout_is"] is None for r in read[:42])
-    assert all(r is not None and (r["rollout_is"], r["rollout_is_threshold"]) == ("token", 2.0) for r in read[42:])
+    assert all(r is not None and r["rollout_is"] is None for r in read[:44])  # steps 1-44
+    assert all(r is not None and (r["rollout_is"], r["rollout_is_threshold"]) == ("token", 2.0) for r in read[44:])
     assert driver.controls.rollout_is_cap == 2.0 and not driver.controls.kept_gradient

@@ -264,7 +264,15 @@ def test_the_recovery_watch_is_the_doctors() -> None:
 
 
 def test_the_option_and_its_default() -> None:
-    assert GuardConfig().consequence == "step" and Guard().live_rule is None
+    # default and stable judge live by consequence; strict acts on the step, monitor reports the step's findings
+    assert GuardConfig().consequence == "online" and Guard().live_rule is not None
+    assert {p: GuardConfig.preset(p).consequence for p in ("monitor", "default", "strict", "stable")} == {
+        "monitor": "step",
+        "default": "online",
+        "strict": "step",
+        "stable": "online",
+    }
+    assert GuardConfig.from_mapping({"consequence": "step"}).consequence == "step"
     assert GuardConfig.from_mapping({"consequence": "online"}).consequence == "online"
     with pytest.raises(ValueError, match=r"guard\.consequence: expected one of 'step', 'online'"):
         GuardConfig.from_mapping({"consequence": "hindsight"})

@@ -335,8 +335,9 @@ def test_remedy_state_round_trips_the_active_rungs() -> None:
 def run_stable(
     rollout_correction: bool, mismatch: bool, steps: int = 45, explode_at: int | None = None
 ) -> tuple[TorchActuator, Guard, list]:  # type: ignore[type-arg]
-    """The stable guard bound to a tiny torch loop; mismatch_kl jumps to 0.01 (> 0.005) from step 40; at
-    ``explode_at`` the max ratio is 1000 (a critical ratio_explosion)."""
+    """The stable guard bound to a tiny torch loop; mismatch_kl jumps to 0.01 (> 0.005) from step 40; from
+    ``explode_at`` on the max ratio is 1000 (a ratio_explosion critical by consequence once sustained: 3 critical
+    observations of 5, ``ConsequenceRule.sustained``)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -348,7 +349,7 @@ def run_stable(
     for step, stats in enumerate(healthy_stream(steps, seed=0)):
         if mismatch and step >= 40:
             stats["mismatch_kl"] = 0.01
-        if step == explode_at:
+        if explode_at is not None and step >= explode_at:
             stats["ratio_max"] = 1000.0
         decision = guard.observe(step, stats)
         apply_decision(decision, actuator)
@@ -377,14 +378,16 @@ def test_stable_guard_keeps_the_gradient_on_a_gap() -> None:
 
 def test_stable_guard_corrects_the_rollout_where_it_can() -> None:
     """With rollout_correction the first remedy is token TIS with cap 2, not the kept gradient, from the gap's
-    first critical consequence (step 43); the gap alone switches nothing."""
+    first critical consequence (the explosion from step 43 is sustained at 45, its third critical observation);
+    the gap alone, and the explosion's first two steps (skipped), switch nothing."""
     _, _, quiet = run_stable(rollout_correction=True, mismatch=True)
     assert not any(d.controls.rollout_is_cap or d.controls.kept_gradient for d in quiet)
-    actuator, _, decisions = run_stable(rollout_correction=True, mismatch=True, explode_at=43)
-    assert not any(d.controls.rollout_is_cap for d in decisions[:43])
-    assert all(d.controls.rollout_is_cap == 2.0 and not d.controls.kept_gradient for d in decisions[43:])
+    actuator, _, decisions = run_stable(rollout_correction=True, mismatch=True, steps=48, explode_at=43)
+    assert [d.outcome for d in decisions[43:45]] == ["skip", "skip"]
+    assert not any(d.controls.rollout_is_cap for d in decisions[:45])
+    assert all(d.controls.rollout_is_cap == 2.0 and not d.controls.kept_gradient for d in decisions[45:])
     events = [e for d in decisions for e in d.events if e.detector == "action:set_clip" and "rollout_is" in e.message]
-    assert [e.step for e in events] == [43] and "ratio_explosion" in events[0].message
+    assert [e.step for e in events] == [45] and "ratio_explosion" in events[0].message
     used = actuator.objective_in_use
     assert (used.rollout_is, used.rollout_is_cap, used.kept_gradient) == ("token", 2.0, False)
 

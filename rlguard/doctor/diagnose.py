@@ -260,6 +260,7 @@ def diagnose_log(
     rows: list[dict[str, float]] = []
     step_findings: list[dict[str, Finding]] = []
     observed: list[frozenset[str]] = []
+    change_points: list[dict[str, int]] = []
     for step, stats in read.rows:
         before = guard.observations()
         guard.observe(step, stats)
@@ -267,10 +268,12 @@ def diagnose_log(
         steps.append(step)
         rows.append(stats)
         step_findings.append(dict(guard.last_findings))
+        points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
+        change_points.append({n: cp for n, cp in points if cp is not None})
     names = sorted({n for r in rows for n in r})
     series = {n: [r.get(n, math.nan) for r in rows] for n in names}
     rewards = series.get("reward_mean", [math.nan] * len(steps))
-    timeline = Timeline(steps, rewards, step_findings, observed)
+    timeline = Timeline(steps, rewards, step_findings, observed, change_points)
     labels = label_findings(timeline, guard.detectors, rule)
     events = judge_log(timeline, guard.detectors, rule, labels)
     coverage = _coverage(guard, keys, set(names), fitted)

@@ -23,6 +23,9 @@ runner = CliRunner()
 STEPS, ONSET = 220, 120
 #: as tests/guards/test_guard.py: the detector's first event within this many steps of the onset
 MAX_DELAY = 25
+#: logged steps a change-point estimate may lead the onset by: a CUSUM's (Page's estimate: the first observation since
+#: its statistic was last 0) counts the noise of the observations just before the change that kept it above 0
+MAX_LEAD = 2
 FORMATS = sorted(WRITERS)
 #: synthetic failures that are one isolated spike on a healthy run (tests.helpers.synthetic)
 ABSORBED = {"grad_spike", "ratio_explosion"}
@@ -45,7 +48,7 @@ def test_each_failure_is_found_in_each_format(tmp_path: Path, fmt: str, mode: st
     found = {f.detector: f for f in diagnosis.findings}
     assert detector in found, (mode, fmt, [(f.detector, f.step) for f in diagnosis.findings])
     onset = ONSET + 1  # logs count steps from 1
-    assert onset <= found[detector].step <= onset + MAX_DELAY, (mode, fmt, found[detector])
+    assert onset - MAX_LEAD <= found[detector].step <= onset + MAX_DELAY, (mode, fmt, found[detector])
     if mode in ABSORBED:
         # one spike, after which nothing lost control: the doctor's hindsight makes it a warning
         assert found[detector].severity == "warn" and "recovered from" in found[detector].message, found[detector]
@@ -104,7 +107,7 @@ def test_cli_exit_codes_and_table(tmp_path: Path) -> None:
     doc = json.loads(runner.invoke(app, ["doctor", str(bad), "--json"]).stdout)
     (spike,) = [f for f in doc["findings"] if f["detector"] == "grad_norm_spike"]
     assert spike["severity"] == "critical" and "sustained: critical in 3 of 5" in spike["message"]
-    assert "Skip this step" in result.stdout  # the detector's suggested fix
+    assert "Skip this step" in spike["message"]  # the detector's suggested fix (the table wraps it by its width)
     result = runner.invoke(app, ["doctor", str(good)])
     assert result.exit_code == 0, result.output
     assert "critical" not in result.stdout

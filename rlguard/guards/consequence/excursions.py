@@ -10,18 +10,20 @@ The onset is the first finding of the streak that raised the alarm (``patience``
 findings before it are what patience rejects). For a critical excursion it is the first of the detector's own
 critical observations in the run of them that became critical (critical observations separated by fewer than
 ``clear_after`` others, the hysteresis of the alarm's critical level): a stretch of warnings before it (groups
-solved, then groups failed; a slow drift before the blow-up) is the excursion's precursor
-(``Excursion.alarm``), not its onset. No change-point method (e.g. a CUSUM on the stat) dates it earlier:
-the detectors' thresholds, relative to the run's own baseline, mark where the stat left its range; a change point
-fitted before that would be a date the threshold did not confirm. What would make it fail: a detector whose
-critical level is reached late in a slow drift (``length_explosion``'s CUSUM accumulates first) reports the onset
-where the drift became critical, after the labelled onset.
+solved, then groups failed) is the excursion's precursor (``Excursion.alarm``), not its onset. A detector that
+estimates where its condition began (``Detector.change_point``: a CUSUM alarm dates the shift to the first
+observation since the statistic was last 0, the standard CUSUM change-point estimate; Page 1954, Montgomery,
+*Introduction to Statistical Quality Control*, sec. 9.1) moves the onset back to that estimate, never into its
+previous excursion: a CUSUM accumulates for several observations before it crosses a bound, and the shift began
+where the accumulation did. What would make it fail: a small elevation that a CUSUM starts accumulating some
+observations before the real failure dates the onset early; a detector without an estimate whose critical level is
+reached late in a slow drift reports the onset where the drift became critical, after the labelled onset.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlguard.guards.consequence.rule import ConsequenceRule
@@ -92,12 +94,28 @@ def excursions(
         obs = [p for p, seen in enumerate(timeline.observed) if name in seen]
         found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
         mine = labels.get(name, {})
+        groups = _groups(obs, found, det.clear_after)
         out[name] = [
-            ex
-            for group in _groups(obs, found, det.clear_after)
-            if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
+            ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
+        out[name] = [_backdate(ex, name, timeline, obs, groups) for ex in out[name]]
     return out
+
+
+def _backdate(ex: Excursion, name: str, timeline: Timeline, obs: list[int], groups: list[list[int]]) -> Excursion:
+    """``ex`` with its onset moved back to its detector's change-point estimate at the onset
+    (``Timeline.change_points``: a CUSUM's alarm dates the shift to the first observation since its statistic was
+    last 0, Page 1954), where that is earlier; never back into the detector's previous excursion."""
+    points = timeline.change_points
+    at = next((p for p in obs if timeline.steps[p] == ex.onset), None)
+    if not points or at is None or (cp := points[at].get(name)) is None or cp >= ex.onset:
+        return ex
+    starts = [timeline.steps[obs[g[0]]] for g in groups]
+    ends = [timeline.steps[obs[g[-1]]] for g in groups]
+    before = [e for s, e in zip(starts, ends, strict=True) if s < ex.onset and e < ex.onset]
+    floor = before[-1] if before else None
+    later = [timeline.steps[p] for p in obs if timeline.steps[p] >= cp and (floor is None or timeline.steps[p] > floor)]
+    return replace(ex, onset=min(later[0], ex.onset)) if later else ex
 
 
 def _groups(obs: list[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:

@@ -37,12 +37,15 @@ class Timeline:
         rewards: ``reward_mean`` at each step (NaN where the step has none).
         findings: each step's findings by detector (``Guard.last_findings``).
         observed: the detectors that judged each step (the step carried their stats).
+        change_points: at each step, detector -> the step at which the condition it found there began, by its own
+            change-point estimate (``Detector.change_point``; only detectors that give one); empty: none known.
     """
 
     steps: Sequence[int]
     rewards: Sequence[float]
     findings: Sequence[Mapping[str, Finding]]
     observed: Sequence[frozenset[str]]
+    change_points: Sequence[Mapping[str, int]] = ()
 
 
 @dataclass(frozen=True)

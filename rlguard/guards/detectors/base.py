@@ -74,6 +74,12 @@ class Detector(PrivateState):
         """Judge one step and update the baseline; ``armed`` is False during warm-up (learn, never find)."""
         raise NotImplementedError
 
+    def change_point(self) -> int | None:
+        """The step at which the condition this detector finds now began, by its own change-point estimate (a
+        CUSUM's: the first observation since its statistic was last 0, Page 1954); None where it gives none (the
+        onset of an excursion is then its first finding). Read after :meth:`check` of a step with a finding."""
+        return None
+
     def reads(self) -> tuple[str, ...]:
         """The canonical stats this detector reads (its ``metric`` by default)."""
         metric = getattr(self, "metric", "")

@@ -149,6 +149,7 @@ class CusumDetector(Detector):
         self._s_recent = RollingWindow(self.recent)
         self._s_anchor: list[float] = []
         self._s_cusum = 0.0
+        self._s_cusum_start = -1  # step of the first observation since the CUSUM was last 0 (-1: it is 0)
         self._s_control_anchor: list[float] = []
         self._s_control = RollingWindow(self.control_window)
 
@@ -172,6 +173,12 @@ class CusumDetector(Detector):
             return None
         return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
 
+    def change_point(self) -> int | None:
+        """Page's (1954) estimate of where the shift began: the first observation since the CUSUM was last 0
+        (Montgomery, *Introduction to Statistical Quality Control*, sec. 9.1); None while it is 0 (a finding of the
+        absolute bounds or the drift check then has no estimate)."""
+        return self._s_cusum_start if self._s_cusum_start >= 0 else None
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = _metric(stats, self.metric)
         if value is None or not math.isfinite(value):
@@ -187,6 +194,10 @@ class CusumDetector(Detector):
             return finding
         z = self._s_window.robust_z(x, floor=self.min_sigma)
         self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
+        if self._s_cusum == 0.0:
+            self._s_cusum_start = -1
+        elif self._s_cusum_start < 0:
+            self._s_cusum_start = step
         sigma = self._s_window.sigma(self.min_sigma)
         self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
         anchor = _anchor_median(self._s_anchor)

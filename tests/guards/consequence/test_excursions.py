@@ -45,3 +45,21 @@ def test_a_warning_precursor_in_the_same_excursion_is_not_the_critical_onset(tmp
     _, kl = _kl_finding(tmp_path, lambda i: 5.0 if i >= 170 else 1.2 if i >= 120 else None)
     assert kl.severity == "critical" and kl.step == 171, kl
     assert [(x.alarm, x.onset, x.severity) for x in kl.excursions] == [(121, 171, "critical")], kl.excursions
+
+
+def test_a_cusum_alarm_dates_its_onset_to_where_the_cumulative_sum_left_zero(tmp_path: Path) -> None:
+    # lengths grow 4% a step from index 120 (the rest of the run's noise: 5%), the reward falls with them: the
+    # CUSUM of length_explosion accumulates from the rise's first steps and crosses its warning (15) and critical
+    # (40) bounds several steps later; the onset is where it started accumulating (Page 1954), the alarm later
+    rows = shaped_stream(
+        220,
+        0,
+        length_mean=lambda i: 200 * 1.04 ** max(i - 120, 0),
+        reward_mean=lambda i: 0.5 - 0.004 * max(i - 120, 0),
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (length,) = [f for f in d.findings if f.detector == "length_explosion"]
+    (ex,) = [x for x in length.excursions if x.severity == "critical"]
+    # index 120 is step 121; the first growing value is index 121 (step 122)
+    assert 121 <= ex.onset <= 123 < ex.alarm < ex.severity_step, length.excursions
+    assert length.step == ex.onset

@@ -1,6 +1,7 @@
 """The consequence rule applied live (``GuardConfig(consequence="online")``,
 :class:`rlguard.guards.consequence.live.OnlineConsequence`) on synthetic streams, beside the same stream under
-the step rule (``consequence="step"``, the default: the detector's severity on the step) and the doctor's hindsight
+the step rule (``consequence="step"``, ``strict``'s and ``monitor``'s: the detector's severity on the step; ``default``
+and ``stable`` judge by consequence, online) and the doctor's hindsight
 form (:func:`~rlguard.guards.consequence.offline.judge_log` over the guard's own findings), so that each test can
 fail: the two live rules differ on every stream here.
 
@@ -316,3 +317,46 @@ def test_reward_peak_live_online_vs_step_counts_every_unguarded_run_once() -> No
     assert sum(r["runs"] for r in table.values()) == len(rows)
     assert table["collapsed"]["runs"] == sum(bool(r["verdict"]["collapsed"]) for r in rows)
     assert all(r["online"] <= r["step"] for r in table.values())  # online criticals are the step rule's, or fewer
+
+
+# -- issue 36, class 1: what a healthy run looks like, live and offline ----------------------------------------------
+def _learning_with_spikes(n: int, spikes: dict[int, float], seed: int = 3) -> list[dict[str, float]]:
+    """A run that learns: reward 0.02 -> 2.1 (linear, noise 0.05), KL to the reference rising slowly and
+    geometrically 0.001 -> 0.23 (noise 20%), with one-record KL ``spikes`` (index -> value)."""
+    rng = np.random.default_rng(seed)
+    stream = healthy_stream(n, seed=seed)
+    for i, row in enumerate(stream):
+        t = i / (n - 1)
+        row["reward_mean"] = 0.02 + 2.08 * t + float(rng.normal(0, 0.05))
+        row["kl_ref"] = spikes.get(i, 0.001 * 230**t * math.exp(float(rng.normal(0, 0.2))))
+    return stream
+
+
+@pytest.mark.parametrize(
+    ("spikes", "critical_on_the_step"),
+    [({118: 0.43}, False), ({80: 4.8, 160: 3.0, 239: 4.8}, True)],
+    ids=["slow KL rise with a 0.43 spike", "isolated spikes ending on one"],
+)
+def test_kl_growing_with_the_reward_and_lone_spikes_roll_nothing_back(
+    tmp_path: Path, spikes: dict[int, float], critical_on_the_step: bool
+) -> None:
+    """Issue 36, class 1: a slow KL rise that comes with a rising reward, one record of 0.43 back to 0.06 at the
+    next; isolated one-record spikes above the 2-nat bound, the last on the last record. Live, ``default`` and
+    ``stable`` see each spike and roll back and halt nothing (a lone excursion gets at most a skip), while the same
+    presets with the step's severity (``consequence="step"``) act on those above the bound, so the test can fail;
+    the doctor finds nothing critical (the last spike is unresolved: a warning)."""
+    from rlguard.doctor import diagnose
+    from tests.helpers.doctor_logs import write_trainer_state
+
+    stream = _learning_with_spikes(240, spikes)
+    for preset in ("default", "stable"):
+        guard = Guard(GuardConfig.preset(preset))
+        outcomes = {guard.observe(step, stats).outcome for step, stats in enumerate(stream)}
+        assert not outcomes & {"rollback", "halt"}, (preset, outcomes)
+        assert {e.step for e in guard.events if e.detector == "kl_ref_blowup"} == set(spikes)  # each spike is seen
+        # the same preset judging each step by its own severity acts on a lone spike above the 2-nat bound (0.43,
+        # 48x the rolling median, is a warning even there: the baseline follows the run)
+        step_rule = {d.outcome for d in _replay(stream, "step", preset).decisions}
+        assert bool(step_rule & {"rollback", "halt"}) == critical_on_the_step, (preset, step_rule)
+    d = diagnose(write_trainer_state(stream, tmp_path / "trainer_state.json"))
+    assert not [f for f in d.findings if f.severity == "critical"] and d.exit_code == 0, d.findings

@@ -219,6 +219,23 @@ METRICS: tuple[Metric, ...] = (
         doctor_only=True,
         doc="largest |p_train - p_rollout| (verl)",
     ),
+    # evaluation beside the reward: read from logs by the doctor (rlguard.doctor.keys picks the key and its direction)
+    _M(
+        "eval_score",
+        "mean",
+        "equal",
+        judged=True,  # eval_drop, frozen_values
+        doctor_only=True,
+        doc="an evaluation metric where higher is better (accuracy, pass rate, score on held-out data)",
+    ),
+    _M(
+        "eval_loss",
+        "mean",
+        "equal",
+        judged=True,  # eval_drop (negated), frozen_values
+        doctor_only=True,
+        doc="an evaluation metric where lower is better (loss, error, perplexity on held-out data)",
+    ),
     # internal moments: reward_std and mismatch_prob_corr are computed exactly from the combined data
     _M("_reward_sq_mean", "mean", "samples"),
     _M("_p_n", "sum", "equal"),

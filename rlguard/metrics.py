@@ -158,6 +158,7 @@ METRICS: tuple[Metric, ...] = (
         "mean",
         "samples",
         ("reward_std",),
+        judged=True,  # advantage_collapse
         derived=True,
         doc="reward standard deviation over the step's samples (from the reduced moments)",
     ),

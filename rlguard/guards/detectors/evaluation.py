@@ -33,8 +33,8 @@ class EvalDrop(RewardCollapse):
     finding_class = "control"
     source = "reward_collapse's EWMA drawdown (Roberts 1959; Hampel 1974) on the evaluation metric"
     summary = (
-        "eval metric (eval_score up, eval_loss down) drops from its best as reward_collapse judges the reward, and by "
-        ">= 10% of its best level"
+        "eval metric (eval_score up, eval_loss down) drops >= 5 (warn) / 10 (critical) EWMA sigmas and >= 30% of its "
+        "range below its best (reward_collapse's rule), and >= 10% of its best level"
     )
 
     warmup: int = 5

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, _anchor_median, _metric
+from rlguard.guards.detectors.base import Detector, _anchor_median, _metric, _RewardLevel
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -124,7 +124,7 @@ class RewardCollapse(Detector):
 
 
 @dataclass(kw_only=True)
-class ZeroVarianceGroups(ThresholdDetector):
+class ZeroVarianceGroups(_RewardLevel, ThresholdDetector):
     """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse).
 
     Whether they are solved or failed is decided from the reward level
@@ -155,19 +155,12 @@ class ZeroVarianceGroups(ThresholdDetector):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._s_recent = RollingWindow(self.level_window)
-        self._s_low = math.inf
-        self._s_high = -math.inf
+        self._init_level()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        reward = _metric(stats, "reward_mean")
-        if reward is not None and math.isfinite(reward):
-            self._s_recent.push(reward)
-            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
+        self._see_reward(stats)
         finding = super().check(step, stats, armed)
-        if finding is None or finding.severity != "critical" or len(self._s_recent) == 0:
-            return finding
-        if converged(self._s_recent.median(), self._s_low, self._s_high, self.converged_failing):
+        if finding is not None and finding.severity == "critical" and self._converged():
             return replace(finding, severity="warn")
         return finding
 

@@ -19,10 +19,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, _metric
+from rlguard.guards.detectors.base import Detector, _metric, _RewardLevel
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import RollingWindow
 
 __all__ = ["ALPHA", "AdvantageCollapse", "FrozenValues", "chance_of_run", "run_needed"]
 
@@ -49,42 +47,12 @@ def run_needed(events: int, records: int, seen: int, alpha: float = ALPHA) -> in
     return run
 
 
-class _RewardLevel:
-    """Mixin: the reward's recent median and the range seen (state ``_s_recent``, ``_s_low``, ``_s_high``), for
-    :func:`~rlguard.guards.consequence.rule.converged`."""
-
-    level_window: int
-    converged_failing: float
-    _s_recent: RollingWindow
-    _s_low: float
-    _s_high: float
-
-    def _init_level(self) -> None:
-        self._s_recent = RollingWindow(self.level_window)
-        self._s_low, self._s_high = math.inf, -math.inf
-
-    def _see_reward(self, stats: Mapping[str, float]) -> None:
-        reward = _metric(stats, "reward_mean")
-        if reward is not None and math.isfinite(reward):
-            self._s_recent.push(reward)
-            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
-
-    def _converged(self) -> bool:
-        return len(self._s_recent) > 0 and converged(
-            self._s_recent.median(), self._s_low, self._s_high, self.converged_failing
-        )
-
-    def _level(self) -> str:
-        if len(self._s_recent) == 0:
-            return "no reward logged to tell a converged run from a stalled one"
-        level = self._s_recent.median()
-        return f"the reward {level:.4g} is {normalized_reward(level, self._s_low, self._s_high):.0%} of its range"
-
-
 @dataclass(kw_only=True)
 class AdvantageCollapse(_RewardLevel, Detector):
-    """The reward's standard deviation (``reward_std``: per group, TRL's mean of the groups' std) at zero on more
-    records in a row than chance explains, while the reward is below the top of its range.
+    """The reward's standard deviation (``reward_std``) at zero on more records in a row than chance explains, while
+    the reward is below the top of its range. TRL logs the std over the step's rewards (``nanstd(rewards)``,
+    ``GRPOTrainer._generate_and_score_completions``; older versions the mean of the groups' std): either is 0
+    only when every group has one reward.
 
     GRPO's advantage is ``(r - mean) / (std + eps)`` over a group (DeepSeekMath, arXiv 2402.03300, eq. 3): a group
     whose rewards are all equal has advantage 0 and gives no gradient, and a step whose groups all do (std 0)
@@ -175,11 +143,11 @@ class AdvantageCollapse(_RewardLevel, Detector):
 
 
 #: the stats whose exact repetition is judged: what the policy does (its evaluation, measured on a fixed set, first;
-#: its completions' length and entropy) and what its update does (gradient norm, KL). Not the loss: GRPO's loss is
+#: its completions' length and entropy) and what its update does (the gradient norm). Not the loss: GRPO's loss is
 #: exactly 0 whenever every advantage is (each group one reward, no KL term), which a small batch gives by chance on
 #: most steps while the policy still moves (the loss of rasbt's ch. 7 runs is 0 on more than half of their steps); that
 #: condition is ``advantage_collapse``'s, read from ``reward_std``
-FROZEN_STATS: tuple[str, ...] = ("eval_score", "eval_loss", "length_mean", "entropy", "grad_norm", "kl_ref")
+FROZEN_STATS: tuple[str, ...] = ("eval_score", "eval_loss", "length_mean", "entropy", "grad_norm")
 
 
 @dataclass(kw_only=True)
@@ -209,7 +177,7 @@ class FrozenValues(_RewardLevel, Detector):
         "records, alpha 1/370 (a Shewhart 3-sigma limit)"
     )
     summary = (
-        "a stat that was changing (eval metric, length, entropy, grad norm, KL) repeats its value exactly "
+        "a stat that was changing (eval metric, length, entropy, grad norm) repeats its value exactly "
         "on more records in a row than its own repeat rate explains (chance <= 1/370); a warning at a converged reward"
     )
 

@@ -114,8 +114,10 @@ class AdvantageCollapse(_RewardLevel, Detector):
             return None
         self._s_run += 1
         seen = self._s_records + self._s_run
-        chance = chance_of_run(self._s_zeros, self._s_records, self._s_run, seen)
-        if not armed or chance > self.alpha:
+        # a run that reached a finding stays one until it ends: a longer run is no likelier than the one that did
+        if not armed or (
+            not self._s_flagged and chance_of_run(self._s_zeros, self._s_records, self._s_run, seen) > self.alpha
+        ):
             return None
         self._s_flagged = True
         top = self._converged()
@@ -227,7 +229,9 @@ class FrozenValues(_RewardLevel, Detector):
         self._s_run[i] += 1
         repeats, pairs, run = self._s_repeats[i], self._s_pairs[i], self._s_run[i]
         seen = pairs + run
-        if not armed or pairs - repeats < 1 or chance_of_run(repeats, pairs, run, seen) > self.alpha:
+        if not armed or pairs - repeats < 1:
+            return None
+        if not self._s_flagged[i] and chance_of_run(repeats, pairs, run, seen) > self.alpha:
             return None
         self._s_flagged[i] = 1
         need = run_needed(repeats, pairs, seen, self.alpha)

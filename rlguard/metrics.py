@@ -158,6 +158,7 @@ METRICS: tuple[Metric, ...] = (
         "mean",
         "samples",
         ("reward_std",),
+        judged=True,  # advantage_collapse
         derived=True,
         doc="reward standard deviation over the step's samples (from the reduced moments)",
     ),
@@ -218,6 +219,23 @@ METRICS: tuple[Metric, ...] = (
         judged=True,  # by mismatch_growth when the run logs no other mismatch stat
         doctor_only=True,
         doc="largest |p_train - p_rollout| (verl)",
+    ),
+    # evaluation beside the reward: read from logs by the doctor (rlguard.doctor.keys picks the key and its direction)
+    _M(
+        "eval_score",
+        "mean",
+        "equal",
+        judged=True,  # eval_drop, frozen_values
+        doctor_only=True,
+        doc="an evaluation metric where higher is better (accuracy, pass rate, score on held-out data)",
+    ),
+    _M(
+        "eval_loss",
+        "mean",
+        "equal",
+        judged=True,  # eval_drop (negated), frozen_values
+        doctor_only=True,
+        doc="an evaluation metric where lower is better (loss, error, perplexity on held-out data)",
     ),
     # internal moments: reward_std and mismatch_prob_corr are computed exactly from the combined data
     _M("_reward_sq_mean", "mean", "samples"),

@@ -46,7 +46,9 @@ __all__ = [
     "canonical_name",
     "canonical_stats",
     "classify_keys",
+    "eval_direction",
     "parse_key_map",
+    "pick_eval_key",
     "step_records",
     "strip_namespace",
     "suggest_canonical",
@@ -135,8 +137,10 @@ def classify_keys(
     map each unrecognised key whose words match exactly one canonical stat that no other key claims
     (``reward_avg`` -> ``reward_mean``), or, where several claim it, the one key whose words are exactly the stat's
     (``reward_avg`` rather than ``format_reward_avg``), when its values are evidence for the stat
-    (:func:`auto_map_refusal`); suggest the rest. Without ``rows`` nothing is mapped automatically. ``--map KEY=``
-    (an empty name in ``key_map``) refuses ``KEY``, whatever table or rule would map it."""
+    (:func:`auto_map_refusal`); suggest the rest. One evaluation key is read beside the reward, as ``eval_score`` or
+    ``eval_loss`` by its direction (:func:`pick_eval_key`), unless ``--map`` names one. Without ``rows`` nothing is
+    mapped automatically. ``--map KEY=`` (an empty name in ``key_map``) refuses ``KEY``, whatever table or rule would
+    map it."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
@@ -151,7 +155,12 @@ def classify_keys(
         else:
             unrecognised.append(key)
     taken = set(mapped.values())
-    candidates = {k: c for k in unrecognised if (c := suggest_canonical(k)) is not None and c not in taken}
+    # an evaluation key is read as the evaluation (pick_eval_key), never as a training stat (val/test_score: no reward)
+    candidates = {
+        k: c
+        for k in unrecognised
+        if (c := suggest_canonical(k)) is not None and c not in taken and eval_direction(k) is None
+    }
     evidence: dict[str, str] = {}
     for k, c in candidates.items() if auto_map else ():
         why = "no values to check" if rows is None else auto_map_refusal(k, c, rows)
@@ -169,6 +178,13 @@ def classify_keys(
         chosen = claimants if len(claimants) == 1 else exact
         if len(chosen) == 1 and chosen[0] in evidence:  # one key, or one whose words are the stat's and no more
             auto[chosen[0]] = c
+    if auto_map and rows is not None and not {"eval_score", "eval_loss"} & (taken | set(auto.values())):
+        picked = pick_eval_key([k for k in known + unrecognised if k not in refused and k not in auto], rows)
+        if picked is not None:
+            key, name, why = picked
+            auto[key], evidence[key] = name, why
+            known = [k for k in known if k != key]
+            unrecognised = [k for k in unrecognised if k != key]
     return KeyReport(
         {**mapped, **auto},
         known,
@@ -200,6 +216,56 @@ def auto_map_refusal(key: str, name: str, rows: Rows) -> str | None:
         return f"it is constant ({values[0]:g} on {len(values)} records): a setting, or nothing to judge"
     domain = DOMAINS.get(name)
     return domain.misfit(values) if domain is not None else None
+
+
+#: where a log keeps its evaluation, in order of preference (verl's core validation metrics first)
+EVAL_PREFIXES: tuple[str, ...] = ("val-core/", "eval_", "eval/", "val/", "val_", "test_", "test/", "val-aux/")
+#: words of an evaluation key that say its direction: higher is better, lower is better
+HIGHER_WORDS = frozenset({"acc", "accuracy", "score", "reward", "pass", "correct", "success", "solved", "f1", "em"})
+LOWER_WORDS = frozenset({"loss", "error", "err", "perplexity", "ppl", "nll", "wer", "cer"})
+#: words of a key that hold a spread, a count or a cost of the evaluation, not its quality
+_NOT_QUALITY = frozenset({"std", "var", "min", "max", "worst", "count", "num", "runtime", "samples", "second", "time"})
+_NOT_QUALITY |= frozenset({"seconds", "timing", "steps", "per", "len", "length", "tokens"})
+
+
+def eval_direction(key: str) -> str | None:
+    """``eval_score`` (higher is better) or ``eval_loss`` (lower is better) for an evaluation key by its words, or
+    None when it is not an evaluation key (:data:`EVAL_PREFIXES`, or ``accuracy`` as its last part), holds no quality
+    (a spread, a count, a time) or its words say both directions or neither."""
+    bare = strip_namespace(key).lower()
+    if not (bare.startswith(EVAL_PREFIXES) or bare.rsplit("/", 1)[-1] in {"accuracy", "acc"}):
+        return None
+    words = _words(key)
+    up, down = bool(words & HIGHER_WORDS), bool(words & LOWER_WORDS)
+    if words & _NOT_QUALITY or up == down:
+        return None
+    return "eval_score" if up else "eval_loss"
+
+
+def pick_eval_key(keys: Iterable[str], rows: Rows) -> tuple[str, str, str] | None:
+    """The evaluation key the doctor reads beside the reward, its canonical name and the evidence: among ``keys``
+    with a direction (:func:`eval_direction`) whose values are evidence (:func:`auto_map_refusal`: not
+    configuration, not constant), the first by prefix (:data:`EVAL_PREFIXES`), higher-is-better before
+    lower-is-better, fewest words, then name. None if there is none."""
+    found = []
+    for key in keys:
+        name = eval_direction(key)
+        if name is not None and auto_map_refusal(key, name, rows) is None:
+            bare = strip_namespace(key).lower()
+            rank = next((i for i, p in enumerate(EVAL_PREFIXES) if bare.startswith(p)), len(EVAL_PREFIXES))
+            found.append(((rank, name != "eval_score", len(_words(key)), key), key, name))
+    if not found:
+        return None
+    _, key, name = min(found)
+    words = _words(key) & (HIGHER_WORDS if name == "eval_score" else LOWER_WORDS)
+    direction = "higher" if name == "eval_score" else "lower"
+    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
+    why = (
+        f"an evaluation key, {direction} is better (inferred from {', '.join(sorted(words))}; declare it with --map "
+        f"{key}=eval_score or =eval_loss, refuse it with --map {key}=); {len(values)} records, values "
+        f"{min(values):.4g}..{max(values):.4g}"
+    )
+    return key, name, why
 
 
 def step_records(rows: Rows) -> list[Mapping[str, float]]:

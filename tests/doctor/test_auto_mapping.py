@@ -135,3 +135,28 @@ def test_every_domain_names_a_canonical_stat_and_fits_its_own_typical_values() -
     typical |= {"kl_ref": [-0.001, 0.02, 0.05], "mismatch_prob_corr": [0.97, 0.99], "ratio_min": [0.2, 0.6]}
     for name, values in typical.items():
         assert DOMAINS[name].misfit([float(v) for v in values]) is None, name
+
+
+@pytest.mark.parametrize("segment", ["args", "config", "hparams"])
+def test_keys_under_a_configuration_segment_are_refused(tmp_path: Path, segment: str) -> None:
+    """Keys under ``args/``, ``config/`` or ``hparams/`` are the run's configuration, even logged on every step and
+    changing (a schedule's coefficient): never mapped onto a stat."""
+    records = [{**r, f"{segment}/kl_coef": 0.01 * (1 + i % 3)} for i, r in enumerate(_training())]
+    d = diagnose(_write(tmp_path / "run.jsonl", records))
+    assert f"{segment}/kl_coef" not in d.keys.auto_mapped and "kl_ref" not in d.series
+    assert f"under {segment}/, a run's configuration" in d.keys.refused[f"{segment}/kl_coef"]
+
+
+def test_verl_aborted_ratio_is_no_importance_ratio(tmp_path: Path) -> None:
+    """verl's ``response/aborted_ratio`` (a share of aborted responses, near 0, not constant here) in verl's own file
+    format: refused by its values (a fraction, median far from 1), so the live table never shows ``ratio_mean 0``."""
+    from tests.helpers.doctor_logs import shaped_stream, write_verl_jsonl
+
+    path = write_verl_jsonl(shaped_stream(40, 0), tmp_path / "run.jsonl")
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for i, line in enumerate(lines):
+        line["data"]["response/aborted_ratio"] = [0.0, 0.0, 0.015625, 0.0][i % 4]
+    _write(path, lines)
+    d = diagnose(path)
+    assert "response/aborted_ratio" not in d.keys.mapped and "ratio_mean" not in d.series
+    assert "median 0 outside [0.5, 2]" in d.keys.refused["response/aborted_ratio"], d.keys.refused

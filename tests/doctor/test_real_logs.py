@@ -76,7 +76,8 @@ def test_own_column_names_are_mapped_automatically_and_refused_with_no_auto_map(
     result = runner.invoke(app, ["doctor", str(path), "--json"])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert doc["auto_mapped_keys"] == {k: c for k, c in BENCH.RASBT_MAP}
+    own = {**dict(BENCH.RASBT_MAP), "eval_acc": "eval_score"}  # and its evaluation, read beside the reward
+    assert doc["auto_mapped_keys"] == own
     assert "entropy_blowup" in {f["detector"] for f in doc["findings"]}
     result = runner.invoke(app, ["doctor", str(path)])
     assert "mapped automatically" in result.stdout and "reward_avg -> reward_mean" in result.stdout
@@ -84,7 +85,7 @@ def test_own_column_names_are_mapped_automatically_and_refused_with_no_auto_map(
     assert result.exit_code == 3, result.output
     assert "--map reward_avg=reward_mean" in result.stdout and "could not judge" in result.stdout
     assert "no finding" not in result.stdout
-    maps = [a for k, c in BENCH.RASBT_MAP for a in ("--map", f"{k}={c}")]
+    maps = [a for k, c in own.items() for a in ("--map", f"{k}={c}")]
     mapped = json.loads(runner.invoke(app, ["doctor", str(path), "--no-auto-map", "--json", *maps]).stdout)
     assert mapped["findings"] == doc["findings"] and mapped["auto_mapped_keys"] == {}
 

@@ -13,13 +13,16 @@ Modules: :mod:`~rlguard.guards.detectors.base` (the :class:`Detector` contract a
 :mod:`~rlguard.guards.detectors.shapes` (the three generic shapes), and the built-in detectors by what they read:
 :mod:`~rlguard.guards.detectors.update` (gradients, ratios, clipping, KL, mismatch),
 :mod:`~rlguard.guards.detectors.entropy` and :mod:`~rlguard.guards.detectors.rollouts` (reward, lengths,
-truncation, repetition). Every name is importable from ``rlguard.guards.detectors``.
+truncation, repetition), :mod:`~rlguard.guards.detectors.stalls` (a run that stopped learning: advantage collapse,
+frozen values) and :mod:`~rlguard.guards.detectors.evaluation` (the eval metric's drop). Every name is importable
+from ``rlguard.guards.detectors``.
 """
 
 from __future__ import annotations
 
 from rlguard.guards.detectors.base import Detector
 from rlguard.guards.detectors.entropy import EntropyBlowup, EntropyCollapse
+from rlguard.guards.detectors.evaluation import EvalDrop
 from rlguard.guards.detectors.rollouts import (
     LengthCollapse,
     LengthExplosion,
@@ -29,6 +32,7 @@ from rlguard.guards.detectors.rollouts import (
     ZeroVarianceGroups,
 )
 from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector, ThresholdDetector
+from rlguard.guards.detectors.stalls import AdvantageCollapse, FrozenValues
 from rlguard.guards.detectors.update import (
     MISMATCH_STATS,
     ClipFracBurst,
@@ -58,16 +62,22 @@ BUILTIN_DETECTORS: tuple[type[Detector], ...] = (
     RepetitionLoops,
     ZeroVarianceGroups,
     RewardCollapse,
+    AdvantageCollapse,
+    FrozenValues,
+    EvalDrop,
 )
 
 __all__ = [
     "BUILTIN_DETECTORS",
     "MISMATCH_STATS",
+    "AdvantageCollapse",
     "ClipFracBurst",
     "CusumDetector",
     "Detector",
     "EntropyBlowup",
     "EntropyCollapse",
+    "EvalDrop",
+    "FrozenValues",
     "GradNormExplosion",
     "GradNormSpike",
     "KLOldBlowup",

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rlguard.guards.consequence.rule import converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import RollingWindow
@@ -129,3 +130,36 @@ def _absolute(
                 f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). {advice}".rstrip(),
             )
     return None
+
+
+class _RewardLevel:
+    """Mixin of the detectors that tell a converged run from a failing one: the reward's recent median and the range
+    seen (state ``_s_recent``, ``_s_low``, ``_s_high``), for
+    :func:`~rlguard.guards.consequence.rule.converged`."""
+
+    level_window: int
+    converged_failing: float
+    _s_recent: RollingWindow
+    _s_low: float
+    _s_high: float
+
+    def _init_level(self) -> None:
+        self._s_recent = RollingWindow(self.level_window)
+        self._s_low, self._s_high = math.inf, -math.inf
+
+    def _see_reward(self, stats: Mapping[str, float]) -> None:
+        reward = _metric(stats, "reward_mean")
+        if reward is not None and math.isfinite(reward):
+            self._s_recent.push(reward)
+            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
+
+    def _converged(self) -> bool:
+        return len(self._s_recent) > 0 and converged(
+            self._s_recent.median(), self._s_low, self._s_high, self.converged_failing
+        )
+
+    def _level(self) -> str:
+        if len(self._s_recent) == 0:
+            return "no reward logged to tell a converged run from a stalled one"
+        level = self._s_recent.median()
+        return f"the reward {level:.4g} is {normalized_reward(level, self._s_low, self._s_high):.0%} of its range"

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, _anchor_median, _metric
+from rlguard.guards.detectors.base import Detector, _anchor_median, _metric, _RewardLevel
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -31,6 +31,8 @@ class RewardCollapse(Detector):
             has lasted ``sustained`` observations (noise dips of the EWMA do not last).
         min_level_drop: see ``critical_rel_drop``.
         sustained: see ``critical_rel_drop``.
+        metric: the stat whose drawdown is judged (``eval_drop`` judges an evaluation with the same rule).
+        min_drop: every finding needs a drop of at least this share of the best level (0: none).
     """
 
     name = "reward_collapse"
@@ -51,6 +53,8 @@ class RewardCollapse(Detector):
     critical_rel_drop: float = 0.8
     min_level_drop: float = 0.1
     sustained: int = 10
+    metric: str = "reward_mean"
+    min_drop: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,16 +65,24 @@ class RewardCollapse(Detector):
         self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
 
     def reads(self) -> tuple[str, ...]:
-        return ("reward_mean",)
+        return (self.metric,)
+
+    def _what(self) -> str:
+        """The stat's name in a message."""
+        return "reward"
+
+    def _advice(self) -> str:
+        """What to do, ending a message."""
+        return "Check for reward hacking or collapse; roll back to the best step and lower the LR."
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        reward = _metric(stats, "reward_mean")
+        reward = _metric(stats, self.metric)
         if reward is None or not math.isfinite(reward):
             return None
         prev = self._s_ewma
         self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
         ewma = self._s_ewma
-        finding = None
+        finding, held = None, False
         if armed and len(self._s_window) >= 5:
             # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
             # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
@@ -83,6 +95,9 @@ class RewardCollapse(Detector):
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
             low = drop >= self.warn_drop and rel >= self.critical_rel_drop
             low = low and (self._s_best - ewma) >= self.min_level_drop * abs(self._s_best)
+            of_consequence = (self._s_best - ewma) >= self.min_drop * abs(self._s_best)
+            # a drop that would warn but for min_drop is no healthy value either: its noise stays out of the window
+            held = drop >= self.warn_drop and rel >= self.min_rel_drop and not of_consequence
             self._s_low = self._s_low + 1 if low else 0
             of_level = self._s_low >= self.sustained
             for severity, bound, min_rel in (
@@ -90,18 +105,17 @@ class RewardCollapse(Detector):
                 ("critical", self.warn_drop, self.critical_rel_drop if of_level else math.inf),
                 ("warn", self.warn_drop, self.min_rel_drop),
             ):
-                if drop >= bound and rel >= min_rel:
+                if drop >= bound and rel >= min_rel and of_consequence:
                     finding = Finding(
                         severity,  # type: ignore[arg-type]
                         ewma,
                         self._s_best - bound * scale,
-                        f"reward (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its best {self._s_best:.4g}, "
-                        f"{rel:.0%} of its range (threshold {bound:g} sigmas and {min_rel:.0%}). Check for reward "
-                        "hacking or collapse; roll back to the best step "
-                        "and lower the LR.",
+                        f"{self._what()} (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its best "
+                        f"{self._s_best:.4g}, {rel:.0%} of its range (threshold {bound:g} sigmas and {min_rel:.0%}). "
+                        + self._advice(),
                     )
                     break
-        if finding is None:
+        if finding is None and not held:
             self._s_window.push(reward)
         if armed:
             self._s_best = max(self._s_best, ewma)
@@ -110,7 +124,7 @@ class RewardCollapse(Detector):
 
 
 @dataclass(kw_only=True)
-class ZeroVarianceGroups(ThresholdDetector):
+class ZeroVarianceGroups(_RewardLevel, ThresholdDetector):
     """Groups whose completions all got the same reward carry no GRPO signal (advantage collapse).
 
     Whether they are solved or failed is decided from the reward level
@@ -141,19 +155,12 @@ class ZeroVarianceGroups(ThresholdDetector):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._s_recent = RollingWindow(self.level_window)
-        self._s_low = math.inf
-        self._s_high = -math.inf
+        self._init_level()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        reward = _metric(stats, "reward_mean")
-        if reward is not None and math.isfinite(reward):
-            self._s_recent.push(reward)
-            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
+        self._see_reward(stats)
         finding = super().check(step, stats, armed)
-        if finding is None or finding.severity != "critical" or len(self._s_recent) == 0:
-            return finding
-        if converged(self._s_recent.median(), self._s_low, self._s_high, self.converged_failing):
+        if finding is not None and finding.severity == "critical" and self._converged():
             return replace(finding, severity="warn")
         return finding
 

@@ -283,19 +283,22 @@ def _follow(
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
     changed_at = time.monotonic()
+    polled = False  # idle counts only once a poll has seen the files unchanged (not a slow start)
     view = live_view(run_dir, result.diagnosis, result.error, "watching (Ctrl-C to stop)")
     with Live(view, console=console, refresh_per_second=4, transient=True) as live:
         try:
             while True:
                 ended = job_ended(result.diagnosis, pid)
-                if ended is None and idle is not None and time.monotonic() - changed_at >= idle:
+                if ended is None and idle is not None and polled and time.monotonic() - changed_at >= idle:
                     ended = f"no change for {idle:g} s"
                 if ended is not None:
                     return ended
                 sleep(interval)
                 now = files_signature(run_dir)
                 if now == signature:
+                    polled = True
                     continue
+                polled = False
                 # the live guard's events (a halt ends the watch) are judged at once, the log on its schedule
                 events = _events_entries(now) != _events_entries(signature)
                 signature, changed_at = now, time.monotonic()

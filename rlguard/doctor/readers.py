@@ -9,8 +9,10 @@ What is read and what is not is counted, never silently: a missing value (JSON `
 null; text that is a number (``"NaN"``, ``"0.5"``) is read as one (a NaN is evidence); other values are counted as
 non-numeric; evaluation-only rows, TRL's end-of-training summary and records whose values are all null are
 dropped and counted. Rows of one step are merged, a later value replacing an earlier one (counted). A torn last
-line of a JSONL file (a process stopped mid-write) is skipped with a warning; a CSV row with more or fewer cells
-than the header (its values may have shifted) is not read and is damage. A UTF-8 byte-order mark is read. Every
+line of a JSONL file or CSV (a process stopped mid-write) is not read and is damage (a partial read: exit 3, not
+0); a CSV row with more or fewer cells than the header (its values may have shifted) is not read and is damage. A
+UTF-8 byte-order mark is read. Each file is read in one pass, record by record, into a table kept by column
+(:class:`~rlguard.doctor.columns.Columns`): memory grows with the steps kept, not with the file's bytes. Every
 problem a user can fix raises :class:`LogInputError` naming the file, the line or record, and the fix: a step that
 is not a whole number, a record without a step (``--step-key``, ``--row-steps``), two runs in one file
 (``--run``), JSON that is not valid or nested too deeply, bytes that are not UTF-8, a wandb export of several runs.
@@ -21,17 +23,18 @@ Where the step comes from and which run a row belongs to (two runs in one file a
 
 from __future__ import annotations
 
-import csv
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from rlguard.doctor.columns import Columns
+from rlguard.doctor.csvlog import read_csv
 from rlguard.doctor.inputs import open_input
+from rlguard.doctor.jsonlog import ENCODING, TOO_MANY_DIGITS, read_jsonl, read_trainer_state
 from rlguard.doctor.readreport import LogInputError, ReadReport
-from rlguard.doctor.steps import Row, StepRule, merge_runs, run_name
+from rlguard.doctor.steps import StepRule, merge_runs
 from rlguard.doctor.tensorboard import TB_GLOB, read_tensorboard
 
 __all__ = [
@@ -48,13 +51,6 @@ __all__ = [
 FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
 #: the live guard's events beside a run's logs (:data:`rlguard.guards.events.EVENTS_FILE`)
 EVENTS_FILE = "events.jsonl"
-_WANDB_AGGREGATE = re.compile(r"__(MIN|MAX)$")
-#: an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by default)
-TOO_MANY_DIGITS = "an integer of more digits than can be read (4300), not a value a trainer logs; fix or delete it"
-#: a UTF-8 byte-order mark is read as nothing
-_ENCODING = "utf-8-sig"
-#: nesting of a flat JSONL record read as ``outer/inner`` keys; deeper values are counted as non-numeric
-_MAX_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -64,20 +60,23 @@ class MetricLog:
     Attributes:
         format: one of :data:`FORMATS`.
         path: the file or folder read.
-        rows: ``(step, {raw key: value})`` by increasing step, one per step.
+        rows: ``(step, {raw key: value})`` by increasing step, one per step (a :class:`~rlguard.doctor.columns.Columns`
+            from the readers; any sequence of such pairs from elsewhere).
         report: what was read and what was not.
         streamed: whether the log was a stream (stdin, a pipe, a FIFO): it has no run folder.
     """
 
     format: str
     path: Path
-    rows: list[tuple[int, dict[str, float]]]
+    rows: Sequence[tuple[int, dict[str, float]]]
     report: ReadReport = field(default_factory=ReadReport)
     streamed: bool = False
 
     @property
     def keys(self) -> set[str]:
         """Every raw key seen."""
+        if isinstance(self.rows, Columns):
+            return self.rows.keys
         return {k for _, row in self.rows for k in row}
 
 
@@ -117,7 +116,7 @@ def _read(path: Path, steps: StepRule, run: str | None, *, streamed: bool, shown
         if fmt == "tensorboard":
             rows = merge_runs(((s, r, w, None) for s, r, w in read_tensorboard(path, report)), report, steps, path, run)
         else:
-            reader = {"trl": _read_trainer_state, "verl": _read_jsonl, "jsonl": _read_jsonl, "wandb-csv": _read_csv}
+            reader = {"trl": read_trainer_state, "verl": read_jsonl, "jsonl": read_jsonl, "wandb-csv": read_csv}
             rows = merge_runs(reader[fmt](path, report, steps), report, steps, path, run)
     except UnicodeDecodeError as err:
         raise LogInputError(_not_utf8(path, err)) from None
@@ -200,189 +199,19 @@ def _unknown(path: Path) -> str:
 
 def _head(path: Path, size: int = 1_000_000) -> str:
     """The first ``size`` characters (not the whole file: a TRL state is found by its ``log_history`` key)."""
-    with path.open(encoding=_ENCODING, errors="replace") as fh:
+    with path.open(encoding=ENCODING, errors="replace") as fh:
         return fh.read(size)
 
 
 def _first_line(path: Path) -> str:
     try:
-        with path.open(encoding=_ENCODING) as fh:
+        with path.open(encoding=ENCODING) as fh:
             for line in fh:
                 if line.strip():
                     return line.lstrip()
     except UnicodeDecodeError as err:
         raise LogInputError(_not_utf8(path, err)) from None
     return ""
-
-
-def _numeric(record: Mapping[str, Any], report: ReadReport, prefix: str = "", depth: int = 0) -> dict[str, float]:
-    """The numeric values of a record (nested objects as ``outer/inner`` keys), the rest counted in ``report``."""
-    out: dict[str, float] = {}
-    for key, value in record.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and depth < _MAX_DEPTH:
-            out.update(_numeric(value, report, f"{name}/", depth + 1))
-        elif (number := report.number(name, value)) is not None:
-            out[name] = number
-    return out
-
-
-def _load_json(text: str, path: Path, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise LogInputError(
-            f"{path}, {where} line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); the file may be "
-            "truncated: use the last complete checkpoint's copy"
-        ) from None
-    except RecursionError:
-        raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
-    except ValueError:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
-        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
-
-
-def _read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
-    data = _load_json(path.read_text(encoding=_ENCODING), path, "")  # Python's json reads TRL's NaN and Infinity
-    history = data.get("log_history") if isinstance(data, dict) else None
-    if not isinstance(history, list):
-        got = type(history).__name__ if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise LogInputError(
-            f"{path}: log_history is {'null' if history is None and isinstance(data, dict) else got}, expected the "
-            "list of logged steps TRL writes; use a checkpoint's trainer_state.json"
-        )
-    for i, record in enumerate(history):
-        report.records += 1
-        where = f"log_history[{i}]"
-        if not isinstance(record, dict):
-            report.drop("log_history entries that are not objects")
-            continue
-        if "train_runtime" in record:
-            report.drop("end-of-training summary")
-            continue
-        row = _numeric(record, report)
-        if any(k.startswith("eval_") for k in row):
-            report.drop("evaluation rows")  # they share the step of a training row but are not one
-            continue
-        yield steps.of(row, record, i, path, where), row, where, None
-
-
-class NotJson(LogInputError):
-    """A JSONL line that is not JSON: bad input, or the torn last line of a writer stopped mid-line."""
-
-
-def jsonl_record(line: str, path: Path, where: str) -> dict[str, Any]:
-    """One line of a JSONL log as its JSON object: :class:`NotJson` for a line that is not JSON, LogInputError for
-    one that is not an object or cannot be read."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise NotJson(f"{path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
-    except RecursionError:
-        raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
-    except ValueError:  # an integer of more digits than Python converts
-        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
-    if not isinstance(record, dict):
-        raise LogInputError(
-            f"{path}, {where}: expected a JSON object, got {type(record).__name__}; one object per line"
-        )
-    return record
-
-
-def jsonl_row(record: Mapping[str, Any], report: ReadReport, steps: StepRule, n: int, path: Path, where: str) -> Row:
-    """Record ``n`` (0-based) of a JSONL log as a row: verl's file logger (``{"step", "data"}``) or a flat record."""
-    data = record.get("data")
-    if isinstance(data, dict):  # verl's file logger: the step beside the data
-        row = _numeric(data, report)
-        given = record.get("step")
-        value = report.number("step", given) if given is not None else None
-        view = {**row, **({} if value is None else {"step": value})}
-        step = steps.of(view, {**data, "step": given}, n, path, where)
-    else:
-        row = _numeric(record, report)
-        step = steps.of(row, record, n, path, where)
-    return step, row, where, run_name(record)
-
-
-def _read_jsonl(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
-    with path.open(encoding=_ENCODING) as fh:
-        lines = [(i + 1, line) for i, line in enumerate(fh) if line.strip()]
-    for n, (number, line) in enumerate(lines):
-        report.records += 1
-        where = f"line {number}"
-        try:
-            record = jsonl_record(line, path, where)
-        except NotJson:
-            if n == len(lines) - 1:
-                report.warnings.append(f"{where}: a torn last line (the writer was stopped mid-line), skipped")
-                report.drop("torn last line")
-                continue
-            raise
-        yield jsonl_row(record, report, steps, n, path, where)
-
-
-def _read_csv(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:
-    """wandb's run-history export (``train/reward``, ``_step``) or a chart export of one run (``Step``,
-    ``<run> - train/reward``, ``<run> - train/reward__MIN``); ``__MIN``/``__MAX`` columns are skipped. A chart
-    export of several runs, or a column name given twice, is refused: their values would collapse onto one key. A
-    row with more or fewer cells than the header is not read (its cells may have shifted columns): damage, or a
-    warning for a short last row (a torn write)."""
-    with path.open(encoding=_ENCODING, newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if not header:
-            raise LogInputError(f"{path}: empty CSV, no header row")
-        columns = [c for c in header if not _WANDB_AGGREGATE.search(c)]
-        runs = sorted({c.split(" - ", 1)[0] for c in columns if " - " in c})
-        if len(runs) > 1:
-            shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
-            raise LogInputError(
-                f"{path} is a wandb chart export of {len(runs)} runs ({shown}): their columns would collapse onto one "
-                "key per stat; export one run (its run page's history), or delete the other runs' columns"
-            )
-        keys = [c.split(" - ", 1)[1] if " - " in c else c for c in header]
-        twice = sorted({k for i, k in enumerate(keys) if k in keys[:i] and not _WANDB_AGGREGATE.search(header[i])})
-        if twice:
-            raise LogInputError(
-                f"{path}: column(s) {', '.join(twice)} appear twice: their values would collapse onto one key; "
-                "keep one column per stat"
-            )
-        ragged: dict[str, list[int]] = {"more": [], "fewer": []}
-        n = 0
-        for cells in reader:
-            if not cells:
-                continue  # a blank line
-            report.records += 1
-            line = reader.line_num
-            if len(cells) != len(header):
-                ragged["more" if len(cells) > len(header) else "fewer"].append(line)
-                report.drop("rows with more or fewer cells than the header")
-                continue
-            where = f"line {line}"
-            row: dict[str, float] = {}
-            raw: dict[str, Any] = {}
-            for column, key, cell in zip(header, keys, cells, strict=True):
-                if _WANDB_AGGREGATE.search(column):
-                    continue
-                raw[key] = cell if cell.strip() else None
-                number = report.number(key, cell)
-                if number is not None:
-                    row[key] = number
-            yield steps.of(row, raw, n, path, where), row, where, run_name(raw)
-            n += 1
-        _report_ragged(report, ragged, len(header), reader.line_num)
-
-
-def _report_ragged(report: ReadReport, ragged: dict[str, list[int]], cells: int, last_line: int) -> None:
-    if ragged["fewer"] and ragged["fewer"][-1] == last_line:
-        report.warnings.append(f"line {last_line}: a torn last row (fewer cells than the header), skipped")
-        ragged["fewer"].pop()
-    for kind, lines in ragged.items():
-        if lines:
-            shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-            report.damage.append(
-                f"{len(lines)} rows with {kind} cells than the header's {cells} (line {shown}), not read: a cell "
-                "holding the separator may have shifted their values; quote such cells, or fix the rows"
-            )
 
 
 def events_file(given: Path, log_path: Path) -> Path | None:

@@ -34,8 +34,8 @@ class ReadReport:
         overwritten: values of a step logged twice that a later record replaced.
         bytes_read: bytes read (TensorBoard), or None.
         bytes_total: the files' size in bytes (TensorBoard), or None.
-        damage: data that could not be read, each with where and how much (a partial read).
-        warnings: data read around with no loss to the judgement (a torn last line).
+        damage: data that could not be read, each with where and how much (a partial read), a torn last line too.
+        warnings: data read around with no loss to the judgement.
         step_source: where the steps came from when not the log's step column (``--row-steps``, ``--step-key``).
         run: the run judged of a file that holds several (``--run``), or None.
     """
@@ -57,6 +57,15 @@ class ReadReport:
     def partial(self) -> bool:
         """Whether data of the log could not be read (damage): its judgement covers only part of the run."""
         return bool(self.damage)
+
+    def torn(self, where: str) -> None:
+        """A last record cut short (a writer stopped mid-line, or a log read while it is written): not read, so
+        the read is partial (damage), not a clean bill for the whole run."""
+        self.drop("torn last line")
+        self.damage.append(
+            f"{where}: a torn last line (the writer was stopped mid-line, or is writing it), not read; judge the log "
+            "again once the line is whole"
+        )
 
     def drop(self, why: str, n: int = 1) -> None:
         """Count ``n`` records not read as training rows, and why."""

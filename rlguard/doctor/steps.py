@@ -10,9 +10,14 @@ appended to one JSONL; a run resumed from a checkpoint into the same file). Merg
 would replace the earlier's (a NaN at step 30 gone). The doctor refuses with exit 2, naming the runs, their steps
 and where each starts, and ``--run NAME`` judges one of them. It does not judge each run separately: a verdict per
 run has no single exit code a CI script can trust, and which stretch of a resumed run is the run the user means
-(the steps logged before the crash, or their replay after the resume) is the user's to say, not a guess. A step
-repeated with another value (not going back) stays a merge, counted as values replaced. TensorBoard files are
-exempt: a resumed TensorBoard run writes a new event file, and its folder is one run by TensorBoard's own rule.
+(the steps logged before the crash, or their replay after the resume) is the user's to say, not a guess.
+
+Records of one step are merged into one row (TRL logs a step's loss and its generation stats in two records). A
+writer logs each key once per step, so a key logged again at the same step with another value is a second writer:
+at one step it may be a record logged again after a restart there (merged, the later value kept, counted as
+replaced); at two steps or more it is two runs interleaved line by line without a run column (two processes
+appending to one file: steps 1, 1, 2, 2, ...), refused as two runs are, since a merge would keep one writer's
+values and drop the other's. The merged rows are kept by column (:class:`~rlguard.doctor.columns.Columns`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlguard.doctor.columns import Columns
 from rlguard.doctor.readreport import LogInputError, ReadReport
 
-__all__ = ["RUN_KEYS", "STEP_KEYS", "Row", "StepRule", "merge_runs", "run_name"]
+__all__ = ["RUN_KEYS", "STEP_KEYS", "MergedRows", "Row", "StepRule", "merge_runs", "run_name"]
 
 #: step columns, most trusted first (TRL's ``train/global_step`` is the optimizer step; wandb's ``_step`` counts logs)
 STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step", "Step", "training/global_step")
@@ -33,6 +39,8 @@ STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step
 RUN_KEYS: tuple[str, ...] = ("run", "run_name", "run_id", "name", "Name")
 #: (step, raw key -> value, where, run name or None); the step is None for a record with values and no step
 Row = tuple[int | None, dict[str, float], str, str | None]
+#: what :func:`merge_runs` returns: one run's rows, one per step, by increasing step
+MergedRows = Columns
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,10 @@ def _shown(keys: Iterable[str], most: int = 8) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def merge_runs(
-    rows: Iterator[Row], report: ReadReport, steps: StepRule, path: Path, run: str | None
-) -> list[tuple[int, dict[str, float]]]:
+def merge_runs(rows: Iterator[Row], report: ReadReport, steps: StepRule, path: Path, run: str | None) -> Columns:
     """Rows of one step merged (a later value replaces an earlier one, counted), one run's (module docstring):
-    LogInputError for a file of several runs unless ``run`` names one."""
+    LogInputError for a file of several runs unless ``run`` names one, or of two runs interleaved. One pass over
+    ``rows``; memory is the merged table's (:class:`~rlguard.doctor.columns.Columns`)."""
     runs: dict[str, _Run] = {}
     stretch, last, named, current = 1, -1, False, None
     stepless: list[tuple[str, dict[str, float]]] = []  # records with values and no step
@@ -123,10 +130,7 @@ def merge_runs(
             continue
         report.rows += 1
         into.rows += 1
-        merged = into.merged
-        values = merged.setdefault(step, {})
-        report.overwritten += sum(1 for k, v in metrics.items() if k in values and not _same(values[k], v))
-        values.update(metrics)
+        report.overwritten += into.merged.append(step, metrics)
     if stepless:
         if not runs:  # no record has a step: the log has no step column
             raise steps.no_step(path, *stepless[0])
@@ -138,7 +142,7 @@ def merge_runs(
         if len(runs) > 1:
             report.drop(f"rows of other runs than --run {run}", sum(r.rows for n, r in runs.items() if n != run))
             report.run = run
-        return sorted(runs[run].merged.items())
+        return _one_writer(runs[run], path)
     if len(runs) > 1:
         names = ", ".join(list(runs)[:5]) + (", ..." if len(runs) > 5 else "")
         why = (
@@ -150,7 +154,22 @@ def merge_runs(
             f"{path} holds {len(runs)} runs ({why}): {_runs(runs, 5)}; merged by step, one run's rows would replace "
             f"another's: pass --run {next(iter(runs))} (or another) to judge one run, or split the file"
         )
-    return sorted(next(iter(runs.values())).merged.items()) if runs else []
+    return _one_writer(next(iter(runs.values())), path) if runs else Columns()
+
+
+def _one_writer(run: _Run, path: Path) -> Columns:
+    """The run's rows; LogInputError where keys were logged twice with different values at two steps or more."""
+    merged = run.merged
+    if merged.conflict_steps >= 2:
+        more = ", ..." if merged.conflict_steps > len(merged.conflicts) else ""
+        shown = ", ".join(map(str, merged.conflicts)) + more
+        raise LogInputError(
+            f"{path}: {merged.conflict_steps} steps ({shown}) are each logged twice with different values of the same "
+            "key: two runs written into one file line by line, with no run column to tell them apart; merged by step, "
+            "one run's values would replace the other's: write each run to its own file, or log a run column (run, "
+            "run_name) and pass --run"
+        )
+    return merged
 
 
 @dataclass
@@ -161,7 +180,7 @@ class _Run:
     restart: str
     last: int = -1
     rows: int = 0
-    merged: dict[int, dict[str, float]] = field(default_factory=dict)
+    merged: Columns = field(default_factory=Columns)
 
     def __post_init__(self) -> None:
         self.last = self.first
@@ -170,10 +189,6 @@ class _Run:
 def _runs(runs: Mapping[str, _Run], most: int) -> str:
     shown = [f"run {r.name}: steps {r.first}-{r.last} from {r.where}" for r in list(runs.values())[:most]]
     return ", ".join(shown) + (f" and {len(runs) - most} more" if len(runs) > most else "")
-
-
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def run_name(record: Mapping[str, Any]) -> str | None:

@@ -16,7 +16,8 @@ import copy
 import os
 from pathlib import Path
 
-from rlguard.doctor.readers import MetricLog, NotJson, jsonl_record, jsonl_row
+from rlguard.doctor.jsonlog import NotJson, jsonl_record, jsonl_row
+from rlguard.doctor.readers import MetricLog
 from rlguard.doctor.readreport import LogInputError, ReadReport
 from rlguard.doctor.steps import Row, StepRule, merge_runs
 
@@ -133,8 +134,7 @@ class JsonlFollower:
         report.records = now._records
         if now._suspect is not None:
             report.records += 1
-            report.warnings.append(f"{now._suspect[0]}: a torn last line (the writer was stopped mid-line), skipped")
-            report.drop("torn last line")
+            report.torn(now._suspect[0])
         if not report.records:
             raise LogInputError(f"{self.path} is empty")
         rows = merge_runs(iter(now._rows), report, self.step_rule, self.path, self.run)

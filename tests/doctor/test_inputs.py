@@ -179,7 +179,7 @@ def test_what_was_not_read_is_said(tmp_path: Path) -> None:
     report = read_log(path).report
     assert report.records == 32 and report.rows == 30
     assert report.dropped["records with no numeric value (all null, text or step counters only)"] == 1
-    assert report.dropped["torn last line"] == 1 and "torn last line" in report.warnings[0]
+    assert report.dropped["torn last line"] == 1 and "torn last line" in report.damage[0] and report.partial
     assert report.non_numeric["run"] == 29 and report.nulls == 2 and report.overwritten == 1
     doc = json.loads(runner.invoke(app, ["doctor", str(path), "--json"]).stdout)
     assert doc["read"]["records"] == 32 and doc["read"]["non_numeric"] == {"run": 29}

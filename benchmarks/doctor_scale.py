@@ -1,0 +1,177 @@
+"""Time and peak memory of ``rlguard doctor`` against the length of a JSONL log, beside rldoctor 0.2.0.
+
+    python benchmarks/doctor_scale.py                  # 1k, 10k, 100k, 1M steps; TRL-, verl- and W&B-shaped rows
+    python benchmarks/doctor_scale.py --quick          # 1k and 10k steps, TRL-shaped (seconds)
+    python benchmarks/doctor_scale.py --rldoctor VENV  # rldoctor 0.2.0 too, from a throwaway venv (its python)
+    python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
+
+Each log is written once into a temporary folder (a healthy run: rewards rising slowly, noise on every stat, no
+failure injected) and judged in a fresh process, one at a time, under ``/usr/bin/time -f '%e %M'`` when present
+(wall seconds and the peak resident set in KiB), else ``resource.getrusage(RUSAGE_CHILDREN)``. Shapes:
+
+- ``trl``: a flat JSONL of TRL ``GRPOTrainer``'s logged keys (``loss``, ``grad_norm``, ``reward``, ``kl``,
+  ``entropy``, ``completions/*``, ``clip_ratio/*``, ...), one ``{"step": ..}`` record per optimizer step.
+- ``verl``: verl's file logger, ``{"step": .., "data": {"actor/entropy": .., ...}}``.
+- ``wandb``: wandb's ``wandb-history.jsonl`` (``_step``, ``_runtime``, ``_timestamp``, ``train/<TRL key>``).
+
+Run with ``OMP_NUM_THREADS=1`` (one core); timings are side by side in one run, on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = (1_000, 10_000, 100_000, 1_000_000)
+SHAPES = ("trl", "verl", "wandb")
+CHUNK = 10_000
+
+#: TRL GRPOTrainer's logged keys (trl/trainer/grpo_trainer.py ``_metrics``), with a healthy level and noise
+TRL_STATS = {
+    "loss": (0.01, 0.01),
+    "grad_norm": (0.5, 0.1),
+    "learning_rate": (1e-6, 0.0),
+    "num_tokens": (0.0, 0.0),
+    "completions/mean_length": (180.0, 10.0),
+    "completions/min_length": (40.0, 5.0),
+    "completions/max_length": (400.0, 20.0),
+    "completions/clipped_ratio": (0.02, 0.005),
+    "completions/mean_terminated_length": (170.0, 10.0),
+    "rewards/accuracy_reward/mean": (0.5, 0.05),
+    "rewards/accuracy_reward/std": (0.3, 0.02),
+    "reward": (0.5, 0.05),
+    "reward_std": (0.3, 0.02),
+    "frac_reward_zero_std": (0.1, 0.02),
+    "kl": (0.01, 0.002),
+    "entropy": (0.8, 0.03),
+    "clip_ratio/low_mean": (0.001, 0.0002),
+    "clip_ratio/high_mean": (0.001, 0.0002),
+    "clip_ratio/region_mean": (0.002, 0.0004),
+}
+#: verl's logged keys (verl/trainer/ppo/metric_utils.py), level and noise
+VERL_STATS = {
+    "actor/pg_loss": (0.01, 0.01),
+    "actor/entropy": (0.8, 0.03),
+    "actor/grad_norm": (0.5, 0.1),
+    "actor/kl_loss": (0.01, 0.002),
+    "actor/ppo_kl": (0.0005, 0.0001),
+    "actor/pg_clipfrac": (0.002, 0.0004),
+    "actor/lr": (1e-6, 0.0),
+    "critic/score/mean": (0.5, 0.05),
+    "critic/score/max": (1.0, 0.0),
+    "critic/score/min": (0.0, 0.0),
+    "response_length/mean": (180.0, 10.0),
+    "response_length/clip_ratio": (0.02, 0.005),
+    "timing_s/gen": (1.5, 0.1),
+    "training/global_step": (0.0, 0.0),
+}
+
+
+def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.random.Generator) -> dict[str, list]:
+    steps = np.arange(first, first + n)
+    cols = {}
+    for key, (level, noise) in stats.items():
+        values = level + noise * rng.standard_normal(n)
+        if level > 0:
+            values = np.abs(values)
+        cols[key] = values.round(6).tolist()
+    for key in ("num_tokens", "training/global_step"):
+        if key in cols:
+            cols[key] = (steps * (1000 if key == "num_tokens" else 1)).tolist()
+    return cols
+
+
+def write_log(shape: str, steps: int, path: Path, seed: int = 0) -> Path:
+    """A healthy ``shape``-shaped JSONL log of ``steps`` optimizer steps (module docstring) at ``path``."""
+    rng = np.random.default_rng(seed)
+    stats = VERL_STATS if shape == "verl" else TRL_STATS
+    with path.open("w", encoding="utf-8") as fh:
+        for first in range(1, steps + 1, CHUNK):
+            n = min(CHUNK, steps + 1 - first)
+            cols = _columns(stats, first, n, rng)
+            lines = []
+            for i in range(n):
+                step = first + i
+                row = {k: v[i] for k, v in cols.items()}
+                if shape == "trl":
+                    record = {"step": step, "epoch": round(step / steps, 6), **row}
+                elif shape == "verl":
+                    record = {"step": step, "data": row}
+                else:
+                    train = {f"train/{k}": v for k, v in row.items()}
+                    record = {"_step": step, "_runtime": 2.0 * step, "_timestamp": 1.7e9 + 2.0 * step, **train}
+                lines.append(json.dumps(record))
+            fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def measure(command: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, peak resident MB, exit code) of ``command`` in a fresh process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+    if timer is not None:
+        with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
+            start = time.perf_counter()
+            proc = subprocess.run(
+                [timer, "-o", out.name, "-f", "%e %M", *command], env=env, capture_output=True, text=True, check=False
+            )
+            wall = time.perf_counter() - start
+            fields = Path(out.name).read_text().split()
+            return wall, int(fields[-1]) / 1024, proc.returncode
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far: run largest last
+    return wall, max(peak, before) / 1024, proc.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1k and 10k steps, TRL-shaped")
+    parser.add_argument("--sizes", type=int, nargs="*", default=None)
+    parser.add_argument("--shapes", nargs="*", default=None, choices=SHAPES)
+    parser.add_argument("--rldoctor", type=Path, default=None, help="python of a venv with rldoctor 0.2.0")
+    parser.add_argument("--rldoctor-max", type=int, default=10_000, help="largest log given to rldoctor")
+    parser.add_argument("--write-only", type=int, default=None, metavar="STEPS", help="write one log and exit")
+    parser.add_argument("--shape", default="trl", choices=SHAPES)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.write_only is not None:
+        write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
+        return
+    sizes = args.sizes or ((1_000, 10_000) if args.quick else SIZES)
+    shapes = args.shapes or (("trl",) if args.quick else SHAPES)
+    print("| shape | steps | MB on disk | rlguard s | rlguard peak MB | exit | rldoctor s | rldoctor peak MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="rlguard-scale-") as tmp:
+        for shape in shapes:
+            for steps in sizes:
+                log = write_log(shape, steps, Path(tmp) / f"{shape}-{steps}.jsonl")
+                size = log.stat().st_size / 1e6
+                wall, peak, code = measure([sys.executable, "-m", "rlguard", "doctor", str(log)])
+                other = "-", "-"
+                if args.rldoctor is not None and steps <= args.rldoctor_max:
+                    cmd = [str(args.rldoctor), "-m", "rldoctor", str(log)]
+                    r_wall, r_peak, _ = measure(cmd)
+                    other = f"{r_wall:.1f}", f"{r_peak:.0f}"
+                print(
+                    f"| {shape} | {steps} | {size:.1f} | {wall:.1f} | {peak:.0f} | {code} | {other[0]} | {other[1]} |",
+                    flush=True,
+                )
+                log.unlink()
+
+
+if __name__ == "__main__":
+    main()

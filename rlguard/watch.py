@@ -233,12 +233,15 @@ def watch(
     step_key: str | None = None,
     row_steps: bool = False,
     run: str | None = None,
+    on_diagnosis: Callable[[Diagnosis], object] | None = None,
 ) -> WatchResult:
     """Follow ``run_dir`` (module docstring) until the job ends or Ctrl-C; with ``once``, judge it once.
 
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
     seconds without a change to the run's files; ``key_map``, ``step_key``, ``row_steps``, ``run``: as
-    :func:`~rlguard.doctor.diagnose`'s. The final diagnosis is printed as ``rlguard doctor`` prints it.
+    :func:`~rlguard.doctor.diagnose`'s; ``on_diagnosis``: called with each new diagnosis, the last included
+    (``--alerts``: :class:`rlguard.doctor.alerts.LogAlerts`). The final diagnosis is printed as ``rlguard doctor``
+    prints it.
     """
     _check_period("interval", interval, allow_inf=False)
     if idle is not None:
@@ -246,15 +249,19 @@ def watch(
     run_dir = Path(run_dir)
     reader = _Reader(run_dir, dict(key_map or {}), StepRule(step_key, row_steps), run)
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
+    notify = on_diagnosis or (lambda d: None)
     d, error = reader.read(final=True)
+    if d is not None:
+        notify(d)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
             console.print(f"rlguard watch {safe_text(run_dir)}: following its files (Ctrl-C to stop)")
-        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep)
+        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep, notify)
         d, result.error = reader.read(final=True)  # the files as the job left them
         if d is not None:
             result.diagnosis = d
+            notify(d)
             if result.refreshes[-1:] != [len(d.steps)]:
                 result.refreshes.append(len(d.steps))
     if reader.follower is not None:
@@ -280,6 +287,7 @@ def _follow(
     idle: float | None,
     reader: _Reader,
     sleep: Callable[[float], None],
+    notify: Callable[[Diagnosis], object],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
     changed_at = time.monotonic()
@@ -302,6 +310,7 @@ def _follow(
                 d, result.error = reader.read(final=events)
                 if d is not None:
                     result.diagnosis = d
+                    notify(d)
                     result.refreshes.append(len(d.steps))
                 status = f"watching (Ctrl-C to stop); updated {time.strftime('%H:%M:%S')}"
                 if reader.follower is not None and reader.follower.restarts:

@@ -33,7 +33,16 @@ from pathlib import Path
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
-from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_JUDGE,
+    EXIT_CRITICAL,
+    EXIT_OK,
+    Diagnosis,
+    LogInputError,
+    diagnose,
+    find_log,
+)
 from rlguard.doctor.diagnose import diagnose_log
 from rlguard.doctor.readers import detect_format, events_file
 from rlguard.doctor.steps import StepRule
@@ -108,8 +117,20 @@ def job_ended(d: Diagnosis | None, pid: int | None) -> str | None:
             if finished is not None:
                 return finished
     if pid is not None and not _alive(pid):
-        return f"process {pid} exited"
+        return _exited(pid)
     return None
+
+
+def _exited(pid: int) -> str:
+    """How process ``pid``, gone, ended: its exit code where the watch is its parent (and reaps it), else that the
+    code is not known here (only a parent can read it), so that it is never taken for the watch's own."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return f"process {pid} exited (its exit status is unknown: the watch is not its parent)"
+    if reaped != pid:
+        return f"process {pid} exited"
+    return f"process {pid} exited with exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def _trl_finished(path: Path) -> str | None:
@@ -324,6 +345,15 @@ def _events_entries(signature: tuple[tuple[str, int, int], ...]) -> set[tuple[st
     return {entry for entry in signature if entry[0].endswith("events.jsonl")}
 
 
+#: the watch's exit codes in words, said beside the code at its end (never to be read as the job's own)
+_EXIT_MEANINGS = {
+    EXIT_OK: "no critical finding",
+    EXIT_CRITICAL: "a critical finding",
+    EXIT_BAD_INPUT: "no readable log",
+    EXIT_CANNOT_JUDGE: "could not judge",
+}
+
+
 def _finish(result: WatchResult, console: Console) -> None:
     """Print the final diagnosis (as the doctor does) and set the exit code from it."""
     d = result.diagnosis
@@ -347,4 +377,5 @@ def _finish(result: WatchResult, console: Console) -> None:
     for line in result.restarts:
         console.print(f"[yellow]rlguard watch[/yellow]: {safe_text(line)}")
     if result.ended != "once":
-        console.print(f"watch ended: {safe_text(result.ended)} (exit code {result.exit_code})")
+        meaning = _EXIT_MEANINGS.get(result.exit_code, "")
+        console.print(f"watch ended: {safe_text(result.ended)}; rlguard watch exits {result.exit_code} ({meaning})")

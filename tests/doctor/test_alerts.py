@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rlguard.doctor import diagnose
 from rlguard.doctor.alerts import log_alerts, parse_alert_spec
 from rlguard.guards import Event
 from rlguard.guards.alerts import AlertConfig
+from tests.helpers.docs_pages import code_blocks, section
 from tests.helpers.doctor_logs import verl_line
 from tests.helpers.synthetic import failing_stream, healthy_stream
 from tests.helpers.webhook import Recorder, recording_webhook
@@ -149,3 +151,28 @@ def test_a_refused_request_warns_without_the_token(
     assert "1 failed" in line and "1 failed" in direct_line and "HTTPError" in caplog.text
     assert srv.headers[0]["Authorization"] == TOKEN  # it was sent, and refused
     assert "s3cr3t" not in caplog.text and "T000" not in caplog.text and "http://127.0.0.1" in caplog.text
+
+
+@pytest.mark.parametrize("heading", ["## From the watch: any job you can read", "## Request headers: a bearer token"])
+def test_the_alerts_guide_s_commands_page_as_written(
+    heading: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/guides/alerts.md's shell blocks, run: each ``export`` set (the page's URL and token are placeholders:
+    the test server's own stand in), the watch run on a collapsing log (with ``--idle`` so that it ends)."""
+    (shell,) = code_blocks(section("guides/alerts.md", heading), "bash")
+    run = _collapsing_log(tmp_path)
+    with recording_webhook() as srv:
+        for line in shell.splitlines():
+            words = shlex.split(line)
+            if words[0] == "export":
+                name, _, value = words[1].partition("=")
+                monkeypatch.setenv(name, srv.url if value.startswith("https://") else TOKEN)
+                continue
+            assert words[:3] == ["rlguard", "watch", "out/"], line
+            out = CliRunner().invoke(app, ["watch", str(run), *words[3:], "--interval", "0.05", "--idle", "0.3"])
+            assert out.exit_code == 1, out.output
+    assert len(srv.bodies) == 1 and "entropy_collapse" in json.dumps(srv.bodies[0])
+    spec = json.loads(words[words.index("--alerts") + 1])
+    for header, env in spec.get("headers_env", {}).items():
+        assert srv.headers[0][header] == TOKEN, env
+    assert ("Authorization" in srv.headers[0]) is ("headers_env" in spec)

@@ -72,9 +72,10 @@ def losses(
 def detectors(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """List the guard's detectors and interventions with their default thresholds and sources, and which presets
-    run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the remedy of a
-    train-inference gap and rollbacks that learn), and which remedy answers which cause."""
+    """List the guard's detectors and interventions, their default thresholds and sources, and the presets.
+
+    Shows which presets run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the
+    remedy of a train-inference gap and rollbacks that learn), and which remedy answers which cause."""
     from rlguard.guards.catalogue import catalogue
 
     data = catalogue()
@@ -113,8 +114,8 @@ def demo(
             # importing the command line, so of `rlguard --version` (benchmarks/cli_startup.py); a wrong one gets
             # the list
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
-            "(+guard is +default; `rlguard detectors` lists the presets), and @FAULT, a fault injected "
-            "into that run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the "
+            "(+guard is +default; 'rlguard detectors' lists the presets), and @FAULT, a fault injected "
+            "into that run (@lr_spike: the LR x1000 for one step, a third of the way in). 'rlguard losses' lists the "
             "objectives.",
             show_default=_DEMO_RUNS,
         ),

@@ -182,6 +182,7 @@ def _doctor(
         typer.echo(alerts.close(), err=True)
     if html is not None:
         from rlguard.doctor.html import doctor_html
+        from rlguard.doctor.plots import plots_missing
 
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +196,8 @@ def _doctor(
         _print_diagnosis(diagnosis)
         if html is not None:
             console.print(f"wrote {escape(str(html))}")
+            if diagnosis.findings and (missing := plots_missing()) is not None:
+                console.print(escape(missing))
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
 
@@ -321,3 +324,5 @@ def report(
             f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
             f"{len(result.events)} guard events"
         )
+        if result.plots_missing is not None:
+            console.print(escape(result.plots_missing))

@@ -176,6 +176,7 @@ def _doctor(
     try:
         diagnosis = diagnose(path, key_map=mapping, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
     except LogInputError as err:  # any other exception is ours: exit 4 (_internal_errors)
+        _events_without_log(path, as_json)
         raise bad_input("doctor", err) from None
     if alerts is not None:
         alerts.observe(diagnosis)
@@ -200,6 +201,27 @@ def _doctor(
                 console.print(escape(missing))
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+def _events_without_log(path: Path, as_json: bool) -> None:
+    """A run folder with no training log whose ``events.jsonl`` holds events: those events, and exit 1 when one
+    is critical (rlguard.doctor.events_only); returns when there are none."""
+    from rlguard.doctor.events_only import events_only
+    from rlguard.terminal import events_table, safe_text
+
+    found = events_only(path)
+    if found is None:
+        return
+    if as_json:
+        typer.echo(json.dumps(found.to_dict(), indent=2))
+    else:
+        style = "bold red" if found.critical else "bold yellow"
+        console.print(f"[{style}]rlguard doctor[/{style}]: {safe_text(found.summary)}")
+        console.print(safe_text(found.no_log))
+        for line in found.warnings:
+            console.print(f"[yellow]{safe_text(line)}[/yellow]")
+        console.print(events_table(found.events, "the live guard's events"))
+    raise typer.Exit(found.exit_code)
 
 
 def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_auto_map: bool, **read: Any) -> int:

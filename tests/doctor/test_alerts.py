@@ -84,6 +84,8 @@ def test_each_finding_is_sent_once_and_again_when_it_turns_critical(tmp_path: Pa
     alerts = log_alerts(AlertConfig(webhook_env=URL_ENV, min_severity="warn", min_interval_s=0), str(run))
     first = alerts.observe(d)
     assert first is not None and critical.detector in first[0]
+    assert first[2]["outcome"] == "finding" and first[2]["findings"] == [f.to_dict() for f in d.findings]
+    assert first[2]["step"] == d.steps[-1] == 90 and first[2]["severity"] == "critical"
     assert alerts.observe(d) is None  # nothing new
     warned = dataclasses.replace(d, findings=[dataclasses.replace(critical, severity="warn")])
     fresh = log_alerts(alerts.config, str(run))

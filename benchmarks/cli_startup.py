@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             "rlguard detectors": [*rlguard, "detectors"],
             "rlguard doctor RUN": [*rlguard, "doctor", run],
             "rlguard watch --once RUN": [*rlguard, "watch", "--once", run],
-            "rlguard losses (imports torch)": [*rlguard, "losses"],
+            "rlguard losses": [*rlguard, "losses"],
         }
         _run(baseline)  # warm the file cache
         if args.markdown:

@@ -33,7 +33,16 @@ from pathlib import Path
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 
-from rlguard.doctor import EXIT_BAD_INPUT, EXIT_CRITICAL, Diagnosis, LogInputError, diagnose, find_log
+from rlguard.doctor import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_JUDGE,
+    EXIT_CRITICAL,
+    EXIT_OK,
+    Diagnosis,
+    LogInputError,
+    diagnose,
+    find_log,
+)
 from rlguard.doctor.diagnose import diagnose_log
 from rlguard.doctor.readers import detect_format, events_file
 from rlguard.doctor.steps import StepRule
@@ -108,8 +117,20 @@ def job_ended(d: Diagnosis | None, pid: int | None) -> str | None:
             if finished is not None:
                 return finished
     if pid is not None and not _alive(pid):
-        return f"process {pid} exited"
+        return _exited(pid)
     return None
+
+
+def _exited(pid: int) -> str:
+    """How process ``pid``, gone, ended: its exit code where the watch is its parent (and reaps it), else that the
+    code is not known here (only a parent can read it), so that it is never taken for the watch's own."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return f"process {pid} exited (its exit status is unknown: the watch is not its parent)"
+    if reaped != pid:
+        return f"process {pid} exited"
+    return f"process {pid} exited with exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def _trl_finished(path: Path) -> str | None:
@@ -233,12 +254,15 @@ def watch(
     step_key: str | None = None,
     row_steps: bool = False,
     run: str | None = None,
+    on_diagnosis: Callable[[Diagnosis], object] | None = None,
 ) -> WatchResult:
     """Follow ``run_dir`` (module docstring) until the job ends or Ctrl-C; with ``once``, judge it once.
 
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
     seconds without a change to the run's files; ``key_map``, ``step_key``, ``row_steps``, ``run``: as
-    :func:`~rlguard.doctor.diagnose`'s. The final diagnosis is printed as ``rlguard doctor`` prints it.
+    :func:`~rlguard.doctor.diagnose`'s; ``on_diagnosis``: called with each new diagnosis, the last included
+    (``--alerts``: :class:`rlguard.doctor.alerts.LogAlerts`). The final diagnosis is printed as ``rlguard doctor``
+    prints it.
     """
     _check_period("interval", interval, allow_inf=False)
     if idle is not None:
@@ -246,15 +270,19 @@ def watch(
     run_dir = Path(run_dir)
     reader = _Reader(run_dir, dict(key_map or {}), StepRule(step_key, row_steps), run)
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
+    notify = on_diagnosis or (lambda d: None)
     d, error = reader.read(final=True)
+    if d is not None:
+        notify(d)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
             console.print(f"rlguard watch {safe_text(run_dir)}: following its files (Ctrl-C to stop)")
-        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep)
+        result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep, notify)
         d, result.error = reader.read(final=True)  # the files as the job left them
         if d is not None:
             result.diagnosis = d
+            notify(d)
             if result.refreshes[-1:] != [len(d.steps)]:
                 result.refreshes.append(len(d.steps))
     if reader.follower is not None:
@@ -280,6 +308,7 @@ def _follow(
     idle: float | None,
     reader: _Reader,
     sleep: Callable[[float], None],
+    notify: Callable[[Diagnosis], object],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
     changed_at = time.monotonic()
@@ -305,6 +334,7 @@ def _follow(
                 d, result.error = reader.read(final=events)
                 if d is not None:
                     result.diagnosis = d
+                    notify(d)
                     result.refreshes.append(len(d.steps))
                 status = f"watching (Ctrl-C to stop); updated {time.strftime('%H:%M:%S')}"
                 if reader.follower is not None and reader.follower.restarts:
@@ -316,6 +346,15 @@ def _follow(
 
 def _events_entries(signature: tuple[tuple[str, int, int], ...]) -> set[tuple[str, int, int]]:
     return {entry for entry in signature if entry[0].endswith("events.jsonl")}
+
+
+#: the watch's exit codes in words, said beside the code at its end (never to be read as the job's own)
+_EXIT_MEANINGS = {
+    EXIT_OK: "no critical finding",
+    EXIT_CRITICAL: "a critical finding",
+    EXIT_BAD_INPUT: "no readable log",
+    EXIT_CANNOT_JUDGE: "could not judge",
+}
 
 
 def _finish(result: WatchResult, console: Console) -> None:
@@ -341,4 +380,5 @@ def _finish(result: WatchResult, console: Console) -> None:
     for line in result.restarts:
         console.print(f"[yellow]rlguard watch[/yellow]: {safe_text(line)}")
     if result.ended != "once":
-        console.print(f"watch ended: {safe_text(result.ended)} (exit code {result.exit_code})")
+        meaning = _EXIT_MEANINGS.get(result.exit_code, "")
+        console.print(f"watch ended: {safe_text(result.ended)}; rlguard watch exits {result.exit_code} ({meaning})")

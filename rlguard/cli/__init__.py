@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from rlguard._extras import run_console_script
 from rlguard.cli import logs, training
-from rlguard.cli.app import app, console
+from rlguard.cli.app import app, console, plain_help
 from rlguard.cli.logs import EXIT_INTERNAL
 from rlguard.cli.training import _DEMO_RUNS
 
 __all__ = ["EXIT_INTERNAL", "_DEMO_RUNS", "app", "console", "logs", "main", "training"]
+
+plain_help(app)  # the commands' docstrings as --help shows them, once every command is registered
 
 
 def main() -> None:

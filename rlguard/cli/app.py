@@ -3,13 +3,15 @@ doctor, the watch, the report) and :mod:`rlguard.cli.training` (objectives, dete
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-__all__ = ["app", "bad_input", "console"]
+__all__ = ["app", "bad_input", "console", "help_text", "plain_help"]
 
 app = typer.Typer(
     name="rlguard",
@@ -43,3 +45,26 @@ def bad_input(command: str, err: Exception) -> typer.Exit:
     """One line on stderr, exit code 2."""
     typer.echo(f"rlguard {command}: {err}", err=True)
     return typer.Exit(2)
+
+
+#: a docstring's code quotes and roles (RST ``x``, Markdown `x`, :mod:`x`), shown at the terminal as 'x'
+_CODE = re.compile(r"(?::[a-z]+:)?``?([^`]+?)``?")
+
+
+def help_text(doc: str) -> str:
+    """A command's docstring as its ``--help`` shows it: each paragraph on one line (rich keeps a docstring's line
+    breaks, so a paragraph wrapped in the source would break mid-sentence at every terminal width but one), code
+    quoted as 'x' instead of RST or Markdown markup."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(_CODE.sub(r"'\1'", p).split()) for p in paragraphs)
+
+
+def plain_help(typer_app: typer.Typer) -> None:
+    """Set the help of each command of ``typer_app`` (its sub-apps' too) that has none from its docstring, through
+    :func:`help_text`."""
+    for command in typer_app.registered_commands:
+        if command.help is None and command.callback is not None and command.callback.__doc__:
+            command.help = help_text(command.callback.__doc__)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)

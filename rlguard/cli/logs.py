@@ -17,6 +17,7 @@ from rlguard.cli.app import app, bad_input, console
 
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
+    from rlguard.doctor.alerts import LogAlerts
 
 __all__ = ["EXIT_INTERNAL"]
 
@@ -73,6 +74,32 @@ RunOption = Annotated[
 ]
 
 
+#: ``--alerts SPEC`` of the doctor and the watch (rlguard.doctor.alerts)
+AlertsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--alerts",
+        metavar="SPEC",
+        help="Send the critical findings and the guard's events to a webhook, as the in-process guard's alerts do: "
+        'a JSON object of AlertConfig\'s fields, e.g. \'{"webhook_env": "SLACK_WEBHOOK_URL", "format": "slack"}\' '
+        "(the URL and any headers_env values read from those environment variables), or a .json file holding one.",
+    ),
+]
+
+
+def _log_alerts(command: str, spec: str | None, source: Path) -> LogAlerts | None:
+    """The alerts ``--alerts SPEC`` asks for, or None; a bad spec, or one that could send nothing, is bad input."""
+    if spec is None:
+        return None
+    from rlguard.doctor.alerts import log_alerts, parse_alert_spec
+    from rlguard.terminal import safe_text
+
+    try:
+        return log_alerts(parse_alert_spec(spec), str(source))
+    except (ValueError, OSError) as err:
+        raise bad_input(command, ValueError(safe_text(err, markup=False))) from None
+
+
 @app.command()
 def doctor(
     path: Annotated[
@@ -104,6 +131,7 @@ def doctor(
     step_key: StepKeyOption = None,
     row_steps: RowStepsOption = False,
     run: RunOption = None,
+    alerts: AlertsOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Diagnose a training log offline with the live guard's detectors, each finding judged by its consequence.
@@ -123,7 +151,7 @@ def doctor(
                     path, live, as_json, key_map or [], no_auto_map, step_key=step_key, row_steps=row_steps, run=run
                 )
             )
-        _doctor(path, as_json, html, not no_auto_map, key_map or [], step_key, row_steps, run)
+        _doctor(path, as_json, html, not no_auto_map, key_map or [], step_key, row_steps, run, alerts)
 
 
 def _doctor(
@@ -135,6 +163,7 @@ def _doctor(
     step_key: str | None,
     row_steps: bool,
     run: str | None,
+    alerts_spec: str | None,
 ) -> None:
     from rlguard.doctor import LogInputError, diagnose
     from rlguard.doctor.keys import parse_key_map
@@ -143,12 +172,18 @@ def _doctor(
         mapping = parse_key_map(key_map)
     except ValueError as err:  # a malformed --map
         raise bad_input("doctor", err) from None
+    alerts = _log_alerts("doctor", alerts_spec, path)
     try:
         diagnosis = diagnose(path, key_map=mapping, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
     except LogInputError as err:  # any other exception is ours: exit 4 (_internal_errors)
+        _events_without_log(path, as_json)
         raise bad_input("doctor", err) from None
+    if alerts is not None:
+        alerts.observe(diagnosis)
+        typer.echo(alerts.close(), err=True)
     if html is not None:
         from rlguard.doctor.html import doctor_html
+        from rlguard.doctor.plots import plots_missing
 
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +197,31 @@ def _doctor(
         _print_diagnosis(diagnosis)
         if html is not None:
             console.print(f"wrote {escape(str(html))}")
+            if diagnosis.findings and (missing := plots_missing()) is not None:
+                console.print(escape(missing))
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
+
+
+def _events_without_log(path: Path, as_json: bool) -> None:
+    """A run folder with no training log whose ``events.jsonl`` holds events: those events, and exit 1 when one
+    is critical (rlguard.doctor.events_only); returns when there are none."""
+    from rlguard.doctor.events_only import events_only
+    from rlguard.terminal import events_table, safe_text
+
+    found = events_only(path)
+    if found is None:
+        return
+    if as_json:
+        typer.echo(json.dumps(found.to_dict(), indent=2))
+    else:
+        style = "bold red" if found.critical else "bold yellow"
+        console.print(f"[{style}]rlguard doctor[/{style}]: {safe_text(found.summary)}")
+        console.print(safe_text(found.no_log))
+        for line in found.warnings:
+            console.print(f"[yellow]{safe_text(line)}[/yellow]")
+        console.print(events_table(found.events, "the live guard's events"))
+    raise typer.Exit(found.exit_code)
 
 
 def _doctor_live(path: Path, preset: str, as_json: bool, key_map: list[str], no_auto_map: bool, **read: Any) -> int:
@@ -212,6 +270,7 @@ def watch(
     step_key: StepKeyOption = None,
     row_steps: RowStepsOption = False,
     run: RunOption = None,
+    alerts: AlertsOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Follow a running job's log and the guard's events: the doctor's findings and the latest stats, live.
@@ -227,6 +286,7 @@ def watch(
         mapping = parse_key_map(key_map or [])
     except ValueError as err:
         raise bad_input("watch", ValueError(safe_text(err, markup=False))) from None
+    sender = _log_alerts("watch", alerts, run_dir)
     with _internal_errors("watch", debug):
         from rlguard import watch as watching
 
@@ -242,9 +302,13 @@ def watch(
                 step_key=step_key,
                 row_steps=row_steps,
                 run=run,
+                on_diagnosis=None if sender is None else sender.observe,
             )
         except ValueError as err:  # --interval inf or nan, --idle nan (typer's range lets them through)
             raise bad_input("watch", ValueError(safe_text(err, markup=False))) from None
+        finally:
+            if sender is not None:
+                typer.echo(sender.close(), err=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -282,3 +346,5 @@ def report(
             f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
             f"{len(result.events)} guard events"
         )
+        if result.plots_missing is not None:
+            console.print(escape(result.plots_missing))

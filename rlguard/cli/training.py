@@ -38,33 +38,19 @@ def losses(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the registered objectives, their defaults and their papers."""
-    from rlguard.core_losses import list_objectives, objective_class
-    from rlguard.core_losses.objective import Objective
+    from rlguard.core_losses.catalogue import SHARED_OPTIONS, objective_catalogue
 
-    shared = set(Objective.hyperparameters())
-    rows: list[dict[str, Any]] = []
-    for name in list_objectives():
-        cls = objective_class(name)
-        params = cls.hyperparameters()
-        own = {k: v for k, v in params.items() if k not in shared}
-        rows.append(
-            {
-                "name": name,
-                "paper": cls.paper,
-                "aggregation": params["aggregation"],
-                "defaults": own,
-                "summary": cls.summary,
-            }
-        )
+    entries = objective_catalogue()  # torch-free for the built-ins
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([e.to_dict() for e in entries], indent=2))
         return
-    table = Table(title="rlguard objectives", caption="shared options: " + ", ".join(sorted(shared - {"aggregation"})))
+    caption = "shared options: " + ", ".join(sorted(set(SHARED_OPTIONS) - {"aggregation"}))
+    table = Table(title="rlguard objectives", caption=caption)
     for col in ("name", "paper", "default aggregation", "own defaults", "what it does"):
         table.add_column(col)
-    for r in rows:
-        own_text = ", ".join(f"{k}={_format_default(v)}" for k, v in r["defaults"].items())
-        table.add_row(r["name"], r["paper"], r["aggregation"], escape(own_text), escape(r["summary"]))
+    for e in entries:
+        own_text = ", ".join(f"{k}={_format_default(v)}" for k, v in e.defaults.items())
+        table.add_row(escape(e.name), escape(e.paper), escape(e.aggregation), escape(own_text), escape(e.summary))
     console.print(table)
 
 
@@ -72,9 +58,10 @@ def losses(
 def detectors(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """List the guard's detectors and interventions with their default thresholds and sources, and which presets
-    run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the remedy of a
-    train-inference gap and rollbacks that learn), and which remedy answers which cause."""
+    """List the guard's detectors and interventions, their default thresholds and sources, and the presets.
+
+    Shows which presets run each intervention (``stable`` adds the trust region, clip-higher on entropy collapse, the
+    remedy of a train-inference gap and rollbacks that learn), and which remedy answers which cause."""
     from rlguard.guards.catalogue import catalogue
 
     data = catalogue()
@@ -113,8 +100,8 @@ def demo(
             # importing the command line, so of `rlguard --version` (benchmarks/cli_startup.py); a wrong one gets
             # the list
             help="Runs, comma-separated: OBJECTIVE, then optionally +PRESET, the guard preset acting in that run "
-            "(+guard is +default; `rlguard detectors` lists the presets), and @FAULT, a fault injected "
-            "into that run (@lr_spike: the LR x1000 for one step, a third of the way in). `rlguard losses` lists the "
+            "(+guard is +default; 'rlguard detectors' lists the presets), and @FAULT, a fault injected "
+            "into that run (@lr_spike: the LR x1000 for one step, a third of the way in). 'rlguard losses' lists the "
             "objectives.",
             show_default=_DEMO_RUNS,
         ),

@@ -120,10 +120,7 @@ class Diagnosis:
     def critical(self) -> bool:
         """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical, or the
         live guard halted the run (a halted run has failed, whatever the log shows before it)."""
-        return any(f.severity == "critical" for f in self.findings) or any(
-            e.severity == "critical" and (e.detector == "action:halt" or not e.detector.startswith("action:"))
-            for e in self.live_events
-        )
+        return any(f.severity == "critical" for f in self.findings) or any(map(critical_event, self.live_events))
 
     @property
     def unchecked(self) -> dict[str, str]:
@@ -165,6 +162,12 @@ class Diagnosis:
             "live_warnings": self.live_warnings,
             "exit_code": self.exit_code,
         }
+
+
+def critical_event(e: Event) -> bool:
+    """Whether a live guard's event makes a run critical: a critical detector event, or a halt (a critical action
+    other than a halt, a rollback say, is the guard's answer, not a verdict of its own)."""
+    return e.severity == "critical" and (e.detector == "action:halt" or not e.detector.startswith("action:"))
 
 
 def detector_metrics(guard: Guard) -> dict[str, tuple[str, ...]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from html import escape
 
 from rlguard.doctor.diagnose import Diagnosis
-from rlguard.doctor.plots import plot_png
+from rlguard.doctor.plots import plot_png, plots_missing
 from rlguard.guards import Event
 
 _STYLE = """
@@ -95,6 +95,9 @@ def doctor_html(diagnosis: Diagnosis) -> str:
         body.append(f"<h2>The live guard's events</h2><p><code>{escape(str(d.live_events_path))}</code></p>")
         body += [f"<p>{escape(w)}</p>" for w in d.live_warnings]
         body.append(events_table(d.live_events))
+    missing = plots_missing() if d.findings else None
+    if missing is not None:
+        body.append(f"<p>{escape(missing)}</p>")
     for f in d.findings:
         body.append(
             f'<h2><span class="{_cls(f.severity)}">{escape(f.severity)}</span> {escape(f.detector)} from step '
@@ -102,10 +105,10 @@ def doctor_html(diagnosis: Diagnosis) -> str:
             f"<p>{escape(f.message)}</p>"
         )
         names = [n for n in d.detector_metrics.get(f.detector, ()) if n in d.series]
-        if names:
+        if names and missing is None:
             evs = [e for e in d.events if e.detector == f.detector]
             png = plot_png(d.steps, {n: d.series[n] for n in names}, evs, title=f"{f.detector} ({f.severity})")
             body.append(img_base64(png, f"{f.detector}: {', '.join(names)}"))
-        else:
+        elif missing is None:
             body.append("<p>(no stat of this detector in the log to plot)</p>")
     return page(f"rlguard doctor: {d.log.path.name}", body)

@@ -10,11 +10,25 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from rlguard._extras import EXTRA_OF
 from rlguard.guards import Event
+
+__all__ = ["plot_png", "plot_runs_png", "plots_missing"]
 
 _COLOURS = {"warn": "#e69f00", "critical": "#d55e00"}
 #: one colour per run of an overlaid plot (Okabe-Ito, distinguishable with colour-blindness)
 _RUN_COLOURS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#f0e442", "#000000")
+
+
+def plots_missing() -> str | None:
+    """Why no plot can be drawn here, in one line naming the extra that brings matplotlib; None when it can."""
+    try:
+        import matplotlib  # noqa: F401  (the plots' one dependency, not in the core install)
+    except ModuleNotFoundError as err:
+        module = (err.name or "matplotlib").partition(".")[0]
+        extra = EXTRA_OF.get(module, "plots")
+        return f'no plots: {module} is not installed (it comes with the {extra} extra: pip install "rlguard[{extra}]")'
+    return None
 
 
 def plot_png(

@@ -3,11 +3,13 @@
 The run's log is found as by :func:`rlguard.doctor.readers.find_log` (or is the log file given); events come from
 the run's ``events.jsonl`` (``GuardConfig(events_path=...)`` writes it), found as the doctor finds it
 (:func:`rlguard.doctor.readers.events_file`), when present. A detector's events are marked on the plots of
-the stats it reads; the guard's interventions (``action:*``) on every plot.
+the stats it reads; the guard's interventions (``action:*``) on every plot. Without matplotlib (the ``plots``
+extra) the page is written without plots, with a table of each stat's range instead, and says why.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
 from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
-from rlguard.doctor.plots import plot_png
+from rlguard.doctor.plots import plot_png, plots_missing
 from rlguard.doctor.readers import LogInputError, events_file, read_log
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.events import EventsFileError, read_events
@@ -37,6 +39,7 @@ class ReportResult:
         marked: canonical name -> steps of the detector events marked on its plot.
         events: the events read from ``events.jsonl`` (empty if there was none).
         log_path: the log read.
+        plots_missing: why the page has no plots (matplotlib not installed), or None.
     """
 
     html: Path
@@ -44,6 +47,7 @@ class ReportResult:
     marked: dict[str, list[int]]
     events: list[Event]
     log_path: Path
+    plots_missing: str | None = None
 
 
 def write_report(
@@ -81,7 +85,8 @@ def write_report(
     images: dict[str, Path] = {}
     marked: dict[str, list[int]] = {}
     present = {n for _, stats in rows for n in stats}
-    for name in (n for n in _ORDER if n in present):
+    missing = plots_missing()
+    for name in (n for n in _ORDER if n in present and missing is None):
         mine = [e for e in events if name in reads.get(e.detector, ())]
         values = [stats.get(name, float("nan")) for _, stats in rows]
         png = plot_png(steps, {name: values}, mine, title=name, actions=actions)
@@ -98,10 +103,26 @@ def write_report(
         "<h2>Metrics</h2>",
     ]
     body += [f'<h3>{escape(n)}</h3><img alt="{escape(n)}" src="{escape(p.name)}">' for n, p in images.items()]
+    if missing is not None:
+        body += [f"<p>{escape(missing)}</p>", _ranges_table([n for n in _ORDER if n in present], rows)]
     if keys.unrecognised:
         body.append(
             "<p>Unrecognised keys: " + ", ".join(f"<code>{escape(k)}</code>" for k in keys.unrecognised) + "</p>"
         )
     html = out_dir / "report.html"
     html.write_text(page(f"rlguard report: {run_dir.name}", body), encoding="utf-8")
-    return ReportResult(html, images, marked, events, log.path)
+    return ReportResult(html, images, marked, events, log.path, missing)
+
+
+def _ranges_table(names: list[str], rows: list[tuple[int, dict[str, float]]]) -> str:
+    """Each stat's steps logged, first, last, smallest and largest finite value: the page's account of the run
+    where it cannot plot it."""
+    out = ["<table><tr><th>stat</th><th>steps</th><th>first</th><th>last</th><th>min</th><th>max</th></tr>"]
+    for name in names:
+        values = [stats[name] for _, stats in rows if name in stats]
+        finite = [v for v in values if math.isfinite(v)]
+        cells = [f"{v:.4g}" for v in (finite[0], finite[-1], min(finite), max(finite))] if finite else ["-"] * 4
+        out.append(
+            f"<tr><td>{escape(name)}</td><td>{len(values)}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+        )
+    return "".join(out) + "</table>"

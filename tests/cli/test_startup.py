@@ -1,5 +1,5 @@
-"""The command line starts without torch or a training framework: `--version`, `detectors`, `doctor`, `report` and
-`watch` import neither (each in a fresh interpreter, what it left in ``sys.modules`` after the command ran).
+"""The command line starts without torch or a training framework: `--version`, `detectors`, `losses`, `doctor`,
+`report` and `watch` import neither (each in a fresh interpreter, what it left in ``sys.modules`` after the command ran).
 `benchmarks/cli_startup.py` times them against ``python -c pass``."""
 
 from __future__ import annotations
@@ -62,7 +62,15 @@ def test_doctor_imports_no_torch(tmp_path: Path, trl_run: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--version"], ["detectors"], ["detectors", "--json"], ["doctor", "--json", "LOG"], ["watch", "--once", "LOG"]],
+    [
+        ["--version"],
+        ["detectors"],
+        ["detectors", "--json"],
+        ["doctor", "--json", "LOG"],
+        ["watch", "--once", "LOG"],
+        ["losses"],
+        ["losses", "--json"],
+    ],
 )
 def test_read_only_commands_import_no_torch(tmp_path: Path, trl_run: Path, args: list[str]) -> None:
     args = [str(trl_run) if a == "LOG" else a for a in args]
@@ -84,8 +92,8 @@ def test_report_imports_no_torch(tmp_path: Path) -> None:
 
 
 def test_the_probe_sees_torch_where_a_command_needs_it(tmp_path: Path) -> None:
-    """`rlguard losses` builds the objectives, which need torch: the probe above can fail."""
-    result = _probe(tmp_path, "losses", "--json")
+    """`rlguard bench collapse` trains, so it imports torch: the probe above can fail."""
+    result = _probe(tmp_path, "bench", "collapse", "--help")
     assert result["code"] == 0 and "torch" in result["heavy"]  # type: ignore[operator]
 
 

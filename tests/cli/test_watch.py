@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor import diagnose
 from rlguard.guards import Event
-from rlguard.watch import watch
+from rlguard.watch import job_ended, watch
 from tests.helpers.doctor_logs import TRL_KEYS, append_verl, renamed, verl_line
 from tests.helpers.synthetic import failing_stream, healthy_stream
 
@@ -52,7 +52,7 @@ def test_watch_follows_a_growing_verl_log_to_the_critical_end(tmp_path: Path) ->
     assert "entropy_collapse" in {f.detector for f in result.diagnosis.findings}
     frames = buffer.getvalue()
     assert "rlguard watch" in frames and "latest stats" in frames  # the live view was drawn
-    assert "watch ended: no change for 1 s (exit code 1)" in frames
+    assert "watch ended: no change for 1 s; rlguard watch exits 1 (a critical finding)" in frames
 
 
 def _trl_state(stream: list[dict[str, float]], *, finished: bool) -> str:
@@ -137,7 +137,10 @@ def test_cli_watch_follows_a_writer_process_until_it_exits(tmp_path: Path) -> No
     watcher = _start_watch(tmp_path, "--pid", str(writer.pid))
     out, _ = watcher.communicate(timeout=120)
     writer.wait(timeout=60)
-    assert f"watch ended: process {writer.pid} exited (exit code 1)" in out, out
+    # the writer exited 0; the 1 is the watch's verdict, and the watch, not the writer's parent, cannot know its code
+    assert writer.returncode == 0
+    unknown = f"process {writer.pid} exited (its exit status is unknown: the watch is not its parent)"
+    assert f"watch ended: {unknown}; rlguard watch exits 1 (a critical finding)" in out, out
     assert watcher.returncode == 1 and "kl_ref_blowup" in out
 
 
@@ -148,7 +151,7 @@ def test_cli_watch_on_ctrl_c_exits_with_the_doctor_s_code(tmp_path: Path) -> Non
     time.sleep(0.5)
     watcher.send_signal(signal.SIGINT)
     out, _ = watcher.communicate(timeout=60)
-    assert "watch ended: interrupted (exit code 0)" in out, out
+    assert "watch ended: interrupted; rlguard watch exits 0 (no critical finding)" in out, out
     assert watcher.returncode == 0
 
 
@@ -194,3 +197,23 @@ def test_watch_follows_a_real_trl_run_from_before_its_first_checkpoint(tmp_path:
     assert {2, 4, 6} <= set(result.refreshes) and result.refreshes[-1] == 6
     assert result.diagnosis is not None and result.diagnosis.log.path == out / "checkpoint-6" / "trainer_state.json"
     assert result.exit_code == 3  # six logged steps: read, but shorter than the detectors' warm-up
+
+
+def test_the_end_of_a_pid_says_its_exit_code_only_where_the_watch_can_know_it(tmp_path: Path) -> None:
+    """A process the watch is not the parent of (here reaped by its Popen) ends with its exit code unknown (only a
+    parent can read it), and the final line names the code as the watch's own verdict; a child of the watch's
+    process is reaped and its own code said."""
+    reaped = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    while reaped.poll() is None:
+        time.sleep(0.01)
+    unknown = f"process {reaped.pid} exited (its exit status is unknown: the watch is not its parent)"
+    assert job_ended(None, reaped.pid) == unknown
+    (tmp_path / "short.jsonl").write_text("".join(verl_line(i, s) for i, s in enumerate(healthy_stream(3, 0), 1)))
+    console, buffer = _capture()
+    result = watch(tmp_path / "short.jsonl", console=console, interval=0.05, pid=reaped.pid)
+    assert result.exit_code == 3
+    assert buffer.getvalue().rstrip().endswith(f"watch ended: {unknown}; rlguard watch exits 3 (could not judge)")
+    zombie = os.posix_spawn(sys.executable, [sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))
+    while Path(f"/proc/{zombie}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)  # exited, not yet reaped: the watch's own child
+    assert job_ended(None, zombie) == f"process {zombie} exited with exit code 3"

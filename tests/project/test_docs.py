@@ -16,29 +16,15 @@ import pytest
 import torch
 
 from rlguard.core_losses import PolicyBatch
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def _section(page: str, heading: str) -> str:
-    """The text of ``page`` from the line ``heading`` to the next heading of any level (outside code blocks)."""
-    lines = (DOCS / page).read_text(encoding="utf-8").splitlines(keepends=True)
-    start = lines.index(heading + "\n")
-    fenced = False
-    for end in range(start + 1, len(lines)):
-        fenced ^= lines[end].startswith("```")
-        if not fenced and re.match(r"#{1,6} ", lines[end]):
-            break
-    else:
-        end = len(lines)
-    return "".join(lines[start:end])
+from tests.helpers.docs_pages import code_blocks
+from tests.helpers.docs_pages import section as _section
 
 
 def _python_block(section: str) -> str:
     """The first Python code block of ``section``."""
-    blocks = re.findall(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    blocks = code_blocks(section, "python")
     assert blocks, section
-    return str(blocks[0])
+    return blocks[0]
 
 
 def test_the_plain_torch_loop_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

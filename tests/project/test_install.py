@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlguard._extras import CORE, EXTRA_OF, missing_extra, missing_extra_line
+from tests.helpers.doctor_logs import write_log
+from tests.helpers.synthetic import failing_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,11 +53,18 @@ def trl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_losses_without_torch_is_one_line_naming_the_extra() -> None:
-    proc = _run(_CLI, "torch", "losses")
+def test_losses_without_torch_lists_the_objectives() -> None:
+    """The objectives' declarations are readable without their classes (rlguard.core_losses.catalogue)."""
+    proc = _run(_CLI, "torch", "losses", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"grpo", "gspo", "dapo"} <= {row["name"] for row in json.loads(proc.stdout)}
+
+
+def test_demo_without_torch_is_one_line_naming_the_extra() -> None:
+    proc = _run(_CLI, "torch", "demo", "--quick")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        'rlguard losses needs torch, which comes with the torch extra: pip install "rlguard[torch]"'
+        'rlguard demo needs torch, which comes with the torch extra: pip install "rlguard[torch]"'
     ]
 
 
@@ -65,12 +74,29 @@ def test_the_log_commands_run_without_torch_or_matplotlib(trl_run: Path, args: l
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_report_without_matplotlib_names_the_plots_extra(trl_run: Path, tmp_path: Path) -> None:
+NO_PLOTS = 'no plots: matplotlib is not installed (it comes with the plots extra: pip install "rlguard[plots]")'
+
+
+def test_report_without_matplotlib_writes_the_page_without_plots(trl_run: Path, tmp_path: Path) -> None:
     proc = _run(_CLI, "torch,matplotlib", "report", str(trl_run), "--out", str(tmp_path))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        'rlguard report needs matplotlib, which comes with the plots extra: pip install "rlguard[plots]"'
-    ]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == NO_PLOTS and ": 0 plots from " in lines[0] and proc.stderr == ""
+    html = (tmp_path / "report.html").read_text()
+    assert NO_PLOTS.replace('"', "&quot;") in html and "<img" not in html
+    # instead of the plots, each stat's range: the entropy logged falls from 0.799 to 0.76 over the 40 steps
+    assert "<tr><td>entropy</td><td>40</td><td>0.799</td><td>0.76</td><td>0.76</td><td>0.799</td></tr>" in html
+
+
+def test_doctor_html_without_matplotlib_writes_the_page_without_plots(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    write_log("trl", failing_stream("entropy_collapse", steps=120, onset=60, seed=0), folder)
+    page = tmp_path / "page.html"
+    proc = _run(_CLI, "torch,matplotlib", "doctor", str(folder), "--html", str(page))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the collapse, judged as ever
+    assert proc.stdout.strip().splitlines()[-1] == NO_PLOTS
+    html = page.read_text()
+    assert "entropy_collapse" in html and "<img" not in html and NO_PLOTS.replace('"', "&quot;") in html
 
 
 def test_doctor_html_without_matplotlib_names_the_plots_extra_where_it_plots(tmp_path: Path) -> None:

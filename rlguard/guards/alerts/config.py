@@ -2,9 +2,11 @@
 JSON) and to the active W&B run (``wandb.run.alert``), from the ``rlguard_on_decision`` hook.
 
 Configured by ``GuardConfig(alerts=AlertConfig(...))``, TRL's ``--guard '{"alerts": {...}}'`` or verl's
-``+trainer.rlguard_guard='{alerts: {...}}'``. The webhook's URL is read from the environment variable the config
-names (``webhook_env``), so that it never lands in a config file, a log or a checkpoint. What is sent, one message
-per decision of rank 0 (the decision is the same on every rank):
+``+trainer.rlguard_guard='{alerts: {...}}'``. The webhook's URL is read from the environment variable the config names
+(``webhook_env``), so that it never lands in a config file, a log or a checkpoint; so are the values of any request
+headers the endpoint needs (``headers_env``: a bearer token). ``rlguard watch --alerts`` and ``rlguard doctor --alerts``
+send a log's findings and a job's recorded events with the same config (:mod:`rlguard.doctor.alerts`). What is sent, one
+message per decision of rank 0 (the decision is the same on every rank):
 
 - every event at or above ``min_severity`` (``critical`` by default: critical alarms, skips, rollbacks, halts);
 - every event whose name matches one of ``events`` (glob patterns; by default rollbacks, halts and remedy switches,
@@ -25,11 +27,11 @@ import os
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlguard.guards.alerts.sender import AlertSender, Message
-from rlguard.guards.alerts.urls import check_webhook_url
+from rlguard.guards.alerts.urls import check_env_name, check_header, check_webhook_url
 from rlguard.guards.events import SEVERITY_LEVEL
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, check_fields
 from rlguard.hookspecs import hookimpl
@@ -45,6 +47,7 @@ __all__ = [
     "alert_config",
     "alert_message",
     "alert_plugin",
+    "styled_title",
     "webhook_payload",
 ]
 
@@ -62,6 +65,10 @@ class AlertConfig:
     Attributes:
         webhook_env: name of the environment variable holding the webhook URL (http or https). The URL itself is
             never part of the config. None: no webhook (W&B only).
+        headers_env: request headers the webhook needs, each header's name mapped to the NAME of the environment
+            variable holding its value (``{"Authorization": "ALERT_AUTH"}`` with ``ALERT_AUTH="Bearer ..."``): the
+            values, secrets, are never part of the config nor shown in a message. Where the webhook's variable is
+            set, each of these must be set too.
         format: the webhook's payload: ``slack`` (``{"text": ...}``, also Mattermost's and Rocket.Chat's
             incoming webhooks), ``discord`` (``{"content": ...}``) or ``json`` (the alerts as records, ``text``
             included).
@@ -77,6 +84,7 @@ class AlertConfig:
     """
 
     webhook_env: str | None = None
+    headers_env: dict[str, str] = field(default_factory=dict)
     format: PayloadFormat = "json"
     min_severity: Literal["warn", "critical"] = "critical"
     events: tuple[str, ...] = ("action:rollback", "action:halt", "action:remedy*")
@@ -111,8 +119,15 @@ class AlertConfig:
                 + ("a URL" if "://" in self.webhook_env else repr(self.webhook_env))
                 + "."
             )
+        for name, env in self.headers_env.items():
+            check_env_name(env, f"alerts.headers_env[{name!r}]")
         if self.webhook_env is not None and os.environ.get(self.webhook_env, "").strip():
             self.webhook_url()  # a malformed URL is an error here, not a warning at the first alert
+            self.headers()  # so is a header whose variable is missing on the machine that sends
+
+    def __hash__(self) -> int:  # headers_env is a dict: hashed by its items
+        values = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        return hash(tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in values))
 
     def webhook_url(self) -> str | None:
         """The URL from ``webhook_env``; None (with a warning) when the variable is unset or empty. A URL that is
@@ -128,6 +143,20 @@ class AlertConfig:
             )
             return None
         return check_webhook_url(url, self.webhook_env)
+
+    def headers(self) -> dict[str, str]:
+        """Header name -> value, the values read from the variables ``headers_env`` names; ``ValueError`` naming
+        the variable (never its value) when one is unset or empty, or holds a line break."""
+        out = {}
+        for name, env in self.headers_env.items():
+            value = os.environ.get(env, "").strip()
+            if not value:
+                raise ValueError(
+                    f"alerts.headers_env: the environment variable {env} (the value of header {name}) is not set; "
+                    f"export it where the alerts are sent from, or drop {name!r} from headers_env."
+                )
+            out[name] = check_header(name, value, env)
+        return out
 
 
 def alert_config(spec: AlertConfig | Mapping[str, Any] | None) -> AlertConfig | None:
@@ -155,7 +184,7 @@ def alert_message(decision: Decision, applied: Applied, config: AlertConfig) -> 
     severity = "critical" if critical else "warn"
     run = f" {config.run_name}" if config.run_name else ""
     title = f"rlguard{run}: step {decision.step}, {outcome}"
-    lines = [f"*{title}*" if config.format == "slack" else f"**{title}**" if config.format == "discord" else title]
+    lines = [styled_title(config.format, title)]
     if decision.reason:
         lines.append(f"reason: {decision.reason}")
     lines += [f"- [{e.severity}] {e.detector}: {e.message}" for e in events]
@@ -172,6 +201,11 @@ def alert_message(decision: Decision, applied: Applied, config: AlertConfig) -> 
         "record_only": list(applied.record_only),
     }
     return "\n".join(lines), severity, record
+
+
+def styled_title(fmt: PayloadFormat, title: str) -> str:
+    """A message's first line in bold where format ``fmt`` has bold (Slack's ``*...*``, Discord's ``**...**``)."""
+    return f"*{title}*" if fmt == "slack" else f"**{title}**" if fmt == "discord" else title
 
 
 def webhook_payload(fmt: PayloadFormat, batch: Sequence[Message], dropped: int) -> dict[str, Any]:
@@ -219,8 +253,10 @@ def alert_plugin(guard: Guard) -> AlertPlugin | None:
     config = guard.config.alerts
     if config is None:
         return None
+    url = config.webhook_url()
     sender = AlertSender(
-        url=config.webhook_url(),
+        url=url,
+        headers=config.headers() if url is not None else {},
         make_payload=lambda batch, dropped: webhook_payload(config.format, batch, dropped),
         wandb=config.wandb,
         min_interval_s=config.min_interval_s,

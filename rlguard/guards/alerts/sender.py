@@ -1,12 +1,13 @@
 """Delivery of the guard's alerts off the training thread: a bounded queue, one daemon worker, a rate limit, a
 total deadline on every request (connect, send and read together); only the standard library (``urllib``).
 
-The training thread only puts a message on the queue (``put_nowait``: it never waits, and a full queue drops the
-message and counts it, with a warning). The worker sends at most one request per ``min_interval_s``; messages that
-arrive in between are combined into the next request, so nothing is lost to the rate limit. A request that fails or
-times out is a logged warning naming the webhook by scheme and host only (its path is a secret), never an exception
-in training. At interpreter exit the worker is given ``timeout_s`` to send what is still queued (the alert of a halt
-is often the last thing a run does); what it could not send then is a last warning.
+The training thread only puts a message on the queue (``put_nowait``: it never waits, and a full queue drops the message
+and counts it, with a warning). The worker sends at most one request per ``min_interval_s``; messages that arrive in
+between are combined into the next request, so nothing is lost to the rate limit. A request that fails or times out is a
+logged warning naming the webhook by scheme and host only (its path is a secret, and so are the values of its request
+headers, never quoted), never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send
+what is still queued (the alert of a halt is often the last thing a run does); what it could not send then is a last
+warning.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 import time
 import urllib.request
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlguard.guards.alerts.urls import redacted, scrub
@@ -108,13 +109,16 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(connection, req, context=self._context)  # type: ignore[attr-defined]
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
+def post_json(url: str, payload: dict[str, Any], timeout: float, headers: Mapping[str, str] | None = None) -> None:
     """POST ``payload`` as JSON to ``url`` (http or https, through the environment's proxies as ``urllib`` does),
-    raising on a status >= 400, and ``TimeoutError`` when connecting, sending and reading the answer together take
-    longer than ``timeout`` s."""
+    with ``headers`` added (``Authorization: Bearer ...``), raising on a status >= 400, and ``TimeoutError`` when
+    connecting, sending and reading the answer together take longer than ``timeout`` s."""
     data = json.dumps(payload).encode("utf-8")
     request = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json", "User-Agent": "rlguard"}
+        url,
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": "rlguard", **(headers or {})},
     )
     deadline = _Deadline(timeout)
     opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
@@ -136,20 +140,24 @@ def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
 class AlertSender:
     """A daemon worker that delivers messages to a webhook (``url``, payloads from ``make_payload``) and to the
     active W&B run (``wandb=True``: ``wandb.run.alert`` when the training process has imported wandb and started a
-    run; rlguard never imports it). Started on the first message."""
+    run; rlguard never imports it). Started on the first message. ``headers`` go with every request (``post`` is
+    called as ``post(url, payload, timeout, headers=headers)`` when there are any); their values are secrets, cut
+    from every warning."""
 
     def __init__(
         self,
         *,
         url: str | None,
+        headers: Mapping[str, str] | None = None,
         make_payload: Callable[[Sequence[Message], int], dict[str, Any]],
         wandb: bool,
         min_interval_s: float,
         timeout_s: float,
         queue_size: int,
-        post: Callable[[str, dict[str, Any], float], None] = post_json,
+        post: Callable[..., None] = post_json,
     ) -> None:
         self._url = url
+        self._headers = dict(headers or {})
         self._make_payload = make_payload
         self._wandb = wandb
         self._min_interval = min_interval_s
@@ -242,10 +250,14 @@ class AlertSender:
         self.sent += 1
         if self._url is not None:
             try:
-                self._post(self._url, self._make_payload(batch, dropped), self._timeout)
+                extra = {"headers": self._headers} if self._headers else {}
+                self._post(self._url, self._make_payload(batch, dropped), self._timeout, **extra)
             except Exception as err:  # refused, timed out, an HTTP error status: never an exception in training
                 self.failures += 1
                 reason = scrub(str(getattr(err, "reason", None) or err), self._url)
+                secrets = {part for v in self._headers.values() for part in (v, *v.split()) if len(part) > 1}
+                for secret in sorted(secrets, key=len, reverse=True):  # a header's value, and each word of it
+                    reason = reason.replace(secret, "...")
                 logger.warning(
                     "rlguard alerts: the webhook (%s) did not take %d alert(s): %s: %s (training goes on)",
                     redacted(self._url),

@@ -4,17 +4,14 @@ unset variable (the configuration paths: ``test_config.py``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import types
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,58 +21,17 @@ from rlguard.guards import Decision, Event, Guard, GuardConfig
 from rlguard.guards.actuation import Applied
 from rlguard.guards.alerts import AlertConfig, AlertPlugin, alert_message
 from tests.helpers.guards import StubActuator
+from tests.helpers.webhook import Recorder, recording_webhook
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = "RLGUARD_TEST_WEBHOOK"
 NAN = float("nan")
 
 
-class Recorder(ThreadingHTTPServer):
-    """An HTTP server on a free port of 127.0.0.1 that records each POST's JSON body; ``delay`` seconds before it
-    answers (a server that hangs)."""
-
-    daemon_threads = True
-
-    def __init__(self, delay: float = 0.0) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.delay = delay
-        self.bodies: list[dict[str, Any]] = []
-        self.paths: list[str] = []
-        self.times: list[float] = []  # time.monotonic() of each request's arrival
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hooks/T000/B000"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Recorder
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.times.append(time.monotonic())
-        time.sleep(self.server.delay)
-        self.server.bodies.append(body)
-        self.server.paths.append(self.path)
-        try:
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b"ok")
-        except BrokenPipeError:
-            pass  # the client gave up waiting (the hanging-server test)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[Recorder]:
-    srv = Recorder(delay=getattr(request, "param", 0.0))
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with recording_webhook(delay=getattr(request, "param", 0.0)) as srv:
+        yield srv
 
 
 def _guard(monkeypatch: pytest.MonkeyPatch, url: str | None, **alerts: Any) -> Guard:
@@ -226,6 +182,7 @@ def test_only_rank_0_and_only_its_own_guard_send(monkeypatch: pytest.MonkeyPatch
 _EXIT_SCRIPT = """
 from rlguard.guards import Guard, GuardConfig
 from tests.helpers.guards import StubActuator
+from tests.helpers.webhook import Recorder, recording_webhook
 guard = Guard(GuardConfig.preset("default", alerts={"webhook_env": "RLGUARD_TEST_WEBHOOK", "min_interval_s": 60}))
 actuator = StubActuator()
 guard.apply(guard.observe(1, {"loss": 0.1, "nonfinite": 1.0}), actuator)

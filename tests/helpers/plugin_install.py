@@ -12,15 +12,23 @@ from pathlib import Path
 
 from rlguard.plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP
 
+#: the worked plugin of docs/guides/plugins.md: its package and pyproject.toml, tested as written
+EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "docs" / "examples" / "plugin"
+#: its objective's module (BandPG), which the plugin-objective tests install on its own
+BAND_PG_SOURCE = (EXAMPLE_PLUGIN / "band_plugin" / "objective.py").read_text()
+
 
 def install_distribution(
     folder: Path, dist: str, entry_points: Mapping[str, Mapping[str, str]], modules: Mapping[str, str]
 ) -> None:
-    """Write the ``modules`` (name -> source) and a distribution ``dist`` whose ``entry_points.txt`` has
-    ``entry_points`` (group -> {name: module}) into ``folder``, as ``pip install`` leaves them on ``sys.path``."""
+    """Write the ``modules`` (dotted name -> source; a package's ``__init__`` named as such) and a distribution
+    ``dist`` whose ``entry_points.txt`` has ``entry_points`` (group -> {name: module}) into ``folder``, as ``pip
+    install`` leaves them on ``sys.path``."""
     folder.mkdir(parents=True, exist_ok=True)
     for module, source in modules.items():
-        (folder / f"{module}.py").write_text(textwrap.dedent(source))
+        path = folder.joinpath(*module.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
     info = folder / f"{dist}-0.1.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.1\n")

@@ -307,11 +307,11 @@ def test_a_new_manager_loads_nothing_until_a_kind_is_collected() -> None:
 
 def test_the_plugin_guide_shows_the_groups_and_the_line_rlguard_uses() -> None:
     guide = (ROOT / "docs" / "guides" / "plugins.md").read_text()
-    toml = re.search(r"```toml\n(.*?)```", guide, re.DOTALL)
-    assert toml is not None
-    shown = set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]$', toml.group(1), re.MULTILINE))
+    example = "docs/examples/plugin/pyproject.toml"  # the worked plugin's metadata, which the guide includes
+    assert f'```toml\n--8<-- "{example}"\n```' in guide
+    shown = set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]$', (ROOT / example).read_text(), re.MULTILINE))
     assert shown == {group for groups in GROUPS.values() for group in groups} - {ENTRY_POINT_GROUP}
     failure = PluginFailure(
-        "band_pg", "rlguard.objectives", "my_package.objective", "ModuleNotFoundError: No module named 'torch'"
+        "band_pg", "rlguard.objectives", "band_plugin.objective", "ModuleNotFoundError: No module named 'torch'"
     )
     assert f"\nwarning: {failure.line}\n" in guide

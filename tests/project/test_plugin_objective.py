@@ -1,9 +1,9 @@
-"""A plugin objective works everywhere a built-in does: ``band_pg`` (tests/helpers/band_pg_plugin.py, a new objective
-with its own clip field names) is installed as a third-party distribution with an ``rlguard`` entry point and used, in
-child processes that load it only through that entry point, in TRL's ``GuardedGRPOTrainer``, in verl as
-``rlguard.band_pg`` and in the fused path. Each is compared with a float64 reference written here from the formula
-``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The stock ``verl.trainer.main_ppo`` run with it is
-in integration_tests/test_verl_main_ppo.py.
+"""A plugin objective works everywhere a built-in does: ``band_pg`` (the plugin guide's objective,
+docs/examples/plugin/band_plugin/objective.py, with its own clip field names) is installed as a third-party
+distribution with an ``rlguard`` entry point and used, in child processes that load it only through that entry point,
+in TRL's ``GuardedGRPOTrainer``, in verl as ``rlguard.band_pg`` and in the fused path. Each is compared with a float64
+reference written here from the formula ``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The
+stock ``verl.trainer.main_ppo`` run with it is in integration_tests/test_verl_main_ppo.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.plugin_install import install_plugin
+from tests.helpers.plugin_install import BAND_PG_SOURCE, install_plugin
 
-PLUGIN_SOURCE = (Path(__file__).resolve().parents[1] / "helpers" / "band_pg_plugin.py").read_text()
+PLUGIN_SOURCE = BAND_PG_SOURCE
 
 #: the float64 reference, shared by the child scripts: the loss and TRL's and rlguard's clip fractions
 REFERENCE = '''

@@ -159,7 +159,7 @@ def _classes(returned: object, base: type[T], plugin: str, hook_name: str) -> li
     """What a plugin's ``hook_name`` returned, checked: subclasses of ``base`` with a non-empty ``name``."""
     classes = list(cast("Iterable[object]", returned))
     for cls in classes:
-        if not (isinstance(cls, type) and issubclass(cls, base) and getattr(cls, "name", "")):
+        if not (isinstance(cls, type) and issubclass(cls, base) and str(getattr(cls, "name", ""))):
             raise TypeError(
                 f"plugin {plugin!r} returned {cls!r} from {hook_name}; expected a subclass of "
                 f"{base.__module__}.{base.__qualname__} with a non-empty class attribute `name`."
@@ -187,10 +187,10 @@ def collect(
         try:
             returned = _classes(impl.function(), base, plugin, hook_name)
         except Exception as err:
-            entry = pm.entry_points.get(plugin) if isinstance(pm, PluginManager) else None
-            if entry is None:
+            if not (isinstance(pm, PluginManager) and plugin in pm.entry_points):
                 raise
-            _fail(pm, PluginFailure(entry[1], entry[0], entry[2], f"{type(err).__name__}: {err}"))
+            group, ep_name, value = pm.entry_points[plugin]
+            _fail(pm, PluginFailure(ep_name, group, value, f"{type(err).__name__}: {err}"))
             continue
         for cls in returned:
             name = str(getattr(cls, "name", ""))

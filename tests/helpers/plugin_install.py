@@ -6,6 +6,7 @@ through rlguard's plugin manager. Nothing registers the plugin by hand: only the
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,16 @@ from rlguard.plugins import DISABLE_AUTOLOAD_ENV, ENTRY_POINT_GROUP
 EXAMPLE_PLUGIN = Path(__file__).resolve().parents[2] / "docs" / "examples" / "plugin"
 #: its objective's module (BandPG), which the plugin-objective tests install on its own
 BAND_PG_SOURCE = (EXAMPLE_PLUGIN / "band_plugin" / "objective.py").read_text()
+GUIDE = EXAMPLE_PLUGIN.parents[1] / "guides" / "plugins.md"
+
+
+def guide_python_blocks(heading: str) -> list[str]:
+    """The ``python`` blocks of the plugin guide's section ``heading`` (to the next heading of any level)."""
+    text = GUIDE.read_text()
+    section = text[text.index(f"\n{heading}\n") + len(heading) + 2 :]
+    following = re.search(r"^#{1,6} ", section, re.MULTILINE)
+    section = section[: following.start()] if following else section
+    return re.findall(r"^```python\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
 
 
 def install_distribution(

@@ -3,7 +3,8 @@ its package installed as a distribution with the entry points of its own ``pypro
 processes as an author's user meets it: the detector by ``rlguard doctor`` where torch is not installed (the
 objective's module never imported), the objective through ``get_objective`` against a float64 reference written here
 from its formula and announced by TRL's adapter as a plugin with its defaults, and the opt-in intervention only where
-a ``GuardConfig`` names it."""
+a ``GuardConfig`` names it; the guide's own code blocks likewise (its verl check runs in
+tests/project/test_plugin_objective.py's verl child)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from rlguard.plugins import DISABLE_AUTOLOAD_ENV
-from tests.helpers.plugin_install import EXAMPLE_PLUGIN, install_distribution
+from tests.helpers.plugin_install import EXAMPLE_PLUGIN, guide_python_blocks, install_distribution
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def run_child(site: Path, code: str, *args: str, missing: str = "-") -> tuple[dict[str, Any], str]:
+def run_child(site: Path, code: str, *args: str, missing: str = "-") -> tuple[Any, str]:
     """``code`` (after the import blocker) in a fresh interpreter that sees the installed example; it prints one
     JSON line last. Returns that and stderr."""
     env = {k: v for k, v in os.environ.items() if k != DISABLE_AUTOLOAD_ENV}
@@ -202,3 +203,52 @@ def test_the_guide_shows_the_example_s_files_as_they_are() -> None:
         if name.endswith("__init__.py"):
             continue
         assert f'--8<-- "{name}"' in guide, name
+
+
+# execs the guide's blocks of argv[1] (a JSON list) in one namespace, in the folder argv[2], then prints argv[3]'s
+# expression (JSON)
+BLOCKS = """
+import os
+blocks, folder, expression = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.chdir(folder)
+namespace = {}
+for code in blocks:
+    exec(compile(code, "docs/guides/plugins.md", "exec"), namespace)
+print(json.dumps(eval(expression, namespace)))
+"""
+
+
+def test_the_guide_s_opt_in_block_enables_the_intervention(site: Path, tmp_path: Path) -> None:
+    (block,) = guide_python_blocks("## An intervention")[1:]  # the first is interventions.py itself
+    result, _ = run_child(
+        site, BLOCKS, json.dumps([block]), str(tmp_path), "sorted(guard.interventions)", missing="torch"
+    )
+    assert "halve_lr_on_loss" in result and "skip_step" in result  # the preset's own, and the plugin's
+
+
+@pytest.mark.slow
+def test_the_guide_s_trl_blocks_train_the_plugin_objective(site: Path, tmp_path: Path) -> None:
+    """The tiny-model run of "Testing it" trains two steps with ``band_pg``; the config of "Using it" then builds a
+    trainer on its model, reward and data (on the CPU: ``cpu_training_arguments`` added, as the README test does)
+    whose attributes hold the objective in use."""
+    pytest.importorskip("trl")
+    (testing,) = guide_python_blocks("### Testing it")
+    (using,) = [b for b in guide_python_blocks("### Using it") if "GuardedGRPOTrainer(" in b]
+    on_cpu = (
+        "import rlguard.adapters.trl as _trl\nfrom rlguard.tasks.hf import cpu_training_arguments as _cpu\n"
+        "_real = _trl.GuardedGRPOConfig\n_trl.GuardedGRPOConfig = lambda **kw: _real(**{**_cpu(), **kw})\n"
+        "model, reward_funcs, dataset = str(save_tiny_llama('tiny')), addition_reward, addition_dataset(16)\n"
+    )
+    expression = (
+        "{'steps': trainer.state.global_step, 'objective': type(trainer.rlguard_objective).__name__,"
+        " 'kwargs': trainer.rlguard_mapping.kwargs,"
+        " 'configured': trainer.rlguard_configured_objective.band_high}"
+    )
+    # the first run's trainer is kept as `trained` before the second block rebinds `trainer`
+    blocks = [testing, "trained = trainer", on_cpu, using]
+    result, _ = run_child(site, BLOCKS, json.dumps(blocks), str(tmp_path), f"[trained.state.global_step, {expression}]")
+    trained_steps, built = result
+    assert trained_steps == 2
+    assert built["objective"] == "BandPG" and built["steps"] == 0
+    assert built["kwargs"]["band_low"] == 0.15 and built["kwargs"]["band_high"] == 0.25 == built["configured"]
+    assert built["kwargs"]["aggregation"] == "seq-mean-token-mean"  # objective_kwargs over loss_type's

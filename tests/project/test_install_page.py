@@ -1,16 +1,20 @@
 """The install page and the release steps work as written (``docs/install.md``, ``CHANGELOG.md``): every command of
 the page's ``bash`` blocks is run here (``--help``, ``--version``, a ``python -c`` check) or is, word for word, a
 command CI runs (``.ci/run``, the ``Makefile``, ``.ci/wheel-check``; tests/helpers/doc_commands.py says how words
-are compared), except those that need the package published, each of a checked form; and the version is in one
+are compared); the uploads run against a local package index where ``make dist-check`` left ``dist/`` (CI), and the
+installs from PyPI and TestPyPI, which need the package published, are of a checked form; the version is in one
 place, which the metadata, the page and the changelog follow."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,48 @@ def test_the_changelog_keeps_a_changelog_and_its_latest_version_is_the_package_s
         assert re.fullmatch(r" - \d{4}-\d{2}-\d{2}", date), date
     kinds = set(re.findall(r"^### (.+)$", text, re.MULTILINE))
     assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
+
+
+class _Index(http.server.BaseHTTPRequestHandler):
+    """A package index's upload endpoint: it keeps each upload's form fields (not the file)."""
+
+    uploads: list[dict[str, str]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        fields = dict(re.findall(rb'name="(\w+)"(?:; filename="[^"]*")?\r\n(?:[^\r\n]+\r\n)*\r\n([^\r]{0,200})', body))
+        self.uploads.append({k.decode(): v.decode(errors="replace") for k, v in fields.items()})
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_upload_commands_upload_what_make_dist_check_built(tmp_path: Path) -> None:
+    """Each ``twine upload`` of the release steps, run as written against a local index (``TWINE_REPOSITORY_URL``
+    overrides ``--repository``), uploads this version's wheel and sdist. CI runs ``make dist-check`` before the
+    tests, which leaves ``dist/`` and twine (the ``release`` extra) in its venv; elsewhere this is skipped."""
+    path = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+    built = [ROOT / wheel_name(VERSION), ROOT / "dist" / f"rlguard-{VERSION}.tar.gz"]
+    if shutil.which("twine", path=path) is None or not all(p.is_file() for p in built):
+        pytest.skip("needs make dist-check's dist/ and twine (the release extra), as CI has them")
+    uploads = [c for c in _page_commands() if c[:2] == ["twine", "upload"]]
+    assert len(uploads) == 2  # TestPyPI, then PyPI
+    handler = type("Index", (_Index,), {"uploads": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        **os.environ, "PATH": path, "HOME": str(tmp_path), "TWINE_NON_INTERACTIVE": "1",
+        "TWINE_REPOSITORY_URL": f"http://127.0.0.1:{server.server_port}/legacy/",
+        "TWINE_USERNAME": "__token__", "TWINE_PASSWORD": "pypi-local-test",
+    }  # fmt: skip
+    try:
+        for words in uploads:
+            done = subprocess.run(["bash", "-c", " ".join(words)], cwd=ROOT, env=env, capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    sent = sorted((u.get("name"), u.get("version"), u.get("filetype")) for u in handler.uploads)
+    assert sent == sorted([("rlguard", VERSION, "bdist_wheel"), ("rlguard", VERSION, "sdist")] * 2), handler.uploads

@@ -153,8 +153,11 @@ def test_the_upload_commands_upload_what_make_dist_check_built(tmp_path: Path) -
         pytest.skip("needs make dist-check's dist/ and twine (the release extra), as CI has them")
     uploads = [c for c in _page_commands() if c[:2] == ["twine", "upload"]]
     assert len(uploads) == 2  # TestPyPI, then PyPI
-    handler = type("Index", (_Index,), {"uploads": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    class Index(_Index):
+        uploads: list[dict[str, str]] = []  # noqa: RUF012  # this test's own class: one list per test
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
         **os.environ, "PATH": path, "HOME": str(tmp_path), "TWINE_NON_INTERACTIVE": "1",
@@ -168,5 +171,5 @@ def test_the_upload_commands_upload_what_make_dist_check_built(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
-    sent = sorted((u.get("name"), u.get("version"), u.get("filetype")) for u in handler.uploads)
-    assert sent == sorted([("rlguard", VERSION, "bdist_wheel"), ("rlguard", VERSION, "sdist")] * 2), handler.uploads
+    sent = sorted((u.get("name"), u.get("version"), u.get("filetype")) for u in Index.uploads)
+    assert sent == sorted([("rlguard", VERSION, "bdist_wheel"), ("rlguard", VERSION, "sdist")] * 2), Index.uploads

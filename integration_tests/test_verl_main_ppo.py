@@ -1,7 +1,7 @@
 """Stock ``python -m verl.trainer.main_ppo`` with Ray on CPU (rlguard.verl_cpu): GRPO with
 ``loss_mode=rlguard.gspo`` trains 3 steps on the tiny example, with the V1 trainer (verl's default) and the legacy
 trainer (``trainer.use_v1=false``), and the workers' ``rlguard/*`` metrics reach verl's file logger; a plugin
-objective installed through its entry point (tests/helpers/band_pg_plugin.py) trains as ``rlguard.band_pg``.
+objective installed through its entry point (the plugin guide's, docs/examples/plugin) trains as ``rlguard.band_pg``.
 
 Each run starts a local Ray cluster with the driver, the task runner, one FSDP actor worker, one HF rollout replica,
 an agent-loop worker and a reward worker: most of its time is process start-up and imports.
@@ -26,7 +26,7 @@ from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
 from rlguard.guards.state import GUARD_STATE_FILE
 from rlguard.verl_cpu.example import write_example
-from tests.helpers.plugin_install import install_plugin
+from tests.helpers.plugin_install import BAND_PG_SOURCE, install_plugin
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +72,9 @@ def test_stock_main_ppo_legacy_trainer(example: Path, tmp_path: Path) -> None:
 
 
 def _plugin_env(folder: Path) -> dict[str, str]:
-    """The environment of a run with tests/helpers/band_pg_plugin.py installed as a distribution with an rlguard entry
+    """The environment of a run with the plugin guide's objective installed as a distribution with an rlguard entry
     point (tests/helpers/plugin_install.py): every process verl starts loads it through rlguard's plugin manager."""
-    helpers = Path(__file__).resolve().parents[1] / "tests" / "helpers"
-    return install_plugin(folder, "rlguard_band_pg", (helpers / "band_pg_plugin.py").read_text())
+    return install_plugin(folder, "rlguard_band_pg", BAND_PG_SOURCE)
 
 
 def test_stock_main_ppo_trains_a_plugin_objective(example: Path, tmp_path: Path) -> None:

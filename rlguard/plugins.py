@@ -11,7 +11,8 @@ Entry points are loaded per kind, when that kind is first collected (:func:`load
 ``rlguard`` group (any hook) for every kind. So ``rlguard doctor``, which reads detectors, never imports an
 objective plugin's module (nor the torch it imports). A plugin whose module fails to load is skipped with one
 :class:`PluginLoadWarning` line (its name and the error), and that line is given again where a name it might have
-registered is asked for (:func:`plugin_failures`).
+registered is asked for (:func:`plugin_failures`); so is one whose hook raises or returns what is not a class of its
+kind when collected (:func:`collect`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class PluginManager(pluggy.PluginManager):
         self.autoload = autoload
         self.loaded_groups: set[str] = set()
         self.failures: list[PluginFailure] = []
+        #: the registered name of each plugin loaded from an entry point -> that entry point (group, name, value)
+        self.entry_points: dict[str, tuple[str, str, str]] = {}
 
 
 def make_plugin_manager(*, autoload: bool | None = None) -> PluginManager:
@@ -132,18 +135,36 @@ def _load_group(pm: PluginManager, group: str) -> None:
                     f"does under that hook's own group, or under {ENTRY_POINT_GROUP!r}"
                 )
         except Exception as err:  # an ImportError, or whatever the plugin's module raised
-            failure = PluginFailure(ep.name, group, ep.value, f"{type(err).__name__}: {err}")
-            pm.failures.append(failure)
-            warnings.warn(failure.line, PluginLoadWarning, stacklevel=2)
+            _fail(pm, PluginFailure(ep.name, group, ep.value, f"{type(err).__name__}: {err}"))
             continue
         if pm.is_registered(plugin):
             continue
-        pm.register(plugin, name=ep.name if pm.get_plugin(ep.name) is None else f"{ep.name} ({group})")
+        name = ep.name if pm.get_plugin(ep.name) is None else f"{ep.name} ({group})"
+        pm.register(plugin, name=name)
+        pm.entry_points[name] = (group, ep.name, ep.value)
+
+
+def _fail(pm: PluginManager, failure: PluginFailure) -> None:
+    """Record ``failure`` on ``pm`` and say it in one :class:`PluginLoadWarning` line."""
+    pm.failures.append(failure)
+    warnings.warn(failure.line, PluginLoadWarning, stacklevel=3)
 
 
 def _implemented(pm: pluggy.PluginManager, plugin: object) -> set[str]:
     """The names of the hooks ``plugin`` implements (marked with ``@hookimpl``)."""
     return {name for name in dir(plugin) if pm.parse_hookimpl_opts(plugin, name) is not None}
+
+
+def _classes(returned: object, base: type[T], plugin: str, hook_name: str) -> list[type[T]]:
+    """What a plugin's ``hook_name`` returned, checked: subclasses of ``base`` with a non-empty ``name``."""
+    classes = list(cast("Iterable[object]", returned))
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, base) and str(getattr(cls, "name", ""))):
+            raise TypeError(
+                f"plugin {plugin!r} returned {cls!r} from {hook_name}; expected a subclass of "
+                f"{base.__module__}.{base.__qualname__} with a non-empty class attribute `name`."
+            )
+    return cast("list[type[T]]", classes)
 
 
 def ensure_registered(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
@@ -156,19 +177,23 @@ def collect(
     pm: pluggy.PluginManager, hook_name: str, base: type[T], kind: Literal["objective", "detector", "intervention"]
 ) -> Mapping[str, type[T]]:
     """``{name: class}`` from every plugin's implementation of ``hook_name`` (the entry points of ``kind`` loaded
-    first); duplicates and non-subclasses raise."""
+    first); duplicates raise. A plugin loaded from an entry point whose hook raises or returns what is not a
+    subclass of ``base`` is skipped in one :class:`PluginLoadWarning` line, as one that fails to import; any other
+    plugin's (a built-in, one registered by hand) raises."""
     load_plugins(pm, kind)
     found: dict[str, tuple[type[T], str]] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         plugin = impl.plugin_name
-        returned = cast("Iterable[object]", impl.function())
+        try:
+            returned = _classes(impl.function(), base, plugin, hook_name)
+        except Exception as err:
+            if not (isinstance(pm, PluginManager) and plugin in pm.entry_points):
+                raise
+            group, ep_name, value = pm.entry_points[plugin]
+            _fail(pm, PluginFailure(ep_name, group, value, f"{type(err).__name__}: {err}"))
+            continue
         for cls in returned:
             name = str(getattr(cls, "name", ""))
-            if not (isinstance(cls, type) and issubclass(cls, base) and name):
-                raise TypeError(
-                    f"plugin {plugin!r} returned {cls!r} from {hook_name}; expected a subclass of "
-                    f"{base.__module__}.{base.__qualname__} with a non-empty class attribute `name`."
-                )
             if name in found and found[name][0] is not cls:
                 raise ValueError(
                     f"{kind} name {name!r} is registered twice: by plugin {found[name][1]!r} "

@@ -1,6 +1,7 @@
 """Examples of the docs site that a user copies, run as written: the plain-torch loop of docs/guides/torch.md (its
 free names bound to a tiny model and batches) and the TRL guide's table of the ways to write GSPO (each row's
-settings mapped by ``GuardedGRPOConfig``, against what the row says it trains)."""
+settings mapped by ``GuardedGRPOConfig``, against what the row says it trains). The plugin guide's files are
+tested as written in tests/project/test_plugin_example.py."""
 
 from __future__ import annotations
 
@@ -92,30 +93,3 @@ def test_each_spelling_of_gspo_in_the_trl_guide_trains_what_it_says(cell: str, t
         assert "TRL's defaults" in trains and "0.2 / 0.2" in trains and "`token-mean`" in trains
         assert (objective, kwargs["clip_low"], kwargs["clip_high"]) == ("gspo", 0.2, 0.2)
         assert kwargs["aggregation"] == "token-mean"
-
-
-def test_the_plugin_guide_s_objective_is_the_one_the_plugin_test_installs() -> None:
-    """docs/guides/plugins.md shows BandPG; tests/helpers/band_pg_plugin.py is what test_plugin_objective.py runs in
-    TRL, verl and the fused path. The guide's copy must declare the same and compute the same loss and gradient."""
-    from tests.helpers import band_pg_plugin
-
-    namespace: dict[str, Any] = {}
-    exec(compile(_python_block(_section("guides/plugins.md", "## An objective")), "plugins.md", "exec"), namespace)
-    documented, tested = namespace["BandPG"], band_pg_plugin.BandPG
-    for name in ("name", "token_local", "clip_bounds", "trl", "verl", "ratio_level", "needs_whole_batch"):
-        assert getattr(documented, name) == getattr(tested, name), name
-    assert namespace["rlguard_add_objectives"]() == [documented]
-    torch.manual_seed(0)
-    old = torch.randn(4, 6, dtype=torch.float64)  # (B, T)
-    new = (old + 0.3 * torch.randn(4, 6, dtype=torch.float64)).requires_grad_()  # ratios in and out of the band
-    mask = torch.ones(4, 6, dtype=torch.float64)
-    mask[1, 4:] = 0.0
-    batch = PolicyBatch(logprobs=new, advantages=torch.randn(4, dtype=torch.float64), mask=mask, old_logprobs=old)
-    outputs = []
-    for cls in (documented, tested):
-        out = cls(band_low=0.15, band_high=0.25)(batch)
-        (grad,) = torch.autograd.grad(out.loss, new)
-        outputs.append((out.loss.detach(), grad, out.metrics["clip_frac"]))
-    (loss_a, grad_a, frac_a), (loss_b, grad_b, frac_b) = outputs
-    assert 0 < float(frac_a) < 1  # some ratios left the band, some did not
-    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b) and torch.equal(frac_a, frac_b)

@@ -307,11 +307,69 @@ def test_a_new_manager_loads_nothing_until_a_kind_is_collected() -> None:
 
 def test_the_plugin_guide_shows_the_groups_and_the_line_rlguard_uses() -> None:
     guide = (ROOT / "docs" / "guides" / "plugins.md").read_text()
-    toml = re.search(r"```toml\n(.*?)```", guide, re.DOTALL)
-    assert toml is not None
-    shown = set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]$', toml.group(1), re.MULTILINE))
+    example = "docs/examples/plugin/pyproject.toml"  # the worked plugin's metadata, which the guide includes
+    assert f'```toml\n--8<-- "{example}"\n```' in guide
+    shown = set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]$', (ROOT / example).read_text(), re.MULTILINE))
     assert shown == {group for groups in GROUPS.values() for group in groups} - {ENTRY_POINT_GROUP}
     failure = PluginFailure(
-        "band_pg", "rlguard.objectives", "my_package.objective", "ModuleNotFoundError: No module named 'torch'"
+        "band_pg", "rlguard.objectives", "band_plugin.objective", "ModuleNotFoundError: No module named 'torch'"
     )
     assert f"\nwarning: {failure.line}\n" in guide
+
+
+# a hook that raises, and one that returns what is not a class of its kind
+FAILING_HOOKS = """
+from rlguard.hookspecs import hookimpl
+
+
+@hookimpl
+def rlguard_add_detectors():
+    raise RuntimeError("failing_hooks cannot build its detectors")
+"""
+NOT_A_CLASS = FAILING_HOOKS.replace(
+    'raise RuntimeError("failing_hooks cannot build its detectors")', 'return ["spike"]'
+)
+
+
+def test_a_plugin_whose_hook_fails_is_skipped_in_one_line_and_the_doctor_runs(trl_run: Path, tmp_path: Path) -> None:
+    """Such a plugin failed to load: the doctor runs and names each, instead of reporting an internal error."""
+    eps = {"rlguard.detectors": {"failing": "failing_hooks", "not_a_class": "not_a_class"}}
+    install_distribution(tmp_path / "site", "hooks", eps, {"failing_hooks": FAILING_HOOKS, "not_a_class": NOT_A_CLASS})
+    result, stderr = probe(tmp_path / "site", tmp_path, "doctor", str(trl_run))
+    assert result["code"] == 0
+    assert stderr == [
+        "warning: rlguard plugin 'failing' (rlguard.detectors: failing_hooks) failed to load and is skipped: "
+        "RuntimeError: failing_hooks cannot build its detectors",
+        "warning: rlguard plugin 'not_a_class' (rlguard.detectors: not_a_class) failed to load and is skipped: "
+        "TypeError: plugin 'not_a_class' returned 'spike' from rlguard_add_detectors; expected a subclass of "
+        "rlguard.guards.detectors.base.Detector with a non-empty class attribute `name`.",
+    ]
+
+
+def test_a_broken_intervention_is_refused_by_name_and_a_broken_objective_is_not_the_doctor_s(
+    trl_run: Path, tmp_path: Path
+) -> None:
+    eps = {
+        "rlguard.interventions": {"broken_iv": "broken_plugin"},
+        "rlguard.objectives": {"broken_pg": "broken_plugin"},
+    }
+    install_distribution(tmp_path / "site", "broken", eps, {"broken_plugin": BROKEN})
+    error = "ImportError: broken_plugin needs libbroken, which is not installed"
+    iv_line = (
+        f"rlguard plugin 'broken_iv' (rlguard.interventions: broken_plugin) failed to load and is skipped: {error}"
+    )
+    pg_line = f"rlguard plugin 'broken_pg' (rlguard.objectives: broken_plugin) failed to load and is skipped: {error}"
+    code = "from rlguard.guards import Guard, GuardConfig\nGuard(GuardConfig(interventions={'broken_iv': {}}))"
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=child_env(tmp_path / "site")
+    )
+    refused = proc.stderr.strip().splitlines()[-1]
+    assert refused.startswith("ValueError: unknown intervention(s) ['broken_iv']; registered: ")
+    assert refused.endswith(f"{iv_line}.")
+    # the doctor names the intervention and never loads the objectives' group; rlguard losses names the objective
+    result, stderr = probe(tmp_path / "site", tmp_path, "doctor", str(trl_run))
+    assert result["code"] == 0
+    assert stderr == [f"warning: {iv_line}"]
+    result, stderr = probe(tmp_path / "site", tmp_path, "losses", "--json")
+    assert result["code"] == 0
+    assert stderr == [f"warning: {pg_line}"]

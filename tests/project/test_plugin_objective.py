@@ -1,9 +1,9 @@
-"""A plugin objective works everywhere a built-in does: ``band_pg`` (tests/helpers/band_pg_plugin.py, a new objective
-with its own clip field names) is installed as a third-party distribution with an ``rlguard`` entry point and used, in
-child processes that load it only through that entry point, in TRL's ``GuardedGRPOTrainer``, in verl as
-``rlguard.band_pg`` and in the fused path. Each is compared with a float64 reference written here from the formula
-``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The stock ``verl.trainer.main_ppo`` run with it is
-in integration_tests/test_verl_main_ppo.py.
+"""A plugin objective works everywhere a built-in does: ``band_pg`` (the plugin guide's objective,
+docs/examples/plugin/band_plugin/objective.py, with its own clip field names) is installed as a third-party
+distribution with an ``rlguard`` entry point and used, in child processes that load it only through that entry point,
+in TRL's ``GuardedGRPOTrainer``, in verl as ``rlguard.band_pg`` and in the fused path. Each is compared with a float64
+reference written here from the formula ``l_it = -A_it clip(r_it, 1 - band_low, 1 + band_high)``, token mean. The
+stock ``verl.trainer.main_ppo`` run with it is in integration_tests/test_verl_main_ppo.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.plugin_install import install_plugin
+from tests.helpers.plugin_install import BAND_PG_SOURCE, guide_python_blocks, install_plugin
 
-PLUGIN_SOURCE = (Path(__file__).resolve().parents[1] / "helpers" / "band_pg_plugin.py").read_text()
+PLUGIN_SOURCE = BAND_PG_SOURCE
 
 #: the float64 reference, shared by the child scripts: the loss and TRL's and rlguard's clip fractions
 REFERENCE = '''
@@ -140,6 +140,7 @@ print(json.dumps(result))
 
 VERL_CHILD = """
 import json
+import sys
 import torch
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
@@ -181,6 +182,9 @@ result["plain"] = compare(actor(RLGuardPolicyLossConfig(loss_mode="rlguard.band_
 guarded = actor(GuardedPolicyLossConfig(loss_mode="rlguard.band_pg", controls={"clip_scale": 0.5}))
 loss, metrics = compare(guarded, 0.075, 0.125)
 result["guarded"] = [loss, metrics["rlguard/guard/clip_low"], metrics["rlguard/guard/clip_high"]]
+namespace = {}  # the plugin guide's check that verl sees a plugin loss (argv[1])
+exec(sys.argv[1], namespace)
+result["guide_check"] = namespace["loss_fn"] is core_algos.get_policy_loss_fn("rlguard.band_pg")
 print(json.dumps(result))
 """
 
@@ -254,8 +258,9 @@ def test_in_trls_guarded_trainer(plugin_env: dict[str, str], tmp_path: Path) -> 
 
 def test_in_verl_as_rlguard_band_pg(plugin_env: dict[str, str]) -> None:
     pytest.importorskip("verl")
-    result = run_child(VERL_CHILD, plugin_env)
-    assert result["registered"]
+    (guide_check,) = [b for b in guide_python_blocks("### Using it") if "POLICY_LOSS_REGISTRY" in b]
+    result = run_child(VERL_CHILD, plugin_env, guide_check)
+    assert result["registered"] and result["guide_check"]
     loss, low, high = result["guarded"]
     assert (low, high) == pytest.approx((0.075, 0.125), rel=1e-15) and loss != result["plain"]
 

@@ -26,6 +26,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from rlguard._deprecated import renamed
 from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config, paper_trl_settings
+from rlguard.core_losses.registry import objective_class
 from rlguard.guards import PRESETS, GuardConfig
 from rlguard.guards.config import check_preset
 
@@ -211,20 +212,28 @@ def parse_guard_flag(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guar
 
 
 def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> None:
-    """One log line: the clip range and aggregation the objective got, and whether they are its paper's (then at
-    WARNING level: TRL users expect TRL's defaults) or the user's TRL settings."""
+    """One log line: the clip range and aggregation the objective got, and whether they are its own (its paper's,
+    or a plugin's defaults where it names no paper; then at WARNING level: TRL users expect TRL's defaults) or the
+    user's TRL settings. A plugin's objective is announced as one, by its class and module."""
+    assert config.objective is not None
+    cls = objective_class(config.objective)
+    own = "the paper's" if cls.paper else "its defaults"
     kwargs = config.rlguard_mapping.kwargs
     parts = []
-    if "clip_high" in kwargs:
-        source = "the paper's" if used.keys() & {"epsilon", "epsilon_high"} else "from epsilon/epsilon_high"
-        parts.append(f"clip range ({kwargs.get('clip_low')}, {kwargs['clip_high']}) ({source})")
-    source = "the paper's" if used.keys() & {"loss_type", "aggregation"} else "from loss_type/objective_kwargs"
+    low, high = cls.clip_bounds or ("clip_low", "clip_high")  # the fields the objective clips by
+    if high in kwargs:
+        source = own if used.keys() & {"epsilon", "epsilon_high"} else "from epsilon/epsilon_high"
+        parts.append(f"clip range ({kwargs.get(low)}, {kwargs[high]}) ({source})")
+    source = own if used.keys() & {"loss_type", "aggregation"} else "from loss_type/objective_kwargs"
     parts.append(f"aggregation {kwargs['aggregation']!r} ({source}, loss_type={config.loss_type!r})")
     hint = "; set epsilon, epsilon_high or loss_type to use TRL's" if used else ""
+    # the built-ins live in rlguard; any other module registered the objective through a plugin's entry point
+    plugin = "" if cls.__module__.partition(".")[0] == "rlguard" else f" (plugin {cls.__module__}.{cls.__qualname__})"
     logger.log(
         logging.WARNING if used else logging.INFO,
-        "rlguard: objective %r with %s%s.",
+        "rlguard: objective %r%s with %s%s.",
         config.objective,
+        plugin,
         " and ".join(parts),
         hint,
     )

@@ -27,6 +27,7 @@ __all__ = [
     "METRICS",
     "REDUCTIONS",
     "RLGUARD_PREFIX",
+    "STALENESS_BUCKETS",
     "TRL_TO_CANONICAL",
     "VERL_TO_CANONICAL",
     "Domain",
@@ -69,6 +70,18 @@ class Metric:
     doctor_only: bool = False
     doc: str = ""
 
+
+#: The gap-by-age buckets ``(stat, lowest age, highest age)`` in policy versions. Age 0 is on-policy: the engine's
+#: numerics alone, the reference the others are read against; age 1 is a one-step-off pipeline (verl's
+#: ``one_step_off_policy``); then powers of two, since a sample's drift grows with the updates made since it was
+#: sampled and a doubling of them is the least change worth a bucket; 4 and up lies at and past TRL's default
+#: bound (``AsyncGRPOConfig.max_staleness = 4``). Fixed, so that every log and every rank has the same names.
+STALENESS_BUCKETS: tuple[tuple[str, int, float], ...] = (
+    ("mismatch_logp_abs_mean_age0", 0, 0),
+    ("mismatch_logp_abs_mean_age1", 1, 1),
+    ("mismatch_logp_abs_mean_age2_3", 2, 3),
+    ("mismatch_logp_abs_mean_age4plus", 4, math.inf),
+)
 
 _M = Metric
 #: The table. Order matters where two framework keys map to one name: the first listed wins.
@@ -237,6 +250,25 @@ METRICS: tuple[Metric, ...] = (
         doctor_only=True,
         doc="an evaluation metric where lower is better (loss, error, perplexity on held-out data)",
     ),
+    # staleness (asynchronous pipelines): an age is in policy versions, the optimizer updates between the weights that
+    # sampled and the weights updated (TRL: model_version - sample.model_version; verl: current_param_version minus a
+    # trajectory's param_version); read by staleness_remedy (evidence), by no detector
+    _M("staleness_mean", "mean", "samples", ("sample/staleness_mean",), doc="mean age of the samples"),
+    _M("staleness_max", "max", "equal", ("sample/staleness_max",), doc="largest age of the samples"),
+    # TRL pushes 1 per dropped sample and sums the logging window ("total" in its name: a counter of deltas)
+    _M("stale_dropped", "sum", "equal", ("sample/dropped_stale_total",), doc="samples dropped over the age bound"),
+    _M("policy_version", "max", "equal", (), ("fully_async/count/current_param_version",), doc="trainer's version"),
+    _M(
+        "staleness_bound",
+        "max",
+        "equal",
+        doc="the pipeline's age bound in force (max_staleness), as the actuator has it",
+    ),
+    # |log p_trainer - log p_rollout| over the tokens of one age bucket's samples (STALENESS_BUCKETS)
+    *(
+        _M(n, "mean", "tokens", doc=f"|log p_trainer - log p_rollout|, ages {lo}-{hi}")
+        for n, lo, hi in STALENESS_BUCKETS
+    ),
     # internal moments: reward_std and mismatch_prob_corr are computed exactly from the combined data
     _M("_reward_sq_mean", "mean", "samples"),
     _M("_p_n", "sum", "equal"),
@@ -302,6 +334,8 @@ DOMAINS: dict[str, Domain] = {
         _NONNEGATIVE,
     ),
     **dict.fromkeys(("mismatch_logp_abs_mean", "mismatch_logp_abs_max"), _NONNEGATIVE),
+    **dict.fromkeys(("staleness_mean", "staleness_max", "stale_dropped", "policy_version"), _NONNEGATIVE),
+    **dict.fromkeys(("staleness_bound", *(name for name, _, _ in STALENESS_BUCKETS)), _NONNEGATIVE),
     **dict.fromkeys(("clip_frac", "clip_frac_low", "clip_frac_high", "masked_frac", "truncated_frac"), _FRACTION),
     **dict.fromkeys(("frac_zero_std_groups", "frac_zero_std_solved", "repetition_rate"), _FRACTION),
     **dict.fromkeys(("mismatch_prob_abs_mean", "mismatch_prob_abs_max"), _FRACTION),

@@ -75,6 +75,12 @@ class Controls:
             eq. 9: a negative-advantage sequence whose token mean of ``log pi_behaviour - log pi`` exceeds ``delta``
             is dropped; the behaviour log-probs are the engine's where the loop passes them, else pi_old's), where
             the run configured none.
+        max_staleness: the asynchronous pipeline's staleness bound in policy versions (TRL's ``max_staleness``,
+            verl's ``async_training.staleness_threshold`` as the adapter translates it), where lower than the
+            configured one; None keeps the configured. Carried out by the actuator, not the objective.
+        stale_drop_age: samples older than this many policy versions are dropped before the loss, by the
+            framework's own mechanism (TRL's queue drops samples over ``max_staleness``); None drops none beyond
+            the configured. Carried out by the actuator.
     """
 
     lr_scale: float = _control(1.0, "lr_scale", combine="product", logged_as="scale_lr")
@@ -88,6 +94,8 @@ class Controls:
     rollout_is_cap: float | None = _control(None, "rollout_correction", low=1.0)
     rollout_mask_high: float | None = _control(None, "rollout_mask", low=1.0)
     off_policy_mask_delta: float | None = _control(None, "off_policy_mask")
+    max_staleness: int | None = _control(None, "staleness_bound")
+    stale_drop_age: int | None = _control(None, "drop_stale")
 
     def __post_init__(self) -> None:
         for f in _FIELDS:

@@ -177,6 +177,7 @@ def _stable() -> GuardConfig:
             "trust_region": {},
             "entropy_control": {},
             "mismatch_remedy": {},
+            "staleness_remedy": {},  # a gap that grows with the samples' age (asynchronous pipelines)
             "lr_backoff": {"on": tuple(n for n in LRBackoff.on if n != "mismatch_growth")},
             "clip_controller": {"explained_by": ("mismatch_growth",)},
             "recovery": recovery,

@@ -23,13 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rlguard.bench.collapse.spec import BaseRunConfig, RolloutBatch, RunResult, TrainerPass, numerics
+from rlguard.bench.collapse.spec import BaseRunConfig, RolloutBatch, RunResult, TrainerPass, draw_age, numerics
 from rlguard.bench.collapse.verdict import collapse_verdict
 from rlguard.core_losses import PolicyBatch, get_objective, group_advantages
 from rlguard.core_losses.rollout import mismatch_metrics
 from rlguard.guards import Guard, GuardConfig, collect_step_stats
 from rlguard.guards.actuation import TorchActuator, bind_guard
 from rlguard.guards.interventions.trust_region import measures_update
+from rlguard.guards.stats.collect import StepStats
+from rlguard.guards.stats.staleness import add_staleness_stats
 
 # -- warm start -----------------------------------------------------------------------------------------------------
 _WARM_STARTS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
@@ -83,6 +85,9 @@ class GuardTally:
     lr_backoffs: int = 0
     clip_changes: int = 0
     last_lr_scale: float = 1.0
+    #: the asynchronous pipeline's staleness bound the guard set (``Controls.max_staleness``/``stale_drop_age``,
+    #: the stricter of the two: this loop's pipeline drops what its bound refuses); None: as configured
+    staleness_bound: int | None = None
 
     def counts(self) -> dict[str, int]:
         """The ``interventions`` of :class:`~rlguard.bench.collapse.spec.RunResult`."""
@@ -115,7 +120,32 @@ def guarded_update(guard: Guard, step: int, stats: dict[str, float], actuator: T
     tally.lr_backoffs += lr_scale < tally.last_lr_scale
     tally.clip_changes += actuator.objective_in_use is not current
     tally.last_lr_scale = lr_scale
+    bounds = [b for b in (decision.controls.max_staleness, decision.controls.stale_drop_age) if b is not None]
+    tally.staleness_bound = int(min(bounds)) if bounds else None
     return outcome
+
+
+#: what this loop's asynchronous pipeline carries out (the ``async<A>`` stressors): the guard's staleness bound
+ASYNC_CAPABILITIES = frozenset({"staleness_bound", "drop_stale"})
+
+
+class PipelineActuator(TorchActuator):
+    """:class:`TorchActuator` of a loop whose engine is an asynchronous pipeline: it also lowers the pipeline's
+    staleness bound and drops over-age batches (the loop reads the bound from :class:`GuardTally`)."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities | ASYNC_CAPABILITIES
+
+
+def staleness_step_stats(age: int, bound: int, trainer: TrainerPass, rollouts: RolloutBatch) -> dict[str, float]:
+    """The staleness stats of a batch sampled by the policy of ``age`` versions ago under ``bound``
+    (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`; every sample of the batch has that age)."""
+    st = StepStats()
+    ages = torch.full((rollouts.mask.shape[0],), float(age))  # (B,)
+    add_staleness_stats(st, ages, trainer.logprobs, rollouts.engine_logprobs, rollouts.mask)
+    st.add("staleness_bound", float(bound))
+    return st.reduce()
 
 
 def policy_gradient_step(
@@ -195,7 +225,7 @@ def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] 
     objective = get_objective(config.objective)
     guard = None if config.guard == "off" else Guard(GuardConfig.preset(config.guard))
     # the guard's decisions act through it; it measures each update's relative size for the trust region
-    actuator = TorchActuator(
+    actuator = (TorchActuator if st.max_age is None else PipelineActuator)(
         model,
         optimizer,
         objective=objective,
@@ -206,15 +236,20 @@ def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] 
         bind_guard(guard, actuator, where=f"the collapse benchmark's loop ({config.task} task)")
     tally = GuardTally()
     gen = torch.Generator().manual_seed(config.seed)
-    history: deque[dict[str, Tensor]] = deque(maxlen=st.stale_steps + 1)
-    curves: dict[str, list[float]] = {k: [] for k in ("reward", "entropy", "length", "clip", "gap", "routed")}
+    history: deque[dict[str, Tensor]] = deque(maxlen=st.history_length)
+    curves: dict[str, list[float]] = {k: [] for k in ("reward", "entropy", "length", "clip", "gap", "routed", "age")}
     step_clip: list[float] = []
     halted = nonfinite = False
     step = 0
     per_mb = config.num_prompts // config.minibatches * config.group_size
     slices = [torch.arange(mb * per_mb, (mb + 1) * per_mb) for mb in range(config.minibatches)]
     for it in range(config.iterations):
-        engine = config.engine(model, gen, history)
+        age = bound = 0
+        if st.max_age is not None:  # an asynchronous pipeline: the batch's age is drawn under the bound in force
+            bound = st.max_age if tally.staleness_bound is None else min(st.max_age, tally.staleness_bound)
+            age = draw_age(gen, bound)
+        engine = config.engine(model, gen, history, age)
+        age = min(age, len(history) - 1) if st.max_age is not None else 0  # a younger policy early in a run
         rollouts = config.sample(engine, it)
         exact_engine = engine is model
         advantages = group_advantages(rollouts.rewards, rollouts.group_ids).advantages  # (B,)
@@ -237,6 +272,9 @@ def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] 
                     if config.guard_sees_engine_gap and trainer_old is None and not exact_engine
                     else {}
                 )
+                if st.max_age is not None:
+                    curves["age"].append(float(age))
+                    engine_gap.update(staleness_step_stats(age, bound, tp, sub))
             if trainer_old is None:
                 old, behaviour = sub.engine_logprobs, None if exact_engine else sub.engine_logprobs
             else:
@@ -304,6 +342,7 @@ def run_one(config: BaseRunConfig, on_batch: Callable[[int, PolicyBatch], None] 
         clip_fracs=curves["clip"],
         logp_gaps=curves["gap"],
         routed_differently=curves["routed"],
+        ages=curves["age"],
         clip_frac_mean=statistics.fmean(step_clip) if step_clip else 0.0,
         wall_s=time.perf_counter() - start,
         numerics=numerics(),

@@ -61,6 +61,7 @@ RUN_COLUMNS: dict[str, Callable[[RunResult], Any]] = {
     "clip_frac_mean": lambda r: round(math.nan if r.clip_frac_mean is None else r.clip_frac_mean, 5),
     "routed_differently": lambda r: round(_mean(r.routed_differently), 5),
     "logp_gap_abs_mean": lambda r: round(_mean(r.logp_gaps), 5),
+    "staleness_mean": lambda r: round(_mean(r.ages), 3),  # NaN: no asynchronous-pipeline stressor
     "iterations_run": lambda r: len(r.rewards),
     **{k: _intervention(k) for k in ("skips", "rollbacks", "lr_backoffs", "clip_changes")},
 }
@@ -103,6 +104,7 @@ SUMMARY_COLUMNS: dict[str, Callable[[list[dict[str, Any]], list[RunResult]], Any
     "clip_frac_mean": _cell_mean("clip_frac_mean", 4),
     "routed_differently": _cell_mean("routed_differently", 4),
     "logp_gap_abs_mean": _cell_mean("logp_gap_abs_mean", 4),
+    "staleness_mean": _cell_mean("staleness_mean", 2),
 }
 
 #: how a summary value reads in ``summary.md``

@@ -72,6 +72,31 @@ class BaseStressor:
         """What the base learning rate is multiplied by."""
         return self.lr_multiplier if self.name == "high_lr" else 1.0
 
+    @property
+    def max_age(self) -> int | None:
+        """The staleness bound of an asynchronous-pipeline stressor (its batches' ages are drawn, :func:`draw_age`);
+        None for the others."""
+        return None
+
+    @property
+    def history_length(self) -> int:
+        """How many past policies the engine may need (the loop's ``history``'s ``maxlen``)."""
+        return self.stale_steps + 1
+
+
+def draw_age(gen: torch.Generator, bound: int) -> int:
+    """A batch's policy age under an asynchronous pipeline with staleness bound ``bound``: uniform in ``0..bound``.
+
+    The model: generation runs ahead of training on a queue, each batch is consumed at a uniformly random point
+    of the window the bound allows, and TRL's and verl's pipelines drop (TRL: ``max_staleness``) or never produce
+    (verl: ``staleness_threshold``) the older ones. One draw per batch whatever the bound, so that runs of one seed
+    see the same draws whether or not a guard lowered the bound.
+    """
+    if bound < 0:
+        raise ValueError(f"bound must be >= 0 policy versions; got {bound!r}.")
+    u = float(torch.rand((), generator=gen))  # [0, 1)
+    return min(int(u * (bound + 1)), bound)
+
 
 class RolloutBatch(Protocol):
     """What the loop reads of a task's rollout batch of ``B`` completions (``T`` completion positions)."""
@@ -174,10 +199,13 @@ class BaseRunConfig:
         """The supervised steps before RL, in place."""
         raise NotImplementedError(f"{type(self).__name__} does not define warm_start().")
 
-    def engine(self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]]) -> nn.Module:
+    def engine(
+        self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]], age: int = 0
+    ) -> nn.Module:
         """The policy that samples the next rollout batch under the stressor: ``model`` itself (an exact engine)
-        or a copy with other numerics or older weights. ``history`` (``maxlen = stale_steps + 1``) is the loop's,
-        emptied after a rollback; ``gen`` draws the engine's noise."""
+        or a copy with other numerics or older weights. ``history`` (``maxlen = stressor.history_length``) is the
+        loop's, emptied after a rollback; ``gen`` draws the engine's noise; ``age``: the policy age the loop drew
+        for an asynchronous-pipeline stressor (:func:`draw_age`)."""
         raise NotImplementedError(f"{type(self).__name__} does not define engine().")
 
     def sample(self, engine: nn.Module, iteration: int) -> RolloutBatch:
@@ -227,6 +255,7 @@ class RunResult:
         lengths, clip_fracs: mean completion tokens and clip fraction (mean over the minibatches) of each batch.
         logp_gaps, routed_differently: trainer vs engine before each batch's first update: mean
             ``|log pi_trainer - log pi_engine|`` and share of tokens routed to other experts.
+        ages: each batch's policy age in versions under an asynchronous-pipeline stressor (empty otherwise).
         wall_s: seconds the run took.
     """
 
@@ -241,6 +270,7 @@ class RunResult:
     clip_fracs: list[float] = field(default_factory=list)
     logp_gaps: list[float] = field(default_factory=list)
     routed_differently: list[float] = field(default_factory=list)
+    ages: list[float] = field(default_factory=list)
     clip_frac_mean: float | None = None
     wall_s: float = 0.0
     numerics: dict[str, str] = field(default_factory=dict)

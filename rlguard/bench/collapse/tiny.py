@@ -192,8 +192,10 @@ class TinyRunConfig(BaseRunConfig):
         assert isinstance(model, TinyLM)
         warm_start(model, steps=self.warm_start_steps, seed=self.seed, lr=self.warm_start_lr)
 
-    def engine(self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]]) -> nn.Module:
-        """:func:`behaviour_policy`."""
+    def engine(
+        self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]], age: int = 0
+    ) -> nn.Module:
+        """:func:`behaviour_policy` (the short task has no asynchronous-pipeline stressor: ``age`` is unused)."""
         assert isinstance(model, TinyLM)
         return behaviour_policy(model, self.stressor, gen, history)[0]
 

@@ -45,6 +45,11 @@ Stressors (:class:`~.stressors.LongStressor`; defaults in brackets, calibrated b
   within 1e-5).
 - ``high_lr``: the learning rate times ``lr_multiplier`` [30].
 - ``stale``: every batch sampled by the policy of ``stale_steps`` [16] batches ago.
+- ``async1``, ``async2``, ``async4``, ``async8``: an asynchronous pipeline with staleness bound ``A`` = 1, 2, 4, 8
+  policy versions (one version: one rollout batch's updates, the weight sync of verl's fully async trainer); each
+  batch is sampled by the policy of ``age`` batches ago, ``age`` uniform in ``0..A`` drawn per batch
+  (:func:`~rlguard.bench.collapse.spec.draw_age`), under the bound the guard set where it lowered it; the guard sees
+  the batch's staleness stats and its gap in its age's bucket, and each run records its batches' ages.
 - ``mismatch``: the dense engine is a bf16 copy with Gaussian weight noise of ``mismatch_noise`` [0.2] x RMS
   drawn afresh per batch (mean |log-prob gap| 0.28).
 - ``moe``: the top-2-of-4 MoE model; the engine is a bf16 copy (router logits too) with router weight noise of

@@ -109,10 +109,12 @@ class LongRunConfig(BaseRunConfig):
             noise=self.warm_start_noise,
         )
 
-    def engine(self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]]) -> nn.Module:
+    def engine(
+        self, model: nn.Module, gen: torch.Generator, history: deque[dict[str, Tensor]], age: int = 0
+    ) -> nn.Module:
         """:func:`~rlguard.bench.collapse_long.stressors.behaviour_policy`."""
         assert isinstance(model, TinyTransformer)
-        return behaviour_policy(model, self.stressor, gen, history)
+        return behaviour_policy(model, self.stressor, gen, history, age)
 
     def sample(self, engine: nn.Module, iteration: int) -> Rollouts:
         """KV-cache sampling at temperature 1 (bf16 logits where the stressor's engine is bf16)."""
@@ -149,13 +151,13 @@ LONG_TASK = TaskSpec(
         run_columns=(
             *("objective", "guard", "stressor", "seed", "collapsed", "collapse_reason", "collapse_step", "halted"),
             *("nonfinite", "start_reward", "final_reward", "peak_reward", "final_entropy", "mean_completion_tokens"),
-            *("clip_frac", "routed_differently", "logp_gap_abs_mean", "iterations_run"),
+            *("clip_frac", "routed_differently", "logp_gap_abs_mean", "staleness_mean", "iterations_run"),
             *("skips", "rollbacks", "lr_backoffs", "clip_changes"),
         ),
         summary_columns=(
             *("runs", "collapsed", "collapse_rate", "collapse_ci_low", "collapse_ci_high", "reasons", "halts"),
             *("start_reward_mean", "final_reward_mean", "final_reward_std", "mean_completion_tokens", "clip_frac"),
-            *("routed_differently", "logp_gap_abs_mean"),
+            *("routed_differently", "logp_gap_abs_mean", "staleness_mean"),
         ),
         table=(
             *(("stressor", "stressor"), ("objective", "objective"), ("guard", "guard")),

@@ -45,6 +45,8 @@ Capability = Literal[
     "rollout_correction",
     "rollout_mask",
     "off_policy_mask",
+    "staleness_bound",
+    "drop_stale",
 ]
 #: every capability: what an actuator may declare
 CAPABILITIES: frozenset[str] = frozenset(get_args(Capability))

@@ -21,6 +21,7 @@ from rlguard.guards.interventions.mismatch_remedy import REMEDIES, MismatchRemed
 from rlguard.guards.interventions.recovery import Recovery
 from rlguard.guards.interventions.rollback import Rollback
 from rlguard.guards.interventions.skip_step import SkipStep
+from rlguard.guards.interventions.staleness_remedy import STALENESS_REMEDIES, StalenessRemedy
 from rlguard.guards.interventions.trust_region import TrustRegion
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "CAUSES",
     "OPT_IN_INTERVENTIONS",
     "REMEDIES",
+    "STALENESS_REMEDIES",
     "AdaptiveEntropy",
     "Cause",
     "ClipController",
@@ -40,6 +42,7 @@ __all__ = [
     "Recovery",
     "Rollback",
     "SkipStep",
+    "StalenessRemedy",
     "StepContext",
     "TrustRegion",
     "findings_at_least",
@@ -55,4 +58,5 @@ OPT_IN_INTERVENTIONS: tuple[type[Intervention], ...] = (
     AdaptiveEntropy,
     Recovery,
     MismatchRemedy,
+    StalenessRemedy,
 )

@@ -58,6 +58,15 @@ CAUSES: tuple[Cause, ...] = (
         "kept_gradient at the gap, then off_policy_mask, then lr_backoff",
         yields=("lr_backoff",),
     ),
+    Cause(
+        "stale samples: the train-inference gap grows with the samples' age (asynchronous pipelines)",
+        (),
+        "staleness_remedy",
+        "kept_gradient (pi_old = the engine's) or rollout_is on a critical consequence (pi_old recomputed), then "
+        "the pipeline's staleness bound halved per critical consequence (lower_bound: max_staleness; drop_stale: "
+        "over-age samples dropped by the framework), doubled back after recovery",
+        evidence="mismatch_logp_abs_mean_age*",
+    ),
     Cause("too large a step", (), "trust_region", "trust region on the LR", evidence="update_ratio"),
     Cause(
         "entropy collapse", ("entropy_collapse",), "entropy_control", "clip-higher (upper clip bound x1.2, up to x1.44)"

@@ -257,6 +257,8 @@ def test_verl_driver_carries_out_the_script_within_its_declared_capabilities(tmp
         "update_ratio",
         "rollout_mask",
         "off_policy_mask",
+        "staleness_bound",  # the synchronous trainer has no asynchronous pipeline to bound
+        "drop_stale",
     }
     applied = []
     for d in SCRIPT:

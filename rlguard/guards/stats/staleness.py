@@ -1,0 +1,75 @@
+"""Staleness stats of one micro-batch: each sample's age in policy versions, and the train-inference gap by age
+bucket (:data:`rlguard.metrics.STALENESS_BUCKETS`), added to a :class:`~rlguard.guards.stats.collect.StepStats`.
+
+An asynchronous pipeline (TRL's ``AsyncGRPOTrainer``, verl's fully async and one-step-off trainers) trains on
+samples that an older policy generated. The age of a sample is the trainer's policy version minus the version that
+sampled it. Its gap ``|log p_trainer - log p_rollout|`` is the engine's numerics at age 0 and the policy's drift
+since sampling on top of that above it: a gap that grows with age is staleness, one that does not is the engine's
+(the cause table, :mod:`rlguard.guards.interventions.causes`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from rlguard.guards.stats.collect import StepStats
+from rlguard.metrics import STALENESS_BUCKETS
+
+__all__ = ["add_staleness_stats", "staleness_bucket"]
+
+
+def staleness_bucket(age: float) -> str:
+    """The gap-by-age stat of a sample of ``age`` policy versions; a fractional age counts by its whole versions."""
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or not (math.isfinite(age) and age >= 0):
+        raise ValueError(f"age must be a finite number of policy versions >= 0; got {age!r}.")
+    whole = math.floor(age)
+    return next(name for name, low, high in STALENESS_BUCKETS if low <= whole <= high)
+
+
+def add_staleness_stats(
+    st: StepStats,
+    ages: Tensor,
+    trainer_logprobs: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> None:
+    """Add ``staleness_mean`` (weighted by samples), ``staleness_max`` and, where the rollout's log-probs are
+    given, the gap of each age bucket present (weighted by its tokens) to ``st``.
+
+    Args:
+        st: the step's accumulator.
+        ages: ``(B,)`` each sample's age in policy versions (>= 0).
+        trainer_logprobs, rollout_logprobs: ``(B, T)`` the trainer's and the engine's log-probs of the sampled
+            tokens; ``mask``: ``(B, T)`` 1 for completion tokens. All three or none.
+    """
+    ages = ages.detach().to(torch.float64).reshape(-1)  # (B,)
+    if ages.numel() == 0:
+        return
+    if not bool(torch.isfinite(ages).all()) or bool((ages < 0).any()):
+        raise ValueError(f"ages must be finite and >= 0 policy versions; got {ages.tolist()}.")
+    st.add("staleness_mean", ages.mean(), float(ages.numel()))
+    st.add("staleness_max", ages.max())
+    given = [x is not None for x in (trainer_logprobs, rollout_logprobs, mask)]
+    if not any(given):
+        return
+    if not all(given):
+        raise ValueError("trainer_logprobs, rollout_logprobs and mask: pass all three (the gap by age) or none.")
+    assert trainer_logprobs is not None and rollout_logprobs is not None and mask is not None
+    if trainer_logprobs.shape != rollout_logprobs.shape or mask.shape != trainer_logprobs.shape:
+        raise ValueError(
+            f"trainer_logprobs {tuple(trainer_logprobs.shape)}, rollout_logprobs {tuple(rollout_logprobs.shape)} and "
+            f"mask {tuple(mask.shape)} must have one shape (B, T)."
+        )
+    if trainer_logprobs.shape[0] != ages.numel():
+        raise ValueError(f"ages has {ages.numel()} samples, the log-probs {trainer_logprobs.shape[0]}.")
+    keep = mask.detach().to(torch.float64)  # (B, T)
+    gap = (trainer_logprobs.detach().to(torch.float64) - rollout_logprobs.detach().to(torch.float64)).abs() * keep
+    whole = ages.floor()
+    for name, low, high in STALENESS_BUCKETS:
+        rows = (whole >= low) & (whole <= high)  # (B,)
+        tokens = keep[rows].sum()
+        if float(tokens) > 0:
+            st.add(name, gap[rows].sum() / tokens, tokens)

@@ -5,7 +5,8 @@ guard (verl_async_guards.py) forces, in sequence: a skip (step 2), the clip rang
 at step 2, in force from step 3), a rollback (step 3, to step 1's snapshot) whose restored weights reach the rollout
 before the next batch is generated, a halt (step 4); then a resume from the rollback's checkpoint keeps the guard.
 
-Two launches; each is mostly Ray start-up and imports (timings: docs/guides/verl.md, "Asynchronous training").
+Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
+from other jobs (docs/guides/verl.md, "Asynchronous training").
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ pytest.importorskip("verl", reason="needs verl (pip install 'rlguard[verl]')")
 pytest.importorskip("transfer_queue", reason="needs TransferQueue (pip install 'rlguard[verl]')")
 
 from verl_main_ppo_guards import LR_SCALE, NARROW, WIDE
-from verl_main_ppo_run import Run, launch  # pytest puts this folder on sys.path
+from verl_main_ppo_run import Run, checkpoint_state, launch  # pytest puts this folder on sys.path
 
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
@@ -106,30 +105,6 @@ GUARDED = [
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     "+trainer.rlguard_guard=verl_main_ppo_guards:scripted_guard",
 ]
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor of a (nested) checkpoint object, in order, as plain local tensors."""
-    if isinstance(obj, torch.Tensor):
-        local = obj.to_local() if hasattr(obj, "to_local") else obj
-        return [local.detach().cpu()]
-    if isinstance(obj, dict):
-        return [t for key in sorted(obj, key=str) for t in _tensors(obj[key])]
-    if isinstance(obj, (list, tuple)):
-        return [t for value in obj for t in _tensors(value)]
-    return []
-
-
-def checkpoint_state(folder: Path) -> dict[str, list[torch.Tensor]]:
-    """The actor's model and optimizer tensors saved in verl checkpoint ``folder`` (``global_step_<N>``)."""
-    state = {}
-    for path in sorted((folder / "actor").glob("*.pt")):
-        if path.name.startswith(("model_", "optim_")):
-            state[path.name] = _tensors(torch.load(path, map_location="cpu", weights_only=False))
-    assert state, (
-        f"no model/optimizer files in {folder / 'actor'}: {sorted(p.name for p in (folder / 'actor').iterdir())}"
-    )
-    return state
 
 
 def check_guarded_run(run: Run, out: Path) -> None:

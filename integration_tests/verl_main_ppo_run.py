@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # verl imports ray.experimental.state, deprecated by Ray
     from rlguard.verl_cpu import cpu_environment, cpu_overrides
@@ -79,3 +81,27 @@ def launch(
     path = out / f"{name}.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     return Run(returncode, log, records, time.perf_counter() - start)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor of a (nested) checkpoint object, in order, as plain local tensors."""
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return [local.detach().cpu()]
+    if isinstance(obj, dict):
+        return [t for key in sorted(obj, key=str) for t in _tensors(obj[key])]
+    if isinstance(obj, (list, tuple)):
+        return [t for value in obj for t in _tensors(value)]
+    return []
+
+
+def checkpoint_state(folder: Path) -> dict[str, list[torch.Tensor]]:
+    """The actor's model and optimizer tensors saved in verl checkpoint ``folder`` (``global_step_<N>``)."""
+    state = {}
+    for path in sorted((folder / "actor").glob("*.pt")):
+        if path.name.startswith(("model_", "optim_")):
+            state[path.name] = _tensors(torch.load(path, map_location="cpu", weights_only=False))
+    assert state, (
+        f"no model/optimizer files in {folder / 'actor'}: {sorted(p.name for p in (folder / 'actor').iterdir())}"
+    )
+    return state

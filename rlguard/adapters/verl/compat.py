@@ -45,6 +45,7 @@ __all__ = [
     "guarded_tracking",
     "patch_verl_trl_value_head_check",
     "ray_actor_class",
+    "rebind_run_global",
     "task_runner_class",
     "use_lr_worker",
     "v1_maps_stock_workers",
@@ -220,13 +221,23 @@ def bind_legacy_trainer(run: Callable[..., Any], trainer_class: type) -> None:
     dictionary ``run`` reads, whichever way it arrived (under Ray's method wrapper). Call it in the task-runner
     process, before ``run``.
     """
+    why = (
+        f"verl's legacy TaskRunner.run no longer builds its trainer as the global RayPPOTrainer (verl"
+        f"{SUPPORTED_VERL} does); the guarded legacy trainer cannot be used with this verl. Use the V1 trainer "
+        "(trainer.use_v1=true) or install 'rlguard[verl]'."
+    )
+    rebind_run_global(run, "RayPPOTrainer", trainer_class, why)
+
+
+def rebind_run_global(run: Callable[..., Any], name: str, value: Any, why: str) -> None:
+    """Rebind the global ``name`` in the globals ``run`` (a function or bound method of a verl task runner) reads,
+    to ``value``; ``RuntimeError(why)`` if ``run`` does not read that global. verl's task runners build their
+    trainer and worker mapping by global name (``TaskRunner.run``: ``RayPPOTrainer``; one-step-off
+    ``OneStepTaskRunner.run``: ``OneStepOffRayTrainer``, ``create_role_worker_mapping``). Call it in the
+    task-runner process, before ``run``; see :func:`bind_legacy_trainer` for why the globals are ``run``'s own."""
     function = inspect.unwrap(getattr(run, "__func__", run))  # Ray wraps actor methods (tracing)
     names = getattr(getattr(function, "__code__", None), "co_names", ())
     scope = getattr(function, "__globals__", None)
-    if "RayPPOTrainer" not in names or not isinstance(scope, dict) or "RayPPOTrainer" not in scope:
-        raise RuntimeError(
-            f"verl's legacy TaskRunner.run no longer builds its trainer as the global RayPPOTrainer (verl"
-            f"{SUPPORTED_VERL} does); the guarded legacy trainer cannot be used with this verl. Use the V1 trainer "
-            "(trainer.use_v1=true) or install 'rlguard[verl]'."
-        )
-    scope["RayPPOTrainer"] = trainer_class
+    if name not in names or not isinstance(scope, dict) or name not in scope:
+        raise RuntimeError(why)
+    scope[name] = value

@@ -96,6 +96,10 @@ class VerlGuardDriver:
         check_verl_trainer(trainer)
         check_trainer_config(trainer.config)
         self.guard = make_guard(guard)
+        #: the workers' loss mode (``rlguard.<name>``), read before verl's ``algorithm.rollout_correction.bypass_mode``
+        #: (the default of its asynchronous trainers) rewrites the driver's copy to ``"bypass_mode"`` at the first
+        #: batch (``rollout_corr_helper.apply_bypass_mode``); the workers keep the loss they were built with
+        self.loss_mode = str(trainer.config.actor_rollout_ref.actor.policy_loss.loss_mode)
         #: the guard's events file: opened at the first training step, which tells a fresh run from a resume
         self.events_path = Path(self.guard.config.events_path or self.checkpoint_root / EVENTS_FILE)
         #: the controls in force in the workers (all but the LR scale, sent on its own)
@@ -129,7 +133,7 @@ class VerlGuardDriver:
             can.add("beta")
         if actor.get("calculate_entropy", False) or actor.get("entropy_coeff", 0.0) != 0.0:
             can.add("entropy_coef")  # verl computes entropies only then (ray_trainer / v1 trainer_base)
-        if _loss_objective(actor.policy_loss.get("loss_mode", "")).applies_kept_gradient():
+        if _loss_objective(self.loss_mode).applies_kept_gradient():
             can.add("kept_gradient")  # the workers' loss applies it (with_controls), like the clip range
         if engine_log_probs_beside_pi_old(self.trainer.config):
             can.add("rollout_correction")  # verl's algorithm.rollout_correction (push_rollout_correction)
@@ -166,6 +170,12 @@ class VerlGuardDriver:
             self.controls = values
             self.push_controls()
             self.push_rollout_correction()
+
+    @property
+    def restored_step(self) -> int | None:
+        """The checkpoint step the last judged step rolled back to (None: that step did not roll back); an
+        asynchronous trainer drops the samples its rollout generated before the restored weights reached it."""
+        return None if self._restored_from is None else _step_of(self._restored_from)
 
     def stop(self) -> None:
         """``fit`` returns after logging this step (see :func:`rlguard.adapters.verl.trainers.guarded_tracking_for`)."""
@@ -211,7 +221,8 @@ class VerlGuardDriver:
 
         config = omega_conf_to_dataclass(self.trainer.config.actor_rollout_ref.actor)
         loss_controls = self.controls.without(_VERL_KEYS).to_dict()
-        actor: dict[str, Any] = {"policy_loss": dataclasses.replace(config.policy_loss, controls=loss_controls)}
+        policy_loss = dataclasses.replace(config.policy_loss, loss_mode=self.loss_mode, controls=loss_controls)
+        actor: dict[str, Any] = {"policy_loss": policy_loss}
         if self.controls.beta is not None:
             actor["kl_loss_coef"] = self.controls.beta
         if self.controls.entropy_coef is not None:

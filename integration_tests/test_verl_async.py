@@ -1,0 +1,104 @@
+"""verl's one-step-off trainer guarded, with Ray on CPU: ``python -m rlguard.adapters.verl.async_one_step_off`` (verl's
+``OneStepTaskRunner`` training the guarded ``OneStepOffRayTrainer``), the rollout in its own resource pool fed through
+the CPU checkpoint engine (rlguard.verl_cpu.checkpoint_engine), ``loss_mode=rlguard.gspo`` in the workers. The scripted
+guard (verl_async_guards.py) forces, in sequence: a skip (step 2), the clip range narrowed and the LR halved (decided
+at step 2, in force from step 3), a rollback (step 3, to step 1's snapshot) whose restored weights reach the rollout
+before the next batch is generated, a halt (step 4); then a resume from the rollback's checkpoint keeps the guard.
+
+Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
+from other jobs (docs/guides/verl.md, "Asynchronous training").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="needs verl (pip install 'rlguard[verl]')")
+
+from verl_async_guards import LR_SCALE, NARROW, WIDE
+from verl_async_run import ONE_STEP_OFF
+from verl_main_ppo_run import checkpoint_state, launch  # pytest puts this folder on sys.path
+
+from rlguard.adapters.verl.async_trainers import DROPPED_KEY
+from rlguard.guards.decision import LOGGED_ACTIONS
+from rlguard.guards.events import read_events
+from rlguard.guards.state import GUARD_STATE_FILE
+from rlguard.verl_cpu.example import write_example
+
+pytestmark = pytest.mark.slow
+
+ENTRY = "rlguard.adapters.verl.async_one_step_off"
+GUARDED = [
+    *ONE_STEP_OFF,
+    "trainer.total_training_steps=6",
+    "trainer.save_freq=-1",  # checkpoints only when the guard asks for a snapshot
+    "actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo",
+    "actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl.GuardedPolicyLossConfig",
+    # one optimizer step per step: the PPO ratio's KL (actor/ppo_kl, against the rollout's log-probs in verl's
+    # default bypass mode) is then the gap between the trainer's weights and the weights that generated the batch
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    f"actor_rollout_ref.actor.clip_ratio_low={WIDE[0]}",
+    f"actor_rollout_ref.actor.clip_ratio_high={WIDE[1]}",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "+trainer.rlguard_guard=verl_async_guards:scripted_async_guard",
+]
+SAMPLES_PER_STEP = 16  # 4 prompts x 4 samples (rlguard.verl_cpu.example)
+
+
+def _action(name: str) -> float:
+    return float(LOGGED_ACTIONS.index(name))
+
+
+def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
+    example = write_example(tmp_path / "example")
+    first = launch(example, tmp_path, GUARDED, entry=ENTRY, name="first")
+    assert first.returncode == 0, first.log[-8000:]  # the halt ends fit; verl's runner returns and shuts Ray down
+    steps = first.steps()
+    assert [s["training/global_step"] for s in steps] == [1, 2, 3, 4], first.log[-4000:]
+    assert [s["rlguard/guard/action"] for s in steps] == [
+        _action(a) for a in ("continue", "skip_step", "rollback", "halt")
+    ]
+    assert [s["rlguard/guard/halted"] for s in steps] == [0.0, 0.0, 0.0, 1.0]
+    # rlguard's objective ran in the workers, with the clip range the guard sent (narrowed at step 2: steps 3-4)
+    used = [(s["actor/rlguard/guard/clip_low"], s["actor/rlguard/guard/clip_high"]) for s in steps]
+    assert used == [pytest.approx(WIDE)] * 2 + [pytest.approx(NARROW)] * 2, used
+    # the LR back-off reached the actor's optimizer through rlguard's DetachActorWorker, and stayed after the
+    # rollback loaded step 1's scheduler (saved at x1)
+    lrs = [s["actor/lr"] for s in steps]
+    assert lrs[0] == lrs[1] > 0 and lrs[2:] == pytest.approx([LR_SCALE * lrs[0]] * 2, rel=1e-9), lrs
+    # the rollback at step 3 restored step 1's checkpoint bit for bit (step 2 was skipped: no snapshot there)
+    checkpoints = tmp_path / "checkpoints"
+    assert steps[2]["rlguard/guard/rollback_to"] == 1.0
+    assert sorted(p.name for p in checkpoints.glob("global_step_*")) == ["global_step_1", "global_step_3"]
+    restored, healthy = checkpoint_state(checkpoints / "global_step_3"), checkpoint_state(checkpoints / "global_step_1")
+    assert restored.keys() == healthy.keys()
+    for name in healthy:
+        assert all(torch.equal(a, b) for a, b in zip(restored[name], healthy[name], strict=True)), name
+    # one-step-off: steps 2-3 train on samples from the weights one update old, far from the trainer's ...
+    kls = [s["actor/ppo_kl"] for s in steps]
+    assert kls[0] < 1e-5 and min(kls[1:3]) > 1e-2, kls
+    # ... and step 4 on samples from the restored weights: the batch in flight at the rollback (from step 2's
+    # discarded weights) was dropped and regenerated after the rollback pushed the restored weights to the rollout
+    assert kls[3] < 1e-5, kls
+    assert [s[DROPPED_KEY] for s in steps] == [0.0, 0.0, 0.0, float(SAMPLES_PER_STEP)]
+    assert (checkpoints / "global_step_3" / GUARD_STATE_FILE).is_file()
+    before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
+
+    # resume (verl's trainer.resume_mode=auto) from the rollback's step-3 checkpoint: the guard's state comes back;
+    # the scripted alarm at step 4 halts again because its one rollback is spent
+    resumed = launch(example, tmp_path, GUARDED, entry=ENTRY, name="resumed")
+    assert resumed.returncode == 0, resumed.log[-8000:]
+    steps = resumed.steps()
+    assert [s["training/global_step"] for s in steps] == [4], resumed.log[-4000:]
+    assert (steps[0]["actor/rlguard/guard/clip_low"], steps[0]["actor/rlguard/guard/clip_high"]) == pytest.approx(
+        NARROW
+    )
+    assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * lrs[0], rel=1e-9)
+    assert steps[0]["rlguard/guard/action"] == _action("halt")
+    assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
+    after = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
+    assert [e for e in after if e["step"] <= 3] == [e for e in before if e["step"] <= 3] and before
+    print(f"wall {first.wall_s:.0f} s + {resumed.wall_s:.0f} s")

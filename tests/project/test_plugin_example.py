@@ -2,7 +2,7 @@
 its package installed as a distribution with the entry points of its own ``pyproject.toml``, then used in child
 processes as an author's user meets it: the detector by ``rlguard doctor`` where torch is not installed (the
 objective's module never imported), the objective through ``get_objective`` against a float64 reference written here
-from its formula and announced by TRL's adapter as a plugin with its defaults, and the opt-in intervention only where
+from its formula (and announced by TRL's adapter as a plugin with its defaults), and the opt-in intervention only where
 a ``GuardConfig`` names it; the guide's own code blocks likewise (its verl check runs in
 tests/project/test_plugin_objective.py's verl child)."""
 
@@ -95,7 +95,6 @@ def test_the_doctor_runs_the_plugin_s_detector_without_torch(site: Path, tmp_pat
 
 
 OBJECTIVE = """
-import logging
 import torch
 from rlguard.core_losses import PolicyBatch, get_objective
 
@@ -113,18 +112,6 @@ result = {
     "loss": float(out.loss), "grad": grad.tolist(), "clip_frac": float(out.metrics["clip_frac"]),
     "new": new.tolist(), "old": old.tolist(), "mask": mask.tolist(), "adv": adv.tolist(),
 }
-try:
-    from rlguard.adapters.trl import GuardedGRPOConfig
-except ModuleNotFoundError:
-    result["announced"] = None
-else:
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logging.getLogger("rlguard.adapters.trl.config").addHandler(handler)
-    logging.getLogger("rlguard.adapters.trl.config").setLevel(logging.INFO)
-    GuardedGRPOConfig(output_dir=sys.argv[1], objective="band_pg", use_cpu=True, report_to="none")
-    result["announced"] = [(r.levelname, r.getMessage()) for r in records]
 print(json.dumps(result))
 """
 
@@ -148,22 +135,14 @@ def _band_reference(new: list[list[float]], old: list[list[float]], mask: list[l
     return loss, grad, outside / n
 
 
-def test_the_plugin_s_objective_trains_and_is_announced_as_a_plugin(site: Path, tmp_path: Path) -> None:
-    result, stderr = run_child(site, OBJECTIVE, str(tmp_path))
+def test_the_plugin_s_objective_computes_its_formula(site: Path) -> None:
+    result, _ = run_child(site, OBJECTIVE)
     loss, grad, clip_frac = _band_reference(result["new"], result["old"], result["mask"], result["adv"])
     assert 0 < clip_frac < 1  # some ratios left the band, some did not
     assert result["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-15)
     assert result["clip_frac"] == pytest.approx(clip_frac, rel=1e-12)
     for got, want in zip(result["grad"], grad, strict=True):
         assert got == pytest.approx(want, rel=1e-10, abs=1e-15)
-    if result["announced"] is None:
-        pytest.skip("TRL is not installed: the announcement is TRL's adapter's")
-    ((level, line),) = result["announced"]
-    assert level == "WARNING", stderr
-    assert line.startswith("rlguard: objective 'band_pg' (plugin band_plugin.objective.BandPG) with ")
-    assert "clip range (0.1, 0.1) (its defaults)" in line
-    assert "aggregation 'token-mean' (its defaults, loss_type='dapo')" in line
-    assert "paper" not in line
 
 
 GUARD = """
@@ -226,11 +205,22 @@ def test_the_guide_s_opt_in_block_enables_the_intervention(site: Path, tmp_path:
     assert "halve_lr_on_loss" in result and "skip_step" in result  # the preset's own, and the plugin's
 
 
+# the TRL adapter's start-up lines, as (level, message) in `announced`
+ANNOUNCED = """
+import logging
+announced = []
+_handler = logging.Handler()
+_handler.emit = lambda record: announced.append((record.levelname, record.getMessage()))
+logging.getLogger("rlguard.adapters.trl.config").addHandler(_handler)
+logging.getLogger("rlguard.adapters.trl.config").setLevel(logging.INFO)
+"""
+
+
 @pytest.mark.slow
 def test_the_guide_s_trl_blocks_train_the_plugin_objective(site: Path, tmp_path: Path) -> None:
-    """The tiny-model run of "Testing it" trains two steps with ``band_pg``; the config of "Using it" then builds a
-    trainer on its model, reward and data (on the CPU: ``cpu_training_arguments`` added, as the README test does)
-    whose attributes hold the objective in use."""
+    """The tiny-model run of "Testing it" trains two steps with ``band_pg``, announced as a plugin objective with its
+    defaults; the config of "Using it" then builds a trainer on its model, reward and data (on the CPU:
+    ``cpu_training_arguments`` added, as the README test does) whose attributes hold the objective in use."""
     pytest.importorskip("trl")
     (testing,) = guide_python_blocks("### Testing it")
     (using,) = [b for b in guide_python_blocks("### Using it") if "GuardedGRPOTrainer(" in b]
@@ -244,11 +234,29 @@ def test_the_guide_s_trl_blocks_train_the_plugin_objective(site: Path, tmp_path:
         " 'kwargs': trainer.rlguard_mapping.kwargs,"
         " 'configured': trainer.rlguard_configured_objective.band_high}"
     )
-    # the first run's trainer is kept as `trained` before the second block rebinds `trainer`
-    blocks = [testing, "trained = trainer", on_cpu, using]
-    result, _ = run_child(site, BLOCKS, json.dumps(blocks), str(tmp_path), f"[trained.state.global_step, {expression}]")
-    trained_steps, built = result
+    # the adapter's start-up lines are kept; the first run's trainer is kept as `trained` before the second block
+    # rebinds `trainer`
+    blocks = [ANNOUNCED, testing, "trained = trainer", on_cpu, using]
+    result, _ = run_child(
+        site, BLOCKS, json.dumps(blocks), str(tmp_path), f"[trained.state.global_step, announced, {expression}]"
+    )
+    trained_steps, announced, built = result
     assert trained_steps == 2
+    # the paper-less plugin objective announced as a plugin, with its own defaults (both configs of the guide)
+    line = (
+        "rlguard: objective 'band_pg' (plugin band_plugin.objective.BandPG) with clip range (0.1, 0.1) (its defaults)"
+        " and aggregation 'token-mean' (its defaults, loss_type='dapo'); set epsilon, epsilon_high or loss_type to use"
+        " TRL's."
+    )
+    assert announced[0] == ["WARNING", line]
+    # the second sets the clip range through TRL's settings and the aggregation through objective_kwargs
+    assert announced[1] == [
+        "INFO",
+        "rlguard: objective 'band_pg' (plugin band_plugin.objective.BandPG) with clip range (0.15, 0.25) (from "
+        "epsilon/epsilon_high) and aggregation 'seq-mean-token-mean' (from loss_type/objective_kwargs, "
+        "loss_type='dapo').",
+    ]
+    assert not any("paper" in message for _, message in announced)
     assert built["objective"] == "BandPG" and built["steps"] == 0
     assert built["kwargs"]["band_low"] == 0.15 and built["kwargs"]["band_high"] == 0.25 == built["configured"]
     assert built["kwargs"]["aggregation"] == "seq-mean-token-mean"  # objective_kwargs over loss_type's

@@ -141,13 +141,16 @@ class GuardedGRPOConfig(GRPOConfig):
             self.objective_kwargs = {}
         if not isinstance(self.objective_kwargs, dict):
             raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
+        # an aggregation in objective_kwargs is the user's, whatever loss_type the objective's own settings filled
+        given = "aggregation" in self.objective_kwargs
+        told = {k: v for k, v in used.items() if not given or k in ("epsilon", "epsilon_high")}
         if "aggregation" in used and "aggregation" not in self.objective_kwargs:
             self.objective_kwargs = {**self.objective_kwargs, "aggregation": used["aggregation"]}
         self.guard = parse_guard_flag(self.guard)
         #: how this config translates into an rlguard objective (warnings emitted once, here)
         self.rlguard_mapping: TRLLossMapping = map_trl_config(self)
         if self.objective is not None:
-            _log_settings_used(self, used)
+            _log_settings_used(self, told)
 
     def _fill_unset_trl_settings(self) -> dict[str, Any]:
         """Fill ``epsilon``, ``epsilon_high``, ``loss_type`` left ``None``; return what the objective's paper gave."""

@@ -1,6 +1,6 @@
 """The command line starts without torch or a training framework: `--version`, `detectors`, `losses`, `doctor`,
-`report` and `watch` import neither (each in a fresh interpreter, what it left in ``sys.modules`` after the command ran).
-`benchmarks/cli_startup.py` times them against ``python -c pass``."""
+`report` and `watch` import neither (each in a fresh interpreter, what it left in ``sys.modules`` after the command
+ran). `benchmarks/cli_startup.py` times them against ``python -c pass``."""
 
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ def _doctor(
     try:
         diagnosis = diagnose(path, key_map=mapping, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
     except LogInputError as err:  # any other exception is ours: exit 4 (_internal_errors)
-        _events_without_log(path, as_json)
+        _events_without_log(path, as_json, alerts)
         raise bad_input("doctor", err) from None
     if alerts is not None:
         alerts.observe(diagnosis)
@@ -203,15 +203,18 @@ def _doctor(
         raise typer.Exit(diagnosis.exit_code)
 
 
-def _events_without_log(path: Path, as_json: bool) -> None:
-    """A run folder with no training log whose ``events.jsonl`` holds events: those events, and exit 1 when one
-    is critical (rlguard.doctor.events_only); returns when there are none."""
+def _events_without_log(path: Path, as_json: bool, alerts: LogAlerts | None) -> None:
+    """A run folder with no training log whose ``events.jsonl`` holds events: those events (sent with
+    ``--alerts``), and exit 1 when one is critical (rlguard.doctor.events_only); returns when there are none."""
     from rlguard.doctor.events_only import events_only
     from rlguard.terminal import events_table, safe_text
 
     found = events_only(path)
     if found is None:
         return
+    if alerts is not None:
+        alerts.observe_events(found)
+        typer.echo(alerts.close(), err=True)
     if as_json:
         typer.echo(json.dumps(found.to_dict(), indent=2))
     else:

@@ -35,8 +35,9 @@ from rlguard.guards.events import SEVERITY_LEVEL, Event
 
 if TYPE_CHECKING:
     from rlguard.doctor.diagnose import Diagnosis, DoctorFinding
+    from rlguard.doctor.events_only import EventsOnly
 
-__all__ = ["LogAlerts", "diagnosis_alert", "log_alerts", "parse_alert_spec"]
+__all__ = ["LogAlerts", "log_alert", "log_alerts", "parse_alert_spec"]
 
 
 def parse_alert_spec(spec: str, option: str = "--alerts") -> AlertConfig:
@@ -73,10 +74,10 @@ def _chosen(detector: str, severity: str, config: AlertConfig) -> bool:
     )
 
 
-def diagnosis_alert(
-    d: Diagnosis, findings: list[DoctorFinding], events: list[Event], config: AlertConfig, source: str
+def log_alert(
+    step: int, findings: list[DoctorFinding], events: list[Event], config: AlertConfig, source: str
 ) -> Message:
-    """The alert for what is new in ``d`` (``findings`` and live ``events`` among its own), naming the run by
+    """The alert for new ``findings`` and live ``events`` of a log judged up to ``step``, naming the run by
     ``config.run_name`` or else ``source`` (the path watched)."""
     run = config.run_name or source
     items: list[DoctorFinding | Event] = [*findings, *events]
@@ -84,14 +85,14 @@ def diagnosis_alert(
     severity = "critical" if critical else "warn"
     halted = any(e.detector == "action:halt" for e in events)
     what = "the guard halted the run" if halted else f"{len(items)} new {severity} item(s)"
-    title = f"rlguard: {run}, step {d.steps[-1]}: {what}"
+    title = f"rlguard: {run}, step {step}: {what}"
     lines = [styled_title(config.format, title)]
     lines += [f"- [{f.severity}] {f.detector} from step {f.step}: {f.message}" for f in findings]
     lines += [f"- [{e.severity}] guard event at step {e.step}, {e.detector}: {e.message}" for e in events]
     record = {
         "title": title,
         "run": run,
-        "step": d.steps[-1],
+        "step": step,
         "outcome": "halt" if halted else "finding",
         "severity": severity,
         "reason": "; ".join(sorted({x.detector for x in items})),
@@ -123,11 +124,18 @@ class LogAlerts:
 
     def observe(self, d: Diagnosis) -> Message | None:
         """Queue the alert of what in ``d`` is new and raises one (module docstring); the message, or None."""
-        findings = [f for f in d.findings if self._new(("finding", f.detector), f.detector, f.severity)]
-        events = [e for e in d.live_events if self._new(("event", e.step, e.detector), e.detector, e.severity)]
+        return self._observe(d.steps[-1], d.findings, d.live_events)
+
+    def observe_events(self, found: EventsOnly) -> Message | None:
+        """:meth:`observe` for a run folder with events and no training log (the events as recorded)."""
+        return self._observe(max(e.step for e in found.events), [], found.events)
+
+    def _observe(self, step: int, findings: list[DoctorFinding], events: list[Event]) -> Message | None:
+        findings = [f for f in findings if self._new(("finding", f.detector), f.detector, f.severity)]
+        events = [e for e in events if self._new(("event", e.step, e.detector), e.detector, e.severity)]
         if not findings and not events:
             return None
-        message = diagnosis_alert(d, findings, events, self.config, self.source)
+        message = log_alert(step, findings, events, self.config, self.source)
         self.messages.append(message)
         self.sender.send(message)
         return message

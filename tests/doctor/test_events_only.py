@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rlguard.cli import app
@@ -14,6 +15,7 @@ from rlguard.doctor.events_only import events_only
 from rlguard.guards import Event
 from tests.helpers.doctor_logs import verl_line
 from tests.helpers.synthetic import healthy_stream
+from tests.helpers.webhook import recording_webhook
 
 BLOWUP = Event(50, "kl_ref_blowup", "critical", 4.9, "kl_ref=4.9 is above the absolute bound 2", 2.0)
 HALT = Event(50, "action:halt", "critical", 1.0, "kl_ref_blowup critical for 25 steps")
@@ -55,3 +57,17 @@ def test_the_reader_s_own_answer_stands_without_events_or_with_a_log(tmp_path: P
     logged = _events(tmp_path / "logged", BLOWUP)
     (logged / "metrics.jsonl").write_text("".join(verl_line(i, s) for i, s in enumerate(healthy_stream(60, 1), 1)))
     assert events_only(logged) is None  # a log is there: the doctor judges it (and the events with it)
+
+
+def test_doctor_alerts_send_the_events_of_a_folder_without_a_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _events(tmp_path / "out", WARN, BLOWUP, HALT)
+    with recording_webhook() as srv:
+        monkeypatch.setenv("RLGUARD_TEST_EVENTS_WEBHOOK", srv.url)
+        spec = json.dumps({"webhook_env": "RLGUARD_TEST_EVENTS_WEBHOOK", "min_interval_s": 0})
+        out = CliRunner().invoke(app, ["doctor", str(run), "--alerts", spec])
+    assert out.exit_code == 1, out.output
+    (alert,) = srv.bodies[0]["alerts"]
+    assert alert["outcome"] == "halt" and alert["step"] == 50
+    assert [e["detector"] for e in alert["events"]] == ["kl_ref_blowup", "action:halt"]  # the warning is not sent

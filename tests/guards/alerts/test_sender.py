@@ -79,6 +79,18 @@ def test_a_skipped_step_reaches_the_webhook_in_each_format(
         assert [e["detector"] for e in alert["events"]] == ["nonfinite", "action:skip_step"]
 
 
+def test_the_guard_s_alerts_carry_the_headers_of_headers_env(monkeypatch: pytest.MonkeyPatch, server: Recorder) -> None:
+    monkeypatch.setenv("RLGUARD_TEST_AUTH", "Bearer t0ken-of-the-guard")
+    guard = _guard(
+        monkeypatch, server.url, headers_env={"Authorization": "RLGUARD_TEST_AUTH", "X-Team": "RLGUARD_TEST_AUTH"}
+    )
+    _step(guard, StubActuator(), 1, nonfinite=3.0)  # critical nonfinite -> skip
+    _flush(guard)
+    (headers,) = server.headers
+    assert headers["Authorization"] == headers["X-Team"] == "Bearer t0ken-of-the-guard"
+    assert "t0ken" not in repr(guard.config)  # the config holds the variable's name only
+
+
 def test_what_raises_an_alert(monkeypatch: pytest.MonkeyPatch, server: Recorder) -> None:
     guard = _guard(monkeypatch, server.url, format="json")
     actuator = StubActuator()

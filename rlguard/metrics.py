@@ -234,22 +234,9 @@ METRICS: tuple[Metric, ...] = (
         doc="largest |p_train - p_rollout| (verl)",
     ),
     # evaluation beside the reward: read from logs by the doctor (rlguard.doctor.keys picks the key and its direction)
-    _M(
-        "eval_score",
-        "mean",
-        "equal",
-        judged=True,  # eval_drop, frozen_values
-        doctor_only=True,
-        doc="an evaluation metric where higher is better (accuracy, pass rate, score on held-out data)",
-    ),
-    _M(
-        "eval_loss",
-        "mean",
-        "equal",
-        judged=True,  # eval_drop (negated), frozen_values
-        doctor_only=True,
-        doc="an evaluation metric where lower is better (loss, error, perplexity on held-out data)",
-    ),
+    # eval_drop and frozen_values judge both; eval_drop reads eval_loss negated
+    _M("eval_score", "mean", "equal", judged=True, doctor_only=True, doc="held-out, higher is better (accuracy)"),
+    _M("eval_loss", "mean", "equal", judged=True, doctor_only=True, doc="held-out, lower is better (loss, error)"),
     # staleness (asynchronous pipelines): an age is in policy versions, the optimizer updates between the weights that
     # sampled and the weights updated (TRL: model_version - sample.model_version; verl: current_param_version minus a
     # trajectory's param_version); read by staleness_remedy (evidence), by no detector

@@ -99,17 +99,18 @@ def test_doctor_html_without_matplotlib_writes_the_page_without_plots(tmp_path: 
     assert "entropy_collapse" in html and "<img" not in html and NO_PLOTS.replace('"', "&quot;") in html
 
 
-def test_doctor_html_without_matplotlib_names_the_plots_extra_where_it_plots(tmp_path: Path) -> None:
-    """A real log with critical findings (the page plots each finding's stats); a healthy log's page has no plot and
-    needs no matplotlib (above)."""
+def test_doctor_html_without_matplotlib_writes_a_real_logs_page_without_its_plots(tmp_path: Path) -> None:
+    """A real log with critical findings (with matplotlib the page plots each finding's stats): without it the
+    findings are judged as ever and the page says in one line why it has no plot."""
     log = ROOT.parent / "shared" / "doctor_foreign" / "chaos-economy-multiagent.trainer_state.json"
     if not log.exists():
         pytest.skip(f"no {log} (the real logs)")
-    proc = _run(_CLI, "torch,matplotlib", "doctor", "--html", str(tmp_path / "page.html"), str(log))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        'rlguard doctor needs matplotlib, which comes with the plots extra: pip install "rlguard[plots]"'
-    ]
+    page = tmp_path / "page.html"
+    proc = _run(_CLI, "torch,matplotlib", "doctor", "--html", str(page), str(log))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == NO_PLOTS
+    html = page.read_text()
+    assert "truncation" in html and "<img" not in html
 
 
 def test_doctor_without_pluggy_says_the_install_is_broken(trl_run: Path) -> None:

@@ -24,7 +24,7 @@ from verl_async_guards import LR_SCALE, NARROW, WIDE
 from verl_async_run import FULLY_ASYNC, ONE_STEP_OFF
 from verl_main_ppo_run import checkpoint_state, launch  # pytest puts this folder on sys.path
 
-from rlguard.adapters.verl.async_trainers import DROPPED_KEY
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
 from rlguard.guards.state import GUARD_STATE_FILE
@@ -86,6 +86,8 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     # discarded weights) was dropped and regenerated after the rollback pushed the restored weights to the rollout
     assert kls[3] < 1e-5, kls
     assert [s[DROPPED_KEY] for s in steps] == [0.0, 0.0, 0.0, float(SAMPLES_PER_STEP)]
+    # the samples' age in policy versions: on-policy at step 1 and after the drop, one update old in between
+    assert [s[AGE_KEYS[0]] for s in steps] == [0.0, 1.0, 1.0, 0.0]
     assert (checkpoints / "global_step_3" / GUARD_STATE_FILE).is_file()
     before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
 

@@ -75,8 +75,9 @@ def guarded_async_trainer_class(base: type) -> type:
                     f"{self.rlguard.restored_step}"
                 )
             self._rlguard_next_age = 0
+            replacement = asyncio.create_task(self._async_gen_next_batch(continuous_iterator))
             await asyncio.sleep(0)  # let the task start, as verl does after creating one
-            return asyncio.create_task(self._async_gen_next_batch(continuous_iterator))
+            return replacement
 
         def _fit_postprocess_step(self) -> None:
             self.metrics[DROPPED_KEY] = float(self.rlguard_dropped_samples)  # logged by verl's step

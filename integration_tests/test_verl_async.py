@@ -7,7 +7,7 @@ before the next batch is generated, a halt (step 4); then a resume from the roll
 
 Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
 from other jobs (docs/guides/verl.md, "Asynchronous training"). Beside it, verl's own fully async trainer (unguarded)
-trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 326 s wall at the same load).
+trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 266-326 s wall at the same load).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rlguard.adapters.verl.compat import check_one_step_off_trainer
 from rlguard.adapters.verl.driver import GuardHalt
 from rlguard.adapters.verl.trainers import guarded_tracking_for, guarded_trainer_class
 
@@ -40,6 +41,7 @@ def guarded_async_trainer_class(base: type) -> type:
     """``base`` (verl's ``OneStepOffRayTrainer`` or a subclass: ``fit`` and ``fit_step`` coroutines, ``fit_step(
     batch_data_future, continuous_iterator)`` returning the next batch's task) with the guard on its driver; takes
     ``guard=`` as :func:`~rlguard.adapters.verl.trainers.guarded_trainer_class`."""
+    check_one_step_off_trainer(base)
     guarded = guarded_trainer_class(base)
     base_fit: Any = base.fit  # type: ignore[attr-defined]  # verl's class, untyped
 

@@ -6,11 +6,13 @@ at step 2, in force from step 3), a rollback (step 3, to step 1's snapshot) whos
 before the next batch is generated, a halt (step 4); then a resume from the rollback's checkpoint keeps the guard.
 
 Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
-from other jobs (docs/guides/verl.md, "Asynchronous training").
+from other jobs, 145 s + 143 s in a second run (docs/guides/verl.md, "Asynchronous training"). Beside it, verl's own fully async trainer (unguarded)
+trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 266-326 s wall at the same load).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,10 @@ import torch
 pytest.importorskip("verl", reason="needs verl (pip install 'rlguard[verl]')")
 
 from verl_async_guards import LR_SCALE, NARROW, WIDE
-from verl_async_run import ONE_STEP_OFF
+from verl_async_run import FULLY_ASYNC, ONE_STEP_OFF
 from verl_main_ppo_run import checkpoint_state, launch  # pytest puts this folder on sys.path
 
-from rlguard.adapters.verl.async_trainers import DROPPED_KEY
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
 from rlguard.guards.state import GUARD_STATE_FILE
@@ -84,6 +86,8 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     # discarded weights) was dropped and regenerated after the rollback pushed the restored weights to the rollout
     assert kls[3] < 1e-5, kls
     assert [s[DROPPED_KEY] for s in steps] == [0.0, 0.0, 0.0, float(SAMPLES_PER_STEP)]
+    # the samples' age in policy versions: on-policy at step 1 and after the drop, one update old in between
+    assert [s[AGE_KEYS[0]] for s in steps] == [0.0, 1.0, 1.0, 0.0]
     assert (checkpoints / "global_step_3" / GUARD_STATE_FILE).is_file()
     before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
 
@@ -102,3 +106,33 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     after = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
     assert [e for e in after if e["step"] <= 3] == [e for e in before if e["step"] <= 3] and before
     print(f"wall {first.wall_s:.0f} s + {resumed.wall_s:.0f} s")
+
+
+def test_stock_fully_async_trainer_trains_an_rlguard_objective(tmp_path: Path) -> None:
+    """verl's own ``fully_async_main`` (unguarded: docs/guides/verl.md says why) with ``loss_mode=rlguard.gspo``: the
+    objective runs in the trainer's workers and the rollouter receives the trainer's weights through the CPU
+    checkpoint engine (its parameter version advances)."""
+    overrides = [
+        *FULLY_ASYNC,
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=-1",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo",
+    ]
+    run = launch(
+        write_example(tmp_path / "example"),
+        tmp_path,
+        overrides,
+        entry="verl.experimental.fully_async_policy.fully_async_main",
+    )
+    assert run.returncode == 0, run.log[-8000:]
+    trained = [r for r in run.records if "actor/pg_loss" in r["data"]]
+    assert trained, run.log[-4000:]
+    for record in trained:
+        step = record["data"]
+        assert {"actor/rlguard/seq_ratio_max", "actor/rlguard/clip_frac", "actor/rlguard/kl_old"} <= set(step)
+        assert math.isfinite(step["actor/pg_loss"]) and math.isfinite(step["actor/grad_norm"])
+        assert "fully_async/count/staleness_samples" in step  # verl's staleness counters, for the metric table
+    # the trainer logs at its parameter version, which advances only once a weight sync to the rollouter has
+    # completed (the CPU engine's receiving side waits for the sender: a lost sync would hang, then time out)
+    assert max(record["step"] for record in trained) >= 1
+    print(f"wall {run.wall_s:.0f} s")

@@ -40,6 +40,7 @@ __all__ = [
     "LR_SCALE_METHOD",
     "SUPPORTED_VERL",
     "bind_legacy_trainer",
+    "check_one_step_off_trainer",
     "check_verl_compatibility",
     "check_verl_trainer",
     "guarded_tracking",
@@ -61,6 +62,13 @@ ACTOR_ROLES = ("Actor", "ActorRollout", "ActorRolloutRef")
 LR_SCALE_STRATEGIES = ("fsdp", "fsdp2")
 #: what the driver calls on a verl trainer (``RayPPOTrainer`` or a V1 trainer) beyond its public ``fit``
 _TRAINER_PRIVATE = ("_save_checkpoint", "_load_checkpoint")
+#: what the guarded one-step-off trainer overrides or calls on verl's ``OneStepOffRayTrainer``, with the parameters
+#: it passes (``fit_step`` returns the task generating the next batch; ``_fit_postprocess_step`` logs ``self.metrics``)
+ONE_STEP_OFF_PRIVATE = {
+    "fit_step": ("batch_data_future", "continuous_iterator"),
+    "_async_gen_next_batch": ("continuous_iterator",),
+    "_fit_postprocess_step": (),
+}
 
 
 def check_verl_compatibility() -> None:
@@ -85,6 +93,22 @@ def check_verl_trainer(trainer: Any) -> None:
         raise RuntimeError(
             f"the verl guard's driver needs {', '.join(missing)} on {type(trainer).__name__} (verl{SUPPORTED_VERL}'s "
             "RayPPOTrainer and V1 trainers have them). Install a supported verl."
+        )
+
+
+def check_one_step_off_trainer(base: type) -> None:
+    """Raise ``RuntimeError`` if ``base`` lacks a coroutine ``fit`` or one of :data:`ONE_STEP_OFF_PRIVATE` with its
+    parameters (verl's one-step-off trainer's private step methods, which the guarded trainer builds on)."""
+    problems = [] if inspect.iscoroutinefunction(getattr(base, "fit", None)) else ["a coroutine fit"]
+    for name, params in ONE_STEP_OFF_PRIVATE.items():
+        method = getattr(base, name, None)
+        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if found is None or found[: len(params)] != params:
+            problems.append(f"{name}({', '.join(params)})")
+    if problems:
+        raise RuntimeError(
+            f"the guarded one-step-off trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "
+            "OneStepOffRayTrainer has them). Install 'rlguard[verl]'."
         )
 
 

@@ -53,3 +53,21 @@ def test_the_guarded_trainer_is_verls_with_the_guarded_coroutines() -> None:
     assert inspect.iscoroutinefunction(cls.fit) and inspect.iscoroutinefunction(cls.fit_step)
     runner = task_runner_class(async_one_step_off.GuardedOneStepTaskRunner)
     assert issubclass(runner, task_runner_class(verl_one_step.OneStepTaskRunner))
+
+
+def test_verls_one_step_off_trainer_has_the_private_step_methods_the_guarded_one_builds_on() -> None:
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+
+    from rlguard.adapters.verl.compat import check_one_step_off_trainer
+
+    check_one_step_off_trainer(OneStepOffRayTrainer)  # verl 0.9.1's: nothing missing
+
+    class Moved:
+        async def fit(self) -> None:
+            return None
+
+        async def fit_step(self, batch_data_future: Any) -> None:  # lost its iterator
+            return None
+
+    with pytest.raises(RuntimeError, match=r"fit_step\(batch_data_future, continuous_iterator\), _async_gen_next"):
+        check_one_step_off_trainer(Moved)

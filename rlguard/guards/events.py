@@ -53,6 +53,8 @@ class Finding:
         message: what it saw, against which threshold, and what to do.
         unrecoverable: a state training cannot come back from by itself (non-finite values, one-token
             completions): critical whatever follows.
+        absolute: the value is beyond an absolute bound of the detector, one that needs no baseline (KL above 2 nats):
+            a drift that comes with a rising reward is exempt from criticality only below such a bound.
         observed: the detector's own severity where the live consequence rule (``GuardConfig.consequence =
             "online"``, :mod:`rlguard.guards.consequence.live`) labelled the finding otherwise, None where it did not:
             what acts on the step itself (``skip_step``) reads it, since a lone spike is a warning by consequence and
@@ -65,6 +67,7 @@ class Finding:
     message: str
     unrecoverable: bool = False
     observed: Severity | None = None
+    absolute: bool = False
 
 
 def _severity(value: Any) -> Severity:

@@ -29,6 +29,9 @@ MAX_LEAD = 2
 FORMATS = sorted(WRITERS)
 #: synthetic failures that are one isolated spike on a healthy run (tests.helpers.synthetic)
 ABSORBED = {"grad_spike", "ratio_explosion"}
+#: synthetic failures of lengths growing 4x (and hitting the budget) while the healthy stream's reward still rises:
+#: a drift and a budget condition with a rising reward, warnings by consequence (critical where the reward falls)
+DRIFTS = {"length_explosion", "truncation"}
 
 
 def needs(fmt: str) -> None:
@@ -53,9 +56,23 @@ def test_each_failure_is_found_in_each_format(tmp_path: Path, fmt: str, mode: st
         # one spike, after which nothing lost control: the doctor's hindsight makes it a warning
         assert found[detector].severity == "warn" and "recovered from" in found[detector].message, found[detector]
         assert diagnosis.exit_code == 0
+    elif mode in DRIFTS:
+        assert found[detector].severity == "warn" and not diagnosis.critical, (mode, fmt, diagnosis.findings)
     else:
         assert found[detector].severity == "critical", (mode, fmt, found[detector])
         assert diagnosis.critical
+
+
+@pytest.mark.parametrize("mode", sorted(DRIFTS))
+def test_the_length_failures_are_critical_where_the_reward_falls(tmp_path: Path, mode: str) -> None:
+    """The streams of DRIFTS with the reward falling from the onset (0.02 a step): the same findings, critical."""
+    stream = failing_stream(mode, STEPS, ONSET, seed=0)
+    for i, row in enumerate(stream[ONSET:]):
+        row["reward_mean"] -= 0.02 * i
+    diagnosis = diagnose(write_log("trl", stream, tmp_path))
+    found = {f.detector: f for f in diagnosis.findings}
+    assert found[FAILURES[mode][1]].severity == "critical", diagnosis.findings
+    assert ONSET + 1 - MAX_LEAD <= found[FAILURES[mode][1]].step <= ONSET + 1 + MAX_DELAY, diagnosis.findings
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

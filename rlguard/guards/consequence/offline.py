@@ -125,8 +125,15 @@ def _label(
         rising = reward_rises(timeline.rewards[ep.first : window_end + 1], rule.trend_z)
         from_start = ep.first_obs < det.warmup + rule.start
         lost = lost_control(ep.first, window_end)
-        if rising and lost is None and (kind == "budget" or from_start):
-            where = "present from the first observations" if from_start else "a condition of the generation budget"
+        drift = kind == "drift" and not f.absolute
+        if rising and lost is None and (kind == "budget" or from_start or drift):
+            where = (
+                "present from the first observations"
+                if from_start
+                else "a condition of the generation budget"
+                if kind == "budget"
+                else "a drift above the run's baseline (below its absolute bound)"
+            )
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
         elif kind == "budget" and lost is None and _at_top(timeline.rewards, ep.first, window_end):
             labels[p] = ("warn", "a condition of the generation budget at a converged reward: it costs no reward")

@@ -19,6 +19,9 @@ Everything else is a ``warn``:
   ``recovered`` clean observations or their absence within the horizon could show): *unresolved*, a warning that
   says so (unrecoverable and sustained findings need no future and stay critical);
 - a condition present from the first observations while the reward rises (the run learns with it);
+- a ``drift`` (KL to the reference, completion length: stats that grow as the policy learns) sustained above the
+  run's own baseline while the reward rises over it and nothing else loses control: the price of learning; beyond
+  the detector's absolute bound (``Finding.absolute``: KL above 2 nats) it stays critical;
 - a condition of the budget (``truncation``) while the reward rises, or at a converged reward (:func:`converged`
   over the condition and the horizon after it: hitting the budget costs no reward there), nothing losing control;
 - groups without reward variance in a run whose reward is at the top of its range (converged, nothing left to
@@ -27,8 +30,8 @@ Everything else is a ``warn``:
   level to collapse from.
 
 Each detector declares its class (``Detector.finding_class``): ``control`` (the default: the condition is a loss of
-control), ``budget`` (a property of the generation budget), ``signal`` (groups that carry no gradient) or
-``reward`` (a drawdown, which needs a peak).
+control), ``budget`` (a property of the generation budget), ``signal`` (groups that carry no gradient),
+``reward`` (a drawdown, which needs a peak) or ``drift`` (a stat that grows as the policy learns).
 
 This module holds the rule's thresholds and the pieces both of its uses share; :mod:`rlguard.guards.consequence.offline`
 applies it over a log with hindsight (the doctor), :mod:`rlguard.guards.consequence.live` as findings are made, from the
@@ -60,7 +63,7 @@ __all__ = [
 ]
 
 #: consequence classes whose sustained critical finding is lost control (what makes a lone spike critical)
-CONTROL_CLASSES = frozenset({"control", "reward"})
+CONTROL_CLASSES = frozenset({"control", "reward", "drift"})
 
 
 @dataclass(frozen=True)

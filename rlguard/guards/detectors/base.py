@@ -25,8 +25,9 @@ class Detector(PrivateState):
 
     ``finding_class`` is what a finding of the detector is, for the consequence rule
     (:mod:`rlguard.guards.consequence.rule`): ``control`` (a loss of control: the default), ``budget`` (a property
-    of the generation budget), ``signal`` (groups that carry no gradient) or ``reward`` (a drawdown, which needs a
-    level to fall from).
+    of the generation budget), ``signal`` (groups that carry no gradient), ``reward`` (a drawdown, which needs a
+    level to fall from) or ``drift`` (a stat that grows as the policy learns, KL to the reference or the completion
+    length: a loss of control, unless it comes with a rising reward below the detector's absolute bounds).
 
     Attributes:
         warmup: steps the detector watches (building its baseline) before it may fire.
@@ -128,6 +129,7 @@ def _absolute(
                 value,
                 bound,
                 f"{metric}={value:.4g} is above the absolute bound {bound:g} (it needs no baseline). {advice}".rstrip(),
+                absolute=True,
             )
     return None
 

@@ -197,6 +197,7 @@ class ZeroVarianceGroups(_RewardLevel, ThresholdDetector):
 @dataclass(kw_only=True)
 class LengthExplosion(CusumDetector):
     name = "length_explosion"
+    finding_class = "drift"  # reasoning runs lengthen their answers as they learn (DeepSeek-R1, arXiv 2501.12948)
     source = "CUSUM on log mean completion length; DAPO overlong shaping, arXiv 2503.14476"
     summary = (
         "sustained rise of mean completion length: CUSUM >= 15 (warn) / 40 (critical, once >= 2x the early "

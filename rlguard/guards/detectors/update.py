@@ -80,6 +80,7 @@ class GradNormExplosion(CusumDetector):
 @dataclass(kw_only=True)
 class KLRefBlowup(SpikeDetector):
     name = "kl_ref_blowup"
+    finding_class = "drift"  # the policy moves away from the reference as it learns
     source = (
         "robust spike on log KL(pi||pi_ref); GRPO's KL term, arXiv 2402.03300; absolute bound 4x the largest 95th "
         "percentile of KL on healthy real runs (benchmarks/doctor_real_logs.py, leave-one-repository-out)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,29 @@ def test_tiny_model_zero_variance_at_reward_099_is_a_warning(tmp_path: Path) -> 
     assert any("too easy" in f.message for f in d.findings if f.detector == "zero_variance_groups")
 
 
+def _drifting(tmp_path: Path, name: str, reward: Callable[[int], float], **shapes: Callable[[int], float]):
+    return _doctor(tmp_path / name, shaped_stream(400, 2, reward_mean=reward, **shapes))
+
+
+def test_length_and_kl_drift_with_a_rising_reward_is_a_warning_below_the_absolute_bound(tmp_path: Path) -> None:
+    """Issue 36, class 1: lengths tripling and KL to the reference rising 0.001 -> 0.5 over 400 steps while the
+    reward climbs 0.1 -> 0.9 are the price of learning (warnings); the same length drift with a flat reward is
+    critical (its CUSUM, 2x the early baseline), and KL rising to 3 nats crosses the 2-nat absolute bound: critical
+    with the reward rising too."""
+    noise = _noise(1, 0.05)
+    rising = lambda i: 0.1 + 0.8 * i / 399 + 0.04 * noise(i)  # noqa: E731
+    flat = lambda i: 0.5 + 0.04 * noise(i)  # noqa: E731
+    longer = lambda i: 200 * 3 ** (i / 399) * math.exp(noise(i))  # noqa: E731
+    d = _drifting(tmp_path, "length", rising, length_mean=longer)
+    (length,) = [f for f in d.findings if f.detector == "length_explosion"]
+    assert length.severity == "warn" and d.exit_code == 0, length
+    assert "length_explosion" in dict(_critical(_drifting(tmp_path, "flat", flat, length_mean=longer)))
+    kl = _drifting(tmp_path, "kl", rising, kl_ref=lambda i: 0.001 * 500 ** (i / 399) * math.exp(4 * noise(i)))
+    assert not _critical(kl) and kl.exit_code == 0, kl.findings
+    bound = _drifting(tmp_path, "bound", rising, kl_ref=lambda i: 0.001 * 3000 ** (i / 399) * math.exp(4 * noise(i)))
+    assert [n for n, _ in _critical(bound)] == ["kl_ref_blowup"], bound.findings
+
+
 # -- collapses stay critical, in time -----------------------------------------------------------------------------
 def _peaked_then(i: int, onset: int, after: float) -> float:
     return 0.2 + 0.6 * min(i / 80, 1.0) if i < onset else after
@@ -253,7 +277,7 @@ def test_the_rule_lone_sustained_lost_control_end_of_log_and_unrecoverable() -> 
 def test_the_rule_exemptions_need_a_rising_reward_and_no_lost_control() -> None:
     rising = [0.1 + 0.008 * p for p in range(100)]
     flat = [0.5 + 0.01 * math.sin(p) for p in range(100)]
-    dets = _detectors("truncation", "zero_variance_groups", "length_explosion", "reward_collapse")
+    dets = _detectors("truncation", "zero_variance_groups", "length_explosion", "reward_collapse", "entropy_blowup")
     budget = {"truncation": {p: _crit() for p in range(50, 70)}}
     assert label_findings(_timeline(100, rising, **budget), dets)["truncation"][60][0] == "warn"
     assert label_findings(_timeline(100, flat, **budget), dets)["truncation"][60][0] == "critical"
@@ -261,8 +285,15 @@ def test_the_rule_exemptions_need_a_rising_reward_and_no_lost_control() -> None:
     top = [0.95 + 0.01 * math.sin(p) for p in range(100)]
     at_top = label_findings(_timeline(100, top, **budget), dets)["truncation"][60]
     assert at_top[0] == "warn" and "converged reward" in at_top[1], at_top
-    with_length = {**budget, "length_explosion": {p: _crit() for p in range(52, 70)}}
-    assert label_findings(_timeline(100, rising, **with_length), dets)["truncation"][60][0] == "critical"
+    with_lost = {**budget, "entropy_blowup": {p: _crit() for p in range(52, 70)}}
+    assert label_findings(_timeline(100, rising, **with_lost), dets)["truncation"][60][0] == "critical"
+    # a drift (lengths) sustained while the reward rises: a warning; with a flat reward, or beyond an absolute
+    # bound, critical (issue 36, class 1)
+    drift = {"length_explosion": {p: _crit() for p in range(52, 70)}}
+    assert label_findings(_timeline(100, rising, **drift), dets)["length_explosion"][60][0] == "warn"
+    assert label_findings(_timeline(100, flat, **drift), dets)["length_explosion"][60][0] == "critical"
+    bound = {"length_explosion": {p: replace(_crit(), absolute=True) for p in range(52, 70)}}
+    assert label_findings(_timeline(100, rising, **bound), dets)["length_explosion"][60][0] == "critical"
     # zero variance: the exemption holds from the first observations only (warm-up 10 + 10)
     early = {"zero_variance_groups": {p: _crit() for p in range(10, 30)}}
     late = {"zero_variance_groups": {p: _crit() for p in range(50, 70)}}

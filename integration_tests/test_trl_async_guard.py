@@ -1,12 +1,12 @@
 """The guard in TRL's ``AsyncGRPOTrainer`` on CPU, end to end: a tiny Llama trained against the CPU stand-in server
 (``rlguard.adapters.trl.async_stand_in``, a subprocess), faults injected at chosen steps (``trl_async_run.py``).
 
-One run of 9 optimizer steps: an LR back-off (a 10x gradient spike at step 6, after the spike detector's baseline of
-5 steps), two skips (NaN log-probs at steps 7 and 8), then a rollback (two skips in a row) whose restored weights the
-server holds at the end of that step, and the discarded policy's queued samples dropped. From its checkpoint-9 a new
-trainer resumes: two more poisoned steps, and the rollback budget of 1, spent before the resume, makes the guard halt
-at step 12; the rollout worker is stopped. About 80 s on two shared CPU cores (two rollout-worker start-ups of
-about 20 s each).
+One run of 9 optimizer steps: an LR back-off (the gradient scaled to 10x the median norm at step 6, after the
+spike detector's baseline of 5 steps), two skips (NaN log-probs at steps 7 and 8), then a rollback (two skips in a
+row) whose restored weights the server holds at the end of that step, and the discarded policy's queued samples
+dropped. From its checkpoint-9 a new trainer resumes: two more poisoned steps, and the rollback budget of 1, spent
+before the resume, makes the guard halt at step 12; the rollout worker is stopped. About 80 s on two shared CPU
+cores (two rollout-worker start-ups of about 20 s each).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from trl_async_run import ServerWeightsProbe, build, same_weights, stand_in_server
+from trl_async_run import GradSpike, ServerWeightsProbe, build, same_weights, stand_in_server
 from trl_guard_faults import guard_config
 
 from rlguard.adapters.trl import GUARD_STATE_FILE, StabilityCallback
@@ -65,7 +65,7 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with stand_in_server(model_dir) as url:
         args = GuardedAsyncGRPOConfig(output_dir=str(out), vllm_server_base_url=url, guard=guard, max_steps=9, **RUN)
-        first = build(model_dir, url, args, poison_at={7, 8}, grad_at={6})
+        first = build(model_dir, url, args, poison_at={7, 8}, callbacks=[GradSpike(6)])
         probe = ServerWeightsProbe(first, url, tmp_path)
         first.add_callback(probe)
         first.train()
@@ -93,7 +93,7 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
         assert saved["last_step"] == 9
 
         args = GuardedAsyncGRPOConfig(output_dir=str(out), vllm_server_base_url=url, guard=guard, max_steps=20, **RUN)
-        second = build(model_dir, url, args, poison_at={10, 11}, grad_at=set())
+        second = build(model_dir, url, args, poison_at={10, 11})
         second.train(resume_from_checkpoint=str(out / "checkpoint-9"))
     # the rollback budget of 1 was spent before the resume: two more skips in a row halt the run
     assert actions(second) == [(10, "skip_step"), (11, "skip_step"), (12, "halt")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import socket
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,6 +40,14 @@ def chat_addition_dataset(n: int) -> Dataset:
 def chat_addition_reward(completions: list[list[dict[str, str]]], answer: list[int], **kwargs: Any) -> list[float]:
     """``addition_reward`` of each completion's last message (module-level: the rollout child imports it)."""
     return addition_reward([c[-1]["content"] for c in completions], answer)
+
+
+def chat_spread_reward(completions: list[list[dict[str, str]]], **kwargs: Any) -> list[float]:
+    """A reward that differs between almost any two completions (their characters' codes, mod 7, over 6), so that
+    every group has a spread and every step a gradient: a stable gradient-norm baseline for the spike detector
+    (the addition reward of a random-init model is 0 for most groups, whose steps then have no gradient)."""
+    texts = [c[-1]["content"] for c in completions]
+    return [sum(ord(ch) for ch in text) % 7 / 6 for text in texts]
 
 
 def free_port() -> int:
@@ -96,16 +105,28 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
     return all(torch.equal(t, b[n]) for n, t in a.items())
 
 
-def faulty_trainer(poison_at: set[int], grad_at: set[int]) -> type[GuardedAsyncGRPOTrainer]:
-    """``GuardedAsyncGRPOTrainer`` whose policy log-probs of the first loss token are NaN at the optimizer steps
-    ``poison_at`` and whose loss is multiplied by 10 at the steps ``grad_at`` (a gradient spike of about 10x its
-    median: above the spike detector's 5x warning, below its 20x critical)."""
+class GradSpike(TrainerCallback):
+    """Before the guard judges optimizer step ``at``: the gradients scaled so that their norm is 10x the median of the
+    logged norms so far (a spike between the spike detector's 5x warning and its 20x critical, whatever the batch).
+    Pass it in ``callbacks=``, so that it runs before the guard's callback."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if state.global_step + 1 != self.at:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        target = 10 * statistics.median(r["grad_norm"] for r in state.log_history if "grad_norm" in r)
+        for g in grads:
+            g.mul_(target / norm)
+
+
+def faulty_trainer(poison_at: set[int]) -> type[GuardedAsyncGRPOTrainer]:
+    """``GuardedAsyncGRPOTrainer`` whose policy log-probs of the first loss token are NaN at the steps ``poison_at``."""
 
     class Faulty(GuardedAsyncGRPOTrainer):
-        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
-            loss = super().compute_loss(*args, **kwargs)
-            return loss * 10.0 if self.state.global_step + 1 in grad_at else loss
-
         def rlguard_policy_logprobs(self, model: Any, inputs: dict[str, Any]) -> Any:
             logprobs, entropies, outputs = super().rlguard_policy_logprobs(model, inputs)
             if self.state.global_step + 1 in poison_at and torch.is_grad_enabled():
@@ -117,14 +138,12 @@ def faulty_trainer(poison_at: set[int], grad_at: set[int]) -> type[GuardedAsyncG
     return Faulty
 
 
-def build(
-    model_dir: Path, url: str, args: Any, poison_at: set[int], grad_at: set[int], **kwargs: Any
-) -> GuardedAsyncGRPOTrainer:
+def build(model_dir: Path, url: str, args: Any, poison_at: set[int], **kwargs: Any) -> GuardedAsyncGRPOTrainer:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.chat_template = CHAT_TEMPLATE
-    return faulty_trainer(poison_at, grad_at)(
+    return faulty_trainer(poison_at)(
         model=str(model_dir),
-        reward_funcs=chat_addition_reward,
+        reward_funcs=chat_spread_reward,
         args=args,
         train_dataset=chat_addition_dataset(64),
         processing_class=tokenizer,

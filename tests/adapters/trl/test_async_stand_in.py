@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -47,8 +48,10 @@ def test_endpoints_and_weight_transfer(tmp_path: Path) -> None:
     try:
         assert requests.get(f"{url}/health", timeout=10).status_code == 200
         assert requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["max_model_len"] == 64
-        request = {"model": "m", "prompt": [1, 5], "max_tokens": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                   "repetition_penalty": 1.0, "n": 1, "return_token_ids": True, "logprobs": 0, "seed": 7}  # fmt: skip
+        request: dict[str, Any] = {
+            "model": "m", "prompt": [1, 5], "max_tokens": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+            "repetition_penalty": 1.0, "n": 1, "return_token_ids": True, "logprobs": 0, "seed": 7,
+        }  # fmt: skip
         choice = requests.post(f"{url}/v1/completions", json=request, timeout=30).json()["choices"][0]
         assert 1 <= len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"]) <= 3
         bad = requests.post(f"{url}/v1/completions", json={**request, "repetition_penalty": 1.1}, timeout=10)

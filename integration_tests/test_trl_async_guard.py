@@ -5,8 +5,8 @@ One run of 9 optimizer steps: an LR back-off (the gradient scaled to 10x the med
 spike detector's baseline of 5 steps), two skips (NaN log-probs at steps 7 and 8), then a rollback (two skips in a
 row) whose restored weights the server holds at the end of that step, and the discarded policy's queued samples
 dropped. From its checkpoint-9 a new trainer resumes: two more poisoned steps, and the rollback budget of 1, spent
-before the resume, makes the guard halt at step 12; the rollout worker is stopped. 93 s measured on two shared CPU
-cores (two rollout-worker start-ups of about 20 s each).
+before the resume, makes the guard halt at step 12; the rollout worker is stopped. 46 s to 93 s measured on two
+shared CPU cores, by their load (two rollout-worker start-ups of about 20 s each).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from rich.table import Table
 from transformers import PrinterCallback, TrainerCallback
 
 import rlguard.adapters.trl.callback as trl_guard
-import rlguard.adapters.trl.trainer as trl_adapter
+import rlguard.adapters.trl.objective_glue as trl_adapter
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.guards import Guard, StepStats
 from rlguard.tasks.hf import addition_dataset, addition_reward, cpu_training_arguments, save_tiny_llama

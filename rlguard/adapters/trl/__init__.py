@@ -9,6 +9,10 @@ Modules (``docs/design.md``, "Adapters"):
 - :mod:`~rlguard.adapters.trl.mapping`: what a ``GRPOConfig`` means in rlguard (pure, no framework import);
 - :mod:`~rlguard.adapters.trl.config`: ``GuardedGRPOConfig`` (TRL's config plus the objective and the guard);
 - :mod:`~rlguard.adapters.trl.trainer`: ``GuardedGRPOTrainer`` (the loss glue);
+- :mod:`~rlguard.adapters.trl.objective_glue`: what the synchronous and the asynchronous trainers share;
+- :mod:`~rlguard.adapters.trl.async_trainer`: ``GuardedAsyncGRPOTrainer`` (TRL's ``AsyncGRPOTrainer``, guarded), with
+  :mod:`~rlguard.adapters.trl.async_queue`, :mod:`~rlguard.adapters.trl.async_compat` (its CPU routes) and
+  :mod:`~rlguard.adapters.trl.async_stand_in` (a CPU stand-in for the vLLM server);
 - :mod:`~rlguard.adapters.trl.trl_metrics`: the loss's metrics under TRL's keys, reduced over processes;
 - :mod:`~rlguard.adapters.trl.callback`: ``StabilityCallback`` (the guard glue);
 - :mod:`~rlguard.adapters.trl.actuators`: what a decision does under DDP and under DeepSpeed ZeRO (the actuators);

@@ -65,9 +65,16 @@ _GENERATION_KEYS = (
     "completions/clipped_ratio",
     "sampling/sampling_logp_difference/mean",
     "sampling/sampling_logp_difference/max",
+    # AsyncGRPOTrainer's, logged as its data loader takes each sample from the rollout queue
+    "sample/staleness_mean",
+    "sample/staleness_max",
+    "sample/dropped_stale_total",
 )
 #: TRL metrics written by TRL's own loss (stock trainer only; GuardedGRPOTrainer gives the objective's).
 _TRL_LOSS_KEYS = ("entropy", "kl", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
+
+
+_REDUCE: dict[str, Any] = {"mean": lambda v: sum(v) / len(v), "sum": sum, "max": max, "min": min}
 
 
 class StabilityCallback(TrainerCallback):
@@ -94,6 +101,9 @@ class StabilityCallback(TrainerCallback):
         decisions: the guard's decision of every optimizer step.
         observed: the reduced stats the guard judged, one per optimizer step (identical on every rank).
     """
+
+    #: the actuator built for a trainer without DeepSpeed (GuardedAsyncGRPOTrainer's also syncs the rollout side)
+    actuator_class: type[TrainerActuator] = TrainerActuator
 
     def __init__(
         self,
@@ -282,9 +292,9 @@ class StabilityCallback(TrainerCallback):
         metrics = logged_metrics(trainer)
         for key in keys:
             name = TRL_TO_CANONICAL[key]
-            values = [v for v in metrics.get(key, ()) if v is not None and not math.isnan(v)]
-            if values and name in STAT_REDUCTIONS:
-                stats.add(name, sum(values) / len(values))
+            values = [v for v in metrics.get(key, ()) if isinstance(v, float | int) and not math.isnan(v)]
+            if values and name in STAT_REDUCTIONS:  # the step's values combined as the metric table says
+                stats.add(name, _REDUCE[STAT_REDUCTIONS[name]](values))
         return stats
 
     # -- the actuators --------------------------------------------------------------------------------
@@ -300,7 +310,7 @@ class StabilityCallback(TrainerCallback):
             if folder is None and self.guard is not None and self.guard.config.snapshot_to_disk:
                 folder = str(Path(str(args.output_dir)) / _ENGINE_SNAPSHOT_DIR)
             path = None if folder is None else str(Path(folder) / f"rank{args.process_index}.safetensors")
-            actuator = TrainerActuator(
+            actuator = self.actuator_class(
                 model,
                 optimizer,
                 owns_step=False,

@@ -30,9 +30,37 @@ from rlguard.core_losses.registry import objective_class
 from rlguard.guards import PRESETS, GuardConfig
 from rlguard.guards.config import check_preset
 
-__all__ = ["GuardedGRPOConfig", "parse_guard_flag"]
+__all__ = ["GuardedGRPOConfig", "guard_field", "objective_field", "objective_kwargs_field", "parse_guard_flag"]
 
 logger = logging.getLogger(__name__)
+
+
+def objective_field(unset: str) -> Any:
+    """The ``objective`` field of the guarded configs (``unset`` says what None means)."""
+    return field(default=None, metadata={"help": f"rlguard objective (see `rlguard losses`); {unset}"})
+
+
+def objective_kwargs_field() -> Any:
+    """The ``objective_kwargs`` field of the guarded configs (a dict, or a JSON object string)."""
+    return field(
+        default=None,
+        metadata={
+            "help": "Arguments of the rlguard objective, as a dict or a JSON string; they override the values mapped "
+            "from TRL's settings."
+        },
+    )
+
+
+def guard_field() -> Any:
+    """The ``guard`` field of the guarded configs (``--guard`` on the command line)."""
+    return field(
+        default=None,
+        metadata={
+            "help": f"Stability guard acting in the loop: a preset ({', '.join(map(repr, PRESETS))}), or a JSON "
+            'object of GuardConfig fields with an optional preset they change, e.g. \'{"preset": "strict", '
+            '"snapshot_interval": 5}\'.'
+        },
+    )
 
 
 @dataclass
@@ -66,26 +94,10 @@ class GuardedGRPOConfig(GRPOConfig):
             (``entropy_coef``; the objective's own ``objective_kwargs={"entropy_coef": ...}`` works).
     """
 
-    objective: str | None = field(
-        default=None,
-        metadata={"help": "rlguard objective (see `rlguard losses`); None follows loss_type."},
-    )
-    objective_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={
-            "help": "Arguments of the rlguard objective, as a dict or a JSON string; they override the values mapped "
-            "from TRL's settings."
-        },
-    )
+    objective: str | None = objective_field("None follows loss_type.")
+    objective_kwargs: dict[str, Any] | str | None = objective_kwargs_field()  # noqa: RUF009  # a field()
     # TRL's and transformers' parsers take the second member of a union as the type: str here, converted below
-    guard: GuardConfig | str | dict[str, Any] | None = field(
-        default=None,
-        metadata={
-            "help": f"Stability guard acting in the loop: a preset ({', '.join(map(repr, PRESETS))}), or a JSON "
-            'object of GuardConfig fields with an optional preset they change, e.g. \'{"preset": "strict", '
-            '"snapshot_interval": 5}\'.'
-        },
-    )
+    guard: GuardConfig | str | dict[str, Any] | None = guard_field()  # noqa: RUF009  # a field()
     # None = not set by the user: the objective's paper value, or TRL's default without an objective (see above)
     epsilon: float | None = field(  # type: ignore[assignment]  # TRL's float, resolved in __post_init__
         default=None,

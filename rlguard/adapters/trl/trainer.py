@@ -43,7 +43,6 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(f"rlguard.adapters.trl needs TRL: pip install 'rlguard[trl]' ({err}).") from err
 
 from rlguard._deprecated import renamed
-from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import FORWARD_KEYS, check_logged_metrics, check_trl_compatibility, logged_metrics
 from rlguard.adapters.trl.config import GuardedGRPOConfig, parse_guard_flag
 from rlguard.adapters.trl.logprobs import (
@@ -53,19 +52,15 @@ from rlguard.adapters.trl.logprobs import (
     use_hidden_logprobs,
 )
 from rlguard.adapters.trl.mapping import adaptive_entropy_settings, map_trl_config
-from rlguard.adapters.trl.trl_metrics import trl_metric_parts
-from rlguard.core_losses import Controls, LossOutput, Objective, PolicyBatch, RolloutBatch, aggregate
-from rlguard.guards import Guard, GuardConfig, StepStats, collect_step_stats
-from rlguard.guards.guard import make_guard
+from rlguard.adapters.trl.objective_glue import ObjectiveGlue
+from rlguard.core_losses import Controls, Objective, PolicyBatch, RolloutBatch, aggregate
+from rlguard.guards import Guard, StepStats
 from rlguard.guards.interventions.entropy_coef import AdaptiveEntropy
-from rlguard.guards.registry import detector_registry
-from rlguard.guards.stats.collect import add_metric_values
-from rlguard.guards.stats.reduction import reduce_rows
 
 __all__ = ["GuardedGRPOConfig", "GuardedGRPOTrainer", "parse_guard_flag"]
 
 
-class GuardedGRPOTrainer(GRPOTrainer):
+class GuardedGRPOTrainer(ObjectiveGlue, GRPOTrainer):  # type: ignore[misc]
     """``trl.GRPOTrainer`` whose policy loss is an rlguard objective; everything else is TRL's.
 
     Takes the arguments of ``GRPOTrainer``; ``args`` may be a :class:`GuardedGRPOConfig` or a plain ``GRPOConfig``
@@ -146,34 +141,6 @@ class GuardedGRPOTrainer(GRPOTrainer):
         check_hidden_logprobs_supported(model, zero3=is_deepspeed_zero3_enabled(), fsdp=bool(self.is_fsdp_enabled))
         use_hidden_logprobs(model, self.temperature)
         return model
-
-    def _attach_stability_callbacks(
-        self, spec: str | GuardConfig | None, adaptive: AdaptiveEntropy | None
-    ) -> tuple[Guard | None, bool]:
-        """Attach every ``StabilityCallback`` to this trainer; ``spec`` gives the first one a guard (a callback
-        is added if there is none). ``adaptive`` (``use_adaptive_entropy``) joins the acting guard's interventions;
-        without one, a guard that runs only it. Returns the acting guard, if any, and whether the user configured
-        it."""
-        callbacks = [cb for cb in self.callback_handler.callbacks if isinstance(cb, StabilityCallback)]
-        configured = spec is not None or any(cb.guard is not None for cb in callbacks)
-        if (spec is not None or adaptive is not None) and not any(cb.guard is not None for cb in callbacks):
-            if not callbacks:
-                callbacks.append(StabilityCallback())
-                self.add_callback(callbacks[0])
-            # with no guard configured: no detector, and observe-only, so no snapshot (only adaptive_entropy acts)
-            only_adaptive = GuardConfig(detectors=dict.fromkeys(detector_registry()), observe_only=True)
-            callbacks[0].guard = make_guard(only_adaptive if spec is None else spec)
-        for cb in callbacks:
-            cb.attach(self)
-        guard = next((cb.guard for cb in callbacks if cb.guard is not None), None)
-        if guard is not None and adaptive is not None:
-            _add_adaptive_entropy(guard, adaptive)
-        return guard, configured
-
-    def rlguard_take_step_stats(self) -> StepStats:
-        """The objective's stats of the micro-batches since the last call (this rank's share; not reduced)."""
-        stats, self._rlguard_step_stats = self._rlguard_step_stats, StepStats()
-        return stats
 
     def rlguard_set_controls(self, controls: Controls) -> None:
         """The guard's controls for the objective from the next loss on: clip range, ``beta``, ``entropy_coef``
@@ -306,58 +273,6 @@ class GuardedGRPOTrainer(GRPOTrainer):
         if self._training():
             tokens = tokens * accumulation / cast(GRPOConfig, self.args).steps_per_generation
         return {"num_tokens": tokens}
-
-    def _log_rlguard_metrics(
-        self, mode: str, out: LossOutput, batch: PolicyBatch, accumulation: int, *, guard: bool
-    ) -> None:
-        """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather, one
-        transfer to the host) and log them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's
-        meaning. With ``guard`` and a guard, this process's row of the same transfer goes to the guard's stats
-        (:func:`~rlguard.guards.stats.collect.add_metric_values`)."""
-        metrics, mask = out.metrics, batch.mask
-        names = sorted(metrics)
-        tokens = mask.sum().to(torch.float64)
-        sequences = (mask != 0).any(dim=-1).sum().to(torch.float64)
-        trl = trl_metric_parts(self.rlguard_objective, batch)
-        local = torch.stack(
-            [*(metrics[n].detach().to(torch.float64) for n in names), tokens, sequences]
-            + [out.loss.detach().to(torch.float64)]
-            + [t.to(torch.float64) for t in trl.parts()]
-        )
-        # (W, K + 3 + len(trl.parts())): the only device -> host transfer of the micro-batch's metrics
-        gathered = self.accelerator.gather(local.unsqueeze(0)).cpu().numpy()
-        k = len(names)
-        values = reduce_rows(names, gathered[:, :k], gathered[:, k], gathered[:, k + 1]).tolist()
-        reduced = dict(zip(names, values, strict=True))
-        reduced["loss"] = reduced["loss"] * accumulation  # the micro-batch's share at the scale of one step
-        logged = logged_metrics(self, mode)
-        for name, value in reduced.items():
-            logged[f"rlguard/{name}"].append(value)
-        for key, value in trl.reduce(gathered[:, k + 3 :]).items():
-            logged[key].append(value)
-        if guard and self.rlguard_guard is not None:
-            row = gathered[self.accelerator.process_index].tolist()
-            stats = self._rlguard_step_stats
-            add_metric_values(stats, names, row[:k], tokens=row[k], sequences=row[k + 1], loss=row[k + 2])
-            if batch.rollout_logprobs is not None:  # the trainer-vs-engine probability moments
-                collect_step_stats(batch=batch, stats=stats)
-
-
-def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:
-    """``use_adaptive_entropy``'s controller joins ``guard``'s interventions (an observe-only guard's too: TRL's flag
-    asks for it), refused where the guard already sets ``entropy_coef`` another way."""
-    if adaptive.name in guard.interventions:
-        raise ValueError(
-            "use_adaptive_entropy=True and the guard's own adaptive_entropy intervention are one controller "
-            "configured twice: keep TRL's use_adaptive_entropy (with entropy_coef, entropy_coef_min/max/delta, "
-            "entropy_target) or the guard's, not both."
-        )
-    if "entropy_coef" in guard.config.schedules:
-        raise ValueError(
-            "use_adaptive_entropy=True sets entropy_coef each step, and the guard schedules entropy_coef too: drop "
-            "one of them (GuardConfig.schedules['entropy_coef'] or use_adaptive_entropy)."
-        )
-    guard.interventions[adaptive.name] = adaptive
 
 
 __getattr__ = renamed(__name__, guard_from_spec=parse_guard_flag)  # its old name here, deprecated

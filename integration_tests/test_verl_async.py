@@ -6,8 +6,9 @@ at step 2, in force from step 3), a rollback (step 3, to step 1's snapshot) whos
 before the next batch is generated, a halt (step 4); then a resume from the rollback's checkpoint keeps the guard.
 
 Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
-from other jobs, 145 s + 143 s in a second run (docs/guides/verl.md, "Asynchronous training"). Beside it, verl's own fully async trainer (unguarded)
-trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 266-326 s wall at the same load).
+from other jobs, 145 s + 143 s in a second run (docs/guides/verl.md, "Asynchronous training"). Beside it, verl's own
+fully async trainer (unguarded) trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 266-326 s
+wall at the same load).
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
         self._present[key][i] = 1
 
     @property
-    def keys(self) -> set[str]:
-        """Every key logged at some step."""
+    def names(self) -> set[str]:
+        """Every key logged at some step (not ``keys``: ``dict(rows)`` must read the table as pairs)."""
         return set(self._values)
 
     @property

@@ -91,7 +91,7 @@ def test_one_step_logged_again_with_another_value_is_merged_and_counted(tmp_path
     path = tmp_path / "log.jsonl"
     path.write_text(jsonl_text(records), encoding="utf-8")
     log = read_log(path)
-    assert log.report.overwritten == 1 and dict(log.rows)[records[9]["step"]]["loss"] == 9.0
+    assert log.report.overwritten == 1 and dict(log.rows)[int(records[9]["step"])]["loss"] == 9.0
 
 
 def test_a_torn_last_line_is_no_clean_bill(tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
 from rlguard.doctor import LogInputError, read_log
 from rlguard.doctor.stream import JsonlFollower
 from rlguard.watch import watch
+from tests.helpers.profiles import examples
 from tests.helpers.synthetic import healthy_stream
 
 
@@ -173,7 +174,7 @@ def test_watch_says_when_the_log_was_truncated(tmp_path: Path) -> None:
     assert result.restarts and "read again from the start" in buffer.getvalue()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@examples(quick=40, long=400)
 @given(
     name=st.sampled_from(sorted(LOGS)),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),

@@ -69,6 +69,15 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
             self._present[key].append(1)
         return 0
 
+    def copy(self) -> Columns:
+        """A copy that later appends to this table do not change (arrays copied whole: no per-row work)."""
+        out = Columns()
+        out._steps = array("q", self._steps)
+        out._values = {k: array("d", v) for k, v in self._values.items()}
+        out._present = {k: bytearray(v) for k, v in self._present.items()}
+        out.conflicts, out.conflict_steps = list(self.conflicts), self.conflict_steps
+        return out
+
     def _set(self, key: str, i: int, value: float) -> None:
         column = self._values.get(key)
         if column is None:

@@ -114,12 +114,13 @@ class RunMerger:
         self._current: str | None = None
         self._stepless: tuple[str, dict[str, float]] | None = None  # the first record with values and no step
         self._stepless_count = 0
+        self._excluded = frozenset(STEP_KEYS) | frozenset(steps.keys)  # step counters are not metrics
 
     def add(self, item: Row) -> None:
         """Merge one reader's row (LogInputError for a named run whose step goes back)."""
         step, row, where, name = item
-        keys = self.steps.keys
-        metrics = {k: v for k, v in row.items() if k not in STEP_KEYS and k not in keys}
+        excluded = self._excluded
+        metrics = {k: v for k, v in row.items() if k not in excluded}
         if not metrics:
             self.report.drop("records with no numeric value (all null, text or step counters only)")
             return

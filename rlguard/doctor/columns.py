@@ -4,9 +4,10 @@
 A row is 8 bytes for its step and 9 bytes per key of the log (a float64 and a presence byte), where a row held as a
 dict costs about 47 bytes per key (the dict's slot and a float object; ``tests/doctor/test_columns.py``): a
 1,000,000-step log of 20 keys is about 190 MB instead of about 1 GB. A key not logged at a step is absent from that
-row (never a NaN: a NaN is evidence). Rows are appended by increasing step (the readers' order within a run, :mod:`rlguard.doctor.steps`); a row of the
-step of the last one is merged into it, a later value replacing an earlier one. Read back, the table is a
-``Sequence`` of ``(step, {key: value})`` built on access, as the readers gave them before.
+row (never a NaN: a NaN is evidence). Rows are appended by increasing step (the readers' order within a run,
+:mod:`rlguard.doctor.steps`); a row of the step of the last one is merged into it, a later value replacing an
+earlier one. Read back, the table is a ``Sequence`` of ``(step, {key: value})`` built on access, as the readers
+gave them before.
 """
 
 from __future__ import annotations

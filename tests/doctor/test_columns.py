@@ -55,6 +55,10 @@ def test_columns_read_back_what_dict_rows_hold() -> None:
         and [s for s, _ in table[5:7]] == [s for s, _ in got[5:7]]
         and table.names == {"a", "b", "c", "d", "late"}
     )
+    assert table == table.copy()  # NaN values compared by their bytes: the same reading
+    other = table.copy()
+    other.append(table[-1][0], {"a": 12345.0})
+    assert other != table
     with pytest.raises(ValueError, match="increasing step"):
         table.append(0, {"a": 1.0})
 

@@ -45,9 +45,11 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # real TRL and verl runs on CPU with tiny models: several steps per objective, under torchrun with 2 processes,
-# and TRL under DeepSpeed ZeRO-2 and ZeRO-3 with 2 processes
+# and TRL under DeepSpeed ZeRO-2 and ZeRO-3 with 2 processes; then the doctor's property tests with many examples
+# (tests/helpers/profiles.py)
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
+	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/doctor/test_properties.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 
     python benchmarks/doctor_scale.py                  # 1k, 10k, 100k, 1M steps; TRL-, verl- and W&B-shaped rows
     python benchmarks/doctor_scale.py --quick          # 1k and 10k steps, TRL-shaped (seconds)
-    python benchmarks/doctor_scale.py --rldoctor VENV  # rldoctor 0.2.0 too, from a throwaway venv (its python)
+    python benchmarks/doctor_scale.py --rldoctor PYTHON  # rldoctor 0.2.0 too: the python of a throwaway venv
     python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
 
 Each log is written once into a temporary folder (a healthy run: rewards rising slowly, noise on every stat, no
@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1_000, 10_000, 100_000, 1_000_000)
 SHAPES = ("trl", "verl", "wandb")
 CHUNK = 10_000
+#: rldoctor 0.2.0 on one log, as benchmarks/doctor_real_logs.py runs it (its Python API: load, then diagnose)
+RLDOCTOR = "import sys, rl_doctor; rl_doctor.diagnose(rl_doctor.load_run(sys.argv[1]))"
 
 #: TRL GRPOTrainer's logged keys (trl/trainer/grpo_trainer.py ``_metrics``), with a healthy level and noise
 TRL_STATS = {
@@ -163,7 +165,7 @@ def main() -> None:
                 wall, peak, code = measure([sys.executable, "-m", "rlguard", "doctor", str(log)])
                 other = "-", "-"
                 if args.rldoctor is not None and steps <= args.rldoctor_max:
-                    cmd = [str(args.rldoctor), "-m", "rldoctor", str(log)]
+                    cmd = [str(args.rldoctor), "-c", RLDOCTOR, str(log)]
                     r_wall, r_peak, _ = measure(cmd)
                     other = f"{r_wall:.1f}", f"{r_peak:.0f}"
                 print(

@@ -6,8 +6,11 @@ Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json
 functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``rlguard doctor`` would say of the
 log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
 (:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
-said) and judged again on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`) that keeps the cost per
-appended record constant, amortised; other logs are read whole at each change.
+said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`), and the log judged
+again on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`) that keeps the cost per appended record
+constant, amortised; other logs are read whole at each change. The judgement is the doctor's over the whole log,
+not the live guard's detectors fed step by step: the consequence rule labels a finding with the hindsight of what
+followed it, so an incremental verdict would differ from ``rlguard doctor``'s on the same file.
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard

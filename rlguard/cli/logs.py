@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from rlguard.cli.app import app, bad_input, console
+from rlguard.terminal import safe_text
 
 if TYPE_CHECKING:
     from rlguard.doctor import Diagnosis
@@ -196,9 +196,9 @@ def _doctor(
     else:
         _print_diagnosis(diagnosis)
         if html is not None:
-            console.print(f"wrote {escape(str(html))}")
+            console.print(f"wrote {safe_text(html)}")
             if diagnosis.findings and (missing := plots_missing()) is not None:
-                console.print(escape(missing))
+                console.print(safe_text(missing))
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)
 
@@ -346,8 +346,8 @@ def report(
         except (doctor.LogInputError, OSError) as err:  # OSError: --out not writable
             raise bad_input("report", err) from None
         console.print(
-            f"wrote {escape(str(result.html))}: {len(result.images)} plots from {escape(str(result.log_path))}, "
+            f"wrote {safe_text(result.html)}: {len(result.images)} plots from {safe_text(result.log_path)}, "
             f"{len(result.events)} guard events"
         )
         if result.plots_missing is not None:
-            console.print(escape(result.plots_missing))
+            console.print(safe_text(result.plots_missing))

@@ -264,10 +264,12 @@ def diagnose_log(
     step_findings: list[dict[str, Finding]] = []
     observed: list[frozenset[str]] = []
     change_points: list[dict[str, int]] = []
+    distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has a few
     for step, stats in read.rows:
         before = guard.observations()
         guard.observe(step, stats)
-        observed.append(frozenset(n for n, count in guard.observations().items() if count != before[n]))
+        seen = frozenset(n for n, count in guard.observations().items() if count != before[n])
+        observed.append(distinct.setdefault(seen, seen))
         steps.append(step)
         rows.append(stats)
         step_findings.append(dict(guard.last_findings))

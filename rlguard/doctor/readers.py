@@ -76,7 +76,7 @@ class MetricLog:
     def keys(self) -> set[str]:
         """Every raw key seen."""
         if isinstance(self.rows, Columns):
-            return self.rows.keys
+            return self.rows.names
         return {k for _, row in self.rows for k in row}
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from rlguard.doctor.columns import Columns
 from rlguard.doctor.readreport import LogInputError, ReadReport
 
-__all__ = ["RUN_KEYS", "STEP_KEYS", "MergedRows", "Row", "StepRule", "merge_runs", "run_name"]
+__all__ = ["RUN_KEYS", "STEP_KEYS", "MergedRows", "Row", "RunMerger", "StepRule", "merge_runs", "run_name"]
 
 #: step columns, most trusted first (TRL's ``train/global_step`` is the optimizer step; wandb's ``_step`` counts logs)
 STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step", "Step", "training/global_step")
@@ -97,64 +97,91 @@ def merge_runs(rows: Iterator[Row], report: ReadReport, steps: StepRule, path: P
     """Rows of one step merged (a later value replaces an earlier one, counted), one run's (module docstring):
     LogInputError for a file of several runs unless ``run`` names one, or of two runs interleaved. One pass over
     ``rows``; memory is the merged table's (:class:`~rlguard.doctor.columns.Columns`)."""
-    runs: dict[str, _Run] = {}
-    stretch, last, named, current = 1, -1, False, None
-    stepless: list[tuple[str, dict[str, float]]] = []  # records with values and no step
-    for step, row, where, name in rows:
-        metrics = {k: v for k, v in row.items() if k not in STEP_KEYS and k not in steps.keys}
+    merger = RunMerger(report, steps, path, run)
+    for row in rows:
+        merger.add(row)
+    return merger.finish(report)
+
+
+class RunMerger:
+    """:func:`merge_runs` one row at a time (``rlguard watch`` adds the rows appended since its last poll): the
+    cost of :meth:`add` does not grow with the rows before it."""
+
+    def __init__(self, report: ReadReport, steps: StepRule, path: Path, run: str | None) -> None:
+        self.report, self.steps, self.path, self.run = report, steps, path, run
+        self.runs: dict[str, _Run] = {}
+        self._stretch, self._last, self._named = 1, -1, False
+        self._current: str | None = None
+        self._stepless: tuple[str, dict[str, float]] | None = None  # the first record with values and no step
+        self._stepless_count = 0
+        self._excluded = frozenset(STEP_KEYS) | frozenset(steps.keys)  # step counters are not metrics
+
+    def add(self, item: Row) -> None:
+        """Merge one reader's row (LogInputError for a named run whose step goes back)."""
+        step, row, where, name = item
+        excluded = self._excluded
+        metrics = {k: v for k, v in row.items() if k not in excluded}
         if not metrics:
-            report.drop("records with no numeric value (all null, text or step counters only)")
-            continue
+            self.report.drop("records with no numeric value (all null, text or step counters only)")
+            return
         if step is None:
-            stepless.append((where, row))
-            continue
-        if name is None and named:
-            name = current  # a row without a run name belongs to the run of the rows before it
-        named, current = named or name is not None, name
+            self._stepless = self._stepless or (where, row)
+            self._stepless_count += 1
+            return
+        if name is None and self._named:
+            name = self._current  # a row without a run name belongs to the run of the rows before it
+        self._named, self._current = self._named or name is not None, name
         back = ""
         if name is None:
-            if step < last:  # the step goes back: another run starts here
-                stretch, back = stretch + 1, f"the step goes back from {last} to {step} at {where}"
-            last, name = step, str(stretch)
-        into = runs.get(name)
+            if step < self._last:  # the step goes back: another run starts here
+                self._stretch, back = self._stretch + 1, f"the step goes back from {self._last} to {step} at {where}"
+            self._last, name = step, str(self._stretch)
+        into = self.runs.get(name)
         if into is None:
-            into = runs[name] = _Run(name, step, where, restart=back)
+            into = self.runs[name] = _Run(name, step, where, restart=back)
         elif step < into.last:
             raise LogInputError(
-                f"{path}, {where}: run {name}'s step goes back from {into.last} to {step}: two runs of that name in "
-                "one file; split the file, one run each"
+                f"{self.path}, {where}: run {name}'s step goes back from {into.last} to {step}: two runs of that name "
+                "in one file; split the file, one run each"
             )
         into.last = step
-        if run is not None and name != run:
-            into.rows += 1
-            continue
-        report.rows += 1
         into.rows += 1
-        report.overwritten += into.merged.append(step, metrics)
-    if stepless:
-        if not runs:  # no record has a step: the log has no step column
-            raise steps.no_step(path, *stepless[0])
-        # among records with a step, one without is no training step (the run's arguments, a summary)
-        report.drop("records without a step among records with one (configuration or summary records)", len(stepless))
-    if run is not None:
-        if run not in runs:
-            raise LogInputError(f"{path}: no run {run} in the file; its runs: {_runs(runs, 8)}")
+        if self.run is not None and name != self.run:
+            return
+        self.report.rows += 1
+        self.report.overwritten += into.merged.append(step, metrics)
+
+    def finish(self, report: ReadReport) -> Columns:
+        """The run's merged rows so far, their account completed in ``report`` (this merger's report, or a copy of
+        it: the merger is not changed and can go on adding); LogInputError for several runs (module docstring)."""
+        runs, run, path = self.runs, self.run, self.path
+        if self._stepless is not None:
+            if not runs:  # no record has a step: the log has no step column
+                raise self.steps.no_step(path, *self._stepless)
+            # among records with a step, one without is no training step (the run's arguments, a summary)
+            report.drop(
+                "records without a step among records with one (configuration or summary records)",
+                self._stepless_count,
+            )
+        if run is not None:
+            if run not in runs:
+                raise LogInputError(f"{path}: no run {run} in the file; its runs: {_runs(runs, 8)}")
+            if len(runs) > 1:
+                report.drop(f"rows of other runs than --run {run}", sum(r.rows for n, r in runs.items() if n != run))
+                report.run = run
+            return _one_writer(runs[run], path)
         if len(runs) > 1:
-            report.drop(f"rows of other runs than --run {run}", sum(r.rows for n, r in runs.items() if n != run))
-            report.run = run
-        return _one_writer(runs[run], path)
-    if len(runs) > 1:
-        names = ", ".join(list(runs)[:5]) + (", ..." if len(runs) > 5 else "")
-        why = (
-            f"named in its run column: {names}"
-            if named
-            else "; ".join(r.restart for r in list(runs.values())[1:3]) + ("; ..." if len(runs) > 3 else "")
-        )
-        raise LogInputError(
-            f"{path} holds {len(runs)} runs ({why}): {_runs(runs, 5)}; merged by step, one run's rows would replace "
-            f"another's: pass --run {next(iter(runs))} (or another) to judge one run, or split the file"
-        )
-    return _one_writer(next(iter(runs.values())), path) if runs else Columns()
+            names = ", ".join(list(runs)[:5]) + (", ..." if len(runs) > 5 else "")
+            why = (
+                f"named in its run column: {names}"
+                if self._named
+                else "; ".join(r.restart for r in list(runs.values())[1:3]) + ("; ..." if len(runs) > 3 else "")
+            )
+            raise LogInputError(
+                f"{path} holds {len(runs)} runs ({why}): {_runs(runs, 5)}; merged by step, one run's rows would "
+                f"replace another's: pass --run {next(iter(runs))} (or another) to judge one run, or split the file"
+            )
+        return _one_writer(next(iter(runs.values())), path) if runs else Columns()
 
 
 def _one_writer(run: _Run, path: Path) -> Columns:

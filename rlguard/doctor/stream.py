@@ -19,7 +19,7 @@ from pathlib import Path
 from rlguard.doctor.jsonlog import NotJson, jsonl_record, jsonl_row
 from rlguard.doctor.readers import MetricLog
 from rlguard.doctor.readreport import LogInputError, ReadReport
-from rlguard.doctor.steps import Row, StepRule, merge_runs
+from rlguard.doctor.steps import RunMerger, StepRule
 
 __all__ = ["JsonlFollower"]
 
@@ -47,8 +47,8 @@ class JsonlFollower:
         self._lines = 0  # lines complete so far (for "line N" in messages)
         self._records = 0  # JSON records read (lines that are not blank)
         self._report = ReadReport()
-        self._rows: list[Row] = []  # every record's row, merged per step (and run) as read_log merges them
-        self._steps: set[int] = set()
+        # every record's row merged per step (and run) as read_log merges them, as it is read
+        self._merger = RunMerger(self._report, self.step_rule, self.path, self.run)
         self._format = "jsonl"
         self._error: LogInputError | None = None
         # the last complete line, when it is not JSON: torn (the reader skips a torn last line) unless another follows
@@ -56,8 +56,14 @@ class JsonlFollower:
 
     @property
     def steps(self) -> int:
-        """The distinct training steps read so far."""
-        return len(self._steps)
+        """The distinct training steps read so far (of every run in the file)."""
+        return sum(len(r.merged) for r in self._merger.runs.values())
+
+    @property
+    def records(self) -> int:
+        """The records (JSON lines) parsed in all since the last start from the beginning of the file: each
+        appended record is parsed once, whatever the length of the log before it."""
+        return self._records
 
     def poll(self) -> int:
         """Read what was appended since the last poll; the number of complete lines it held. ``OSError`` when the
@@ -110,10 +116,7 @@ class JsonlFollower:
         record = jsonl_record(line, self.path, where)
         if self._records == 0 and "step" in record and isinstance(record.get("data"), dict):
             self._format = "verl"
-        row = jsonl_row(record, self._report, self.step_rule, self._records, self.path, where)
-        self._rows.append(row)
-        if row[0] is not None and any(k for k in row[1]):
-            self._steps.add(row[0])
+        self._merger.add(jsonl_row(record, self._report, self.step_rule, self._records, self.path, where))
         self._records += 1
 
     def log(self) -> MetricLog:
@@ -137,7 +140,7 @@ class JsonlFollower:
             report.torn(now._suspect[0])
         if not report.records:
             raise LogInputError(f"{self.path} is empty")
-        rows = merge_runs(iter(now._rows), report, self.step_rule, self.path, self.run)
+        rows = now._merger.finish(report).copy()  # the follower goes on appending to its own table
         if not rows:
             lines = "; ".join(report.lines())
             raise LogInputError(f"{self.path} ({now._format}) holds no training step with a numeric metric ({lines})")

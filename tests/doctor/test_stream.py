@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
 from rlguard.doctor import LogInputError, read_log
 from rlguard.doctor.stream import JsonlFollower
 from rlguard.watch import watch
+from tests.helpers.profiles import examples
 from tests.helpers.synthetic import healthy_stream
 
 
@@ -173,7 +175,7 @@ def test_watch_says_when_the_log_was_truncated(tmp_path: Path) -> None:
     assert result.restarts and "read again from the start" in buffer.getvalue()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@examples(quick=40, long=400)
 @given(
     name=st.sampled_from(sorted(LOGS)),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),
@@ -206,3 +208,39 @@ def test_the_follower_agrees_with_read_log_however_the_log_is_cut(
     except LogInputError:
         expected = LogInputError
     assert followed == expected
+
+
+def test_watch_work_per_appended_record_does_not_grow_with_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counts of work, not wall time: each poll parses only the record appended (one), and the steps judged over
+    the whole watch stay within (1 + 1 / REJUDGE_GROWTH) times the log's steps: the log is judged again when it
+    grew by REJUDGE_GROWTH of its steps, so the judgements' sizes grow geometrically and their sum is bounded
+    (n / (1 - 1 / (1 + g)) = 11 n). The time rule (REJUDGE_EVERY) is turned off: it only adds judgements while
+    they are cheap next to the poll interval."""
+    from rlguard import watch as watch_module
+    from rlguard.doctor.steps import StepRule
+
+    monkeypatch.setattr(watch_module, "REJUDGE_EVERY", math.inf)
+    stream = healthy_stream(200, seed=3)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(_flat(s, x) for s, x in enumerate(stream[:50], 1)))
+    reader = watch_module._Reader(path, {}, StepRule(), None)
+    first, _ = reader.read(final=True)
+    assert first is not None and reader.follower is not None
+    parsed, judged = [], [len(first.steps)]
+    for step in range(51, 201):
+        with path.open("a") as fh:
+            fh.write(_flat(step, stream[step - 1]))
+        before = reader.follower.records
+        d, error = reader.read()
+        assert error is None
+        parsed.append(reader.follower.records - before)
+        if d is not None:
+            judged.append(len(d.steps))
+    assert parsed == [1] * 150  # never the records before it again
+    bound = (1 + 1 / watch_module.REJUDGE_GROWTH) * 200
+    assert sum(judged) <= bound, (sum(judged), judged)
+    assert len(judged) <= 2 + math.log(200 / 50) / math.log(1 + watch_module.REJUDGE_GROWTH)
+    final, _ = reader.read(final=True)
+    assert final is not None and final.steps == list(range(1, 201))

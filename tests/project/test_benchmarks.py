@@ -119,3 +119,11 @@ def test_guard_memory_quick(tmp_path: Path) -> None:
     assert sum(m["predicted"] for m in meters) == 8 * n
     old = [r["before: state_dict copied to the CPU"] for r in ranks]
     assert all(o["again"] >= 11 * n for o in old)  # the replaced snapshot held both copies while taking the next
+
+
+def test_doctor_scale_quick() -> None:
+    """A healthy 1,000-step TRL-shaped JSONL is judged with exit 0 and a peak resident set measured."""
+    stdout = run_benchmark("doctor_scale.py", "--sizes", "1000")
+    (row,) = [line for line in stdout.splitlines() if line.startswith("| trl | 1000 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == "0" and 0 < float(cells[3]) < 120 and 10 < float(cells[4]) < 1000, row

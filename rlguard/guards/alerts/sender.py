@@ -77,13 +77,58 @@ class _Deadline:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _resolve(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...]]:
+    """``socket.getaddrinfo`` of ``host`` within what is left of ``deadline``: the C resolver takes no timeout (a
+    DNS server that does not answer holds it for the resolver's own retries, tens of seconds), so it runs in a
+    daemon thread that is left behind when the deadline passes."""
+    found: list[tuple[Any, ...]] = []
+    failed: list[OSError] = []
+
+    def lookup() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except OSError as err:
+            failed.append(err)
+
+    worker = threading.Thread(target=lookup, name="rlguard-alerts-dns", daemon=True)
+    worker.start()
+    worker.join(deadline.remaining())
+    if worker.is_alive():
+        raise TimeoutError(deadline.message() + f"; looking up {host} did not finish")
+    if failed:
+        raise failed[0]
+    return found
+
+
+def _connect(
+    address: tuple[str, int], deadline: _Deadline, source_address: tuple[str, int] | None = None
+) -> socket.socket:
+    """``socket.create_connection`` with the name looked up within ``deadline`` (:func:`_resolve`), each address
+    tried in turn within what is left of it."""
+    host, port = address
+    error: OSError | None = None
+    for family, kind, proto, _, sockaddr in _resolve(host, port, deadline):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.remaining())
+            if source_address is not None:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as err:
+            error = err
+            sock.close()
+    raise error if error is not None else OSError(f"getaddrinfo returned no address for {host}")
+
+
 def _bounded(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
-    """``base`` (``HTTPConnection`` or ``HTTPSConnection``) connecting within what is left of ``deadline`` and
-    registering its socket with it."""
+    """``base`` (``HTTPConnection`` or ``HTTPSConnection``) connecting within what is left of ``deadline``, the
+    name lookup included, and registering its socket with it."""
 
     class Bounded(base):  # type: ignore[valid-type,misc]
         def connect(self) -> None:
             self.timeout = deadline.remaining()
+            self._create_connection = lambda address, timeout, source=None: _connect(address, deadline, source)
             super().connect()
             deadline.register(self.sock)
 

@@ -178,3 +178,32 @@ def test_a_well_formed_url_and_an_unset_variable_still_build(monkeypatch: pytest
     assert AlertConfig(webhook_env=ENV).webhook_url() == "https://hooks.slack.com:443/services/T0/B0/SECRET"
     monkeypatch.delenv(ENV)
     assert AlertConfig(webhook_env=ENV).webhook_url() is None  # set on rank 0's machine only: a warning later
+
+
+def test_a_name_lookup_that_hangs_ends_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C resolver takes no timeout: a lookup that never answers must still end at the request's deadline."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "alerts.invalid":
+            release.wait(10.0)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            post_json("http://alerts.invalid/hook", {"text": "x"}, timeout=0.3)
+    finally:
+        release.set()
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_name_that_resolves_is_connected_within_the_deadline(dripper: Dripper) -> None:
+    """``localhost`` goes through the bounded lookup and connects (the dripping server still times out in full)."""
+    url = dripper.url.replace("127.0.0.1", "localhost")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        post_json(url, {"text": "x"}, timeout=0.5)
+    assert 0.4 < time.monotonic() - start < 2.0 and dripper.requests == 1

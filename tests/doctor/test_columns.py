@@ -1,0 +1,109 @@
+"""The log's table kept by column (rlguard.doctor.columns.Columns) against rows kept as dicts, its memory per row,
+and what merging by step refuses (two runs interleaved) or reports (a torn last line)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlguard.cli import app
+from rlguard.doctor import LogInputError, read_log
+from rlguard.doctor.columns import Columns
+from tests.helpers.logs_extra import jsonl_text, rows
+
+runner = CliRunner()
+
+
+def _reference(records: list[tuple[int, dict[str, float]]]) -> tuple[list[tuple[int, dict[str, float]]], int]:
+    """Rows merged by step as dicts (a later value replaces an earlier one) and the values replaced."""
+    merged: dict[int, dict[str, float]] = {}
+    replaced = 0
+    for step, values in records:
+        row = merged.setdefault(step, {})
+        same = {k for k, v in values.items() if k in row and (row[k] == v or (math.isnan(row[k]) and math.isnan(v)))}
+        replaced += sum(1 for k in values if k in row and k not in same)
+        row.update(values)
+    return sorted(merged.items()), replaced
+
+
+def test_columns_read_back_what_dict_rows_hold() -> None:
+    """Sparse keys, NaN values (evidence, never a gap), repeated steps merged, keys first seen late."""
+    rng = random.Random(0)
+    records: list[tuple[int, dict[str, float]]] = []
+    step = 0
+    for _ in range(300):
+        step += rng.choice((0, 1, 1, 2))
+        keys = rng.sample(["a", "b", "c", "d", "late"] if step > 100 else ["a", "b", "c"], rng.randint(1, 3))
+        records.append((step, {k: rng.choice((math.nan, rng.random())) for k in keys}))
+    table = Columns()
+    replaced = sum(table.append(s, v) for s, v in records)
+    expected, expected_replaced = _reference(records)
+    got = list(table)
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    for (_, a), (_, b) in zip(got, expected, strict=True):
+        assert a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+    assert replaced == expected_replaced
+    assert (
+        table[-1][0] == expected[-1][0]
+        and [s for s, _ in table[5:7]] == [s for s, _ in got[5:7]]
+        and table.names == {"a", "b", "c", "d", "late"}
+    )
+    assert table == table.copy()  # NaN values compared by their bytes: the same reading
+    other = table.copy()
+    other.append(table[-1][0], {"a": 12345.0})
+    assert other != table
+    with pytest.raises(ValueError, match="increasing step"):
+        table.append(0, {"a": 1.0})
+
+
+def test_a_row_costs_its_floats_not_a_dict() -> None:
+    """10,000 rows of 20 keys: about 8 + 20 * 9 bytes a row (float64 and a presence byte), where dicts cost
+    about 950 bytes a row (its slots and 20 float objects)."""
+    keys = [f"k{i}" for i in range(20)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    table = Columns()
+    for step in range(10_000):
+        table.append(step, dict.fromkeys(keys, float(step) + 0.5))
+    per_row = (tracemalloc.get_traced_memory()[0] - before) / 10_000
+    tracemalloc.stop()
+    assert per_row < 8 + 20 * 9 + 20, per_row  # array growth slack
+    assert sys.getsizeof(dict.fromkeys(keys, 0.5)) + 20 * sys.getsizeof(0.5) > 4 * per_row  # a dict and its floats
+
+
+def test_two_runs_interleaved_without_a_run_column_are_refused(tmp_path: Path) -> None:
+    """Two writers appending to one file, line by line: steps 1, 1, 2, 2, ... with different values. Merged, one
+    writer's NaN at step 30 would be replaced by the other's healthy value."""
+    first, second = rows(40, seed=1, nan_at=30), rows(40, seed=2)
+    path = tmp_path / "log.jsonl"
+    path.write_text(jsonl_text(r for pair in zip(first, second, strict=True) for r in pair), encoding="utf-8")
+    with pytest.raises(LogInputError, match=r"40 steps \(1, 2, 3, 4, 5, \.\.\.\) are each logged twice"):
+        read_log(path)
+
+
+def test_one_step_logged_again_with_another_value_is_merged_and_counted(tmp_path: Path) -> None:
+    """A record logged again after a restart at that step: merged, the later value kept, counted."""
+    records = rows(20)
+    records.insert(10, {**records[9], "loss": 9.0})
+    path = tmp_path / "log.jsonl"
+    path.write_text(jsonl_text(records), encoding="utf-8")
+    log = read_log(path)
+    assert log.report.overwritten == 1 and dict(log.rows)[int(records[9]["step"])]["loss"] == 9.0
+
+
+def test_a_torn_last_line_is_no_clean_bill(tmp_path: Path) -> None:
+    """A writer stopped mid-line: the doctor says so and exits 3 (a record unread), never 0."""
+    path = tmp_path / "log.jsonl"
+    path.write_text(jsonl_text(rows(200)) + json.dumps(rows(201)[-1])[:30], encoding="utf-8")
+    result = runner.invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "torn last line" in result.output
+    path.write_text(jsonl_text(rows(200)), encoding="utf-8")
+    assert runner.invoke(app, ["doctor", str(path)]).exit_code == 0

@@ -377,9 +377,9 @@ def _recording(
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Recording(config_type):  # type: ignore[misc, valid-type]
-        def engine(self, model, gen, history):
+        def engine(self, model, gen, history, age=0):
             weights.append(copy.deepcopy(model.state_dict()))
-            return super().engine(model, gen, history)
+            return super().engine(model, gen, history, age)
 
         def sample(self, engine, iteration):
             batches.append(super().sample(engine, iteration))

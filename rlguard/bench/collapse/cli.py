@@ -150,7 +150,7 @@ def build_parser(task: str = "short") -> argparse.ArgumentParser:
     parser.add_argument("--objectives", default=",".join(spec.objectives), help="comma-separated objective names")
     parser.add_argument("--guards", default=",".join(spec.guards), help="comma-separated: off, default, stable")
     parser.add_argument(
-        "--stressors", default=",".join(spec.stressors), help=f"comma-separated: {', '.join(spec.stressors)}"
+        "--stressors", default=",".join(spec.grid_stressors), help=f"comma-separated: {', '.join(spec.stressors)}"
     )
     parser.add_argument(
         "--old-logprobs",

@@ -56,6 +56,12 @@ class TaskSpec:
         """The task's stressor names, in report order."""
         return self.config_type.stressor_type().NAMES
 
+    @property
+    def grid_stressors(self) -> tuple[str, ...]:
+        """The default grid's stressors (``--stressors`` unset): the opt-in ones left out."""
+        kind = self.config_type.stressor_type()
+        return kind.NAMES if kind.GRID is None else kind.GRID
+
     def read_row(self, data: dict[str, Any]) -> RunResult:
         """A ``runs.jsonl`` row of this task."""
         return RunResult.from_json(data, self.config_type)
@@ -86,7 +92,7 @@ def build_grid(
     cells = [
         (c, s if isinstance(s, BaseStressor) else make_stressor(s), o, g)
         for c in old_logprobs
-        for s in (spec.stressors if stressors is None else stressors)
+        for s in (spec.grid_stressors if stressors is None else stressors)
         for o in (spec.objectives if objectives is None else objectives)
         for g in (spec.guards if guards is None else guards)
     ]

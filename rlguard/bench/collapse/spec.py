@@ -49,6 +49,8 @@ class BaseStressor:
     """
 
     NAMES: ClassVar[tuple[str, ...]] = ("none", "mismatch", "high_lr", "stale", "moe")
+    #: the default grid's stressors (``--stressors`` unset): all of :attr:`NAMES` unless a task keeps some opt-in
+    GRID: ClassVar[tuple[str, ...] | None] = None
 
     name: str = "none"
     lr_multiplier: float = 5.0

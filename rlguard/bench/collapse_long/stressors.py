@@ -34,6 +34,8 @@ class LongStressor(BaseStressor):
     """
 
     NAMES: ClassVar[tuple[str, ...]] = ("none", "high_lr", "stale", "mismatch", "moe", *ASYNC_NAMES)
+    #: the asynchronous pipelines are a grid of their own (``--stressors none,async1,...``), not the default one
+    GRID: ClassVar[tuple[str, ...] | None] = ("none", "high_lr", "stale", "mismatch", "moe")
 
     name: str = "none"
     lr_multiplier: float = 30.0

@@ -45,7 +45,7 @@ def test_rolling_statistics_equal_a_from_scratch_reference(size: int, stream: li
     for i, value in enumerate(stream):
         window.push(value)
         if math.isfinite(value):
-            kept = (kept + [value])[-size:]
+            kept = [*kept, value][-size:]
         if i % read_every == 0:
             med, sigma = _reference(kept)
             assert _same(window.median(), med), (kept, window.median(), med)
@@ -68,7 +68,7 @@ def test_a_restored_window_with_non_finite_values_reads_as_the_values_it_holds(
     held = restored[-size:]
     for value in stream:
         window.push(value)
-        held = (held + [value])[-size:]
+        held = [*held, value][-size:]
         if all(math.isfinite(v) for v in held):
             med, sigma = _reference(held)
             assert _same(window.median(), med) and _same(window.sigma(), sigma), held

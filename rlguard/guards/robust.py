@@ -13,8 +13,9 @@ MAD_TO_SIGMA = 1.4826
 MEAN_AD_TO_SIGMA = math.sqrt(math.pi / 2)
 
 
-def _median(values: Iterable[float]) -> float:
-    # the reference definition: the rolling windows below keep their values sorted and read the same numbers
+def median_of(values: Iterable[float]) -> float:
+    """Median of ``values`` (the mean of the two middle ones for an even count; NaN when empty), sorted from
+    scratch: the definition that :class:`RollingWindow` reads incrementally."""
     s = sorted(values)
     n = len(s)
     if n == 0:
@@ -36,38 +37,31 @@ def _sorted_mad(s: list[float], med: float) -> float:
     n = len(s)
     if n == 0:
         return math.nan
-    m = bisect_right(s, med)  # s[:m] <= med < s[m:]
-    p, q = m, n - m
-
-    def low(i: int) -> float:  # i-th smallest deviation below or at the median
-        return abs(s[m - 1 - i] - med)
-
-    def high(j: int) -> float:  # j-th smallest deviation above it
-        return abs(s[m + j] - med)
-
+    m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is abs(s[m - 1 - i] - med), the j-th
+    p, q = m, n - m  # high one abs(s[m + j] - med) (inlined: this is the detectors' hot path)
     k = n // 2 if n % 2 else n // 2 - 1  # the (0-based) order statistic wanted, and the next one if n is even
     lo, hi = max(0, k + 1 - q), min(k + 1, p)
     while lo < hi:  # the fewest taken from the low run such that the next low one is not below the last high one
         i = (lo + hi) // 2
-        if high(k - i) <= low(i):
+        if abs(s[m + k - i] - med) <= abs(s[m - 1 - i] - med):
             hi = i
         else:
             lo = i + 1
     i, j = lo, k + 1 - lo
     if i == 0:
-        kth = high(j - 1)
+        kth = abs(s[m + j - 1] - med)
     elif j == 0:
-        kth = low(i - 1)
+        kth = abs(s[m - i] - med)
     else:
-        kth = max(low(i - 1), high(j - 1))
+        kth = max(abs(s[m - i] - med), abs(s[m + j - 1] - med))
     if n % 2:
         return kth
     if i == p:
-        after = high(j)
+        after = abs(s[m + j] - med)
     elif j == q:
-        after = low(i)
+        after = abs(s[m - 1 - i] - med)
     else:
-        after = min(low(i), high(j))
+        after = min(abs(s[m - 1 - i] - med), abs(s[m + j] - med))
     return 0.5 * (kth + after)
 
 
@@ -77,7 +71,7 @@ class RollingWindow:
     The window keeps its values sorted beside their order of arrival (``bisect``: O(log w) search, a memmove of
     at most w pointers per push), so the median is read in O(1) and the MAD in O(log w). The sorted list is
     exactly ``sorted(values)`` (equal values in their order of arrival), so every statistic equals the one
-    computed from scratch by :func:`_median`. A window built from values that are not all finite (restored
+    computed from scratch by :func:`median_of`. A window built from values that are not all finite (restored
     state) is judged from scratch until those values have left it."""
 
     def __init__(self, size: int, values: Iterable[float] = ()) -> None:
@@ -112,10 +106,10 @@ class RollingWindow:
     def _stats(self) -> tuple[float, float]:
         if self._cache is None:
             if self._nonfinite:
-                med = _median(self.values)
-                mad = _median([abs(v - med) for v in self.values])
+                med = median_of(self.values)
+                mad = median_of([abs(v - med) for v in self.values])
             else:
-                med = _sorted_median(self._sorted)
+                med = self.median()
                 mad = _sorted_mad(self._sorted, med)
             sigma = MAD_TO_SIGMA * mad
             if sigma == 0.0 and self.values:
@@ -128,7 +122,11 @@ class RollingWindow:
 
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
-        return self._stats()[0]
+        if self._cache is not None:
+            return self._cache[0]
+        if self._nonfinite:
+            return median_of(self.values)
+        return _sorted_median(self._sorted)
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but

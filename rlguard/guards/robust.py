@@ -78,7 +78,7 @@ class RollingWindow:
         if size < 1:
             raise ValueError(f"window size must be >= 1; got {size}.")
         self.values: deque[float] = deque(values, maxlen=size)
-        self._nonfinite = sum(1 for v in self.values if not math.isfinite(v))
+        self._nonfinite = len(self.values) - sum(map(math.isfinite, self.values))
         self._sorted: list[float] = sorted(self.values) if not self._nonfinite else []
         self._cache: tuple[float, float] | None = None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, RollingWindow, mann_kendall_z
@@ -58,7 +58,12 @@ def test_rolling_statistics_equal_a_from_scratch_reference(size: int, stream: li
 
 
 @examples(quick=100, long=2000)
-@given(size=st.integers(1, 50), restored=st.lists(ANY, max_size=60), stream=st.lists(FINITE, max_size=120))
+@given(
+    size=st.integers(1, 20),
+    restored=st.lists(ANY, min_size=1, max_size=30).filter(lambda r: not all(map(math.isfinite, r))),
+    stream=st.lists(FINITE, max_size=60),
+)
+@example(size=3, restored=[math.nan], stream=[1.0, 2.0, 3.0, 0.5])
 def test_a_restored_window_with_non_finite_values_reads_as_the_values_it_holds(
     size: int, restored: list[float], stream: list[float]
 ) -> None:

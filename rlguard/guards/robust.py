@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -12,8 +13,9 @@ MAD_TO_SIGMA = 1.4826
 MEAN_AD_TO_SIGMA = math.sqrt(math.pi / 2)
 
 
-def _median(values: Iterable[float]) -> float:
-    # pure Python: for the window sizes used here (<= a few hundred) sorted() beats numpy's call overhead
+def median_of(values: Iterable[float]) -> float:
+    """Median of ``values`` (the mean of the two middle ones for an even count; NaN when empty), sorted from
+    scratch: the definition that :class:`RollingWindow` reads incrementally."""
     s = sorted(values)
     n = len(s)
     if n == 0:
@@ -21,13 +23,63 @@ def _median(values: Iterable[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def _sorted_median(s: list[float]) -> float:
+    n = len(s)
+    if n == 0:
+        return math.nan
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _sorted_mad(s: list[float], med: float) -> float:
+    """Median of ``|x - med|`` over the sorted values ``s`` in O(log n), without sorting: the deviations of the
+    values at or below ``med``, read downwards, and of those above it, read upwards, are two sorted runs; the
+    order statistics of their merge are found by bisecting how many come from the first run."""
+    n = len(s)
+    if n == 0:
+        return math.nan
+    m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is abs(s[m - 1 - i] - med), the j-th
+    p, q = m, n - m  # high one abs(s[m + j] - med) (inlined: this is the detectors' hot path)
+    k = n // 2 if n % 2 else n // 2 - 1  # the (0-based) order statistic wanted, and the next one if n is even
+    lo, hi = max(0, k + 1 - q), min(k + 1, p)
+    while lo < hi:  # the fewest taken from the low run such that the next low one is not below the last high one
+        i = (lo + hi) // 2
+        if abs(s[m + k - i] - med) <= abs(s[m - 1 - i] - med):
+            hi = i
+        else:
+            lo = i + 1
+    i, j = lo, k + 1 - lo
+    if i == 0:
+        kth = abs(s[m + j - 1] - med)
+    elif j == 0:
+        kth = abs(s[m - i] - med)
+    else:
+        kth = max(abs(s[m - i] - med), abs(s[m + j - 1] - med))
+    if n % 2:
+        return kth
+    if i == p:
+        after = abs(s[m + j] - med)
+    elif j == q:
+        after = abs(s[m - 1 - i] - med)
+    else:
+        after = min(abs(s[m - 1 - i] - med), abs(s[m + j] - med))
+    return 0.5 * (kth + after)
+
+
 class RollingWindow:
-    """The last ``size`` values, with robust location and scale (cached until the next push)."""
+    """The last ``size`` values, with robust location and scale (cached until the next push).
+
+    The window keeps its values sorted beside their order of arrival (``bisect``: O(log w) search, a memmove of
+    at most w pointers per push), so the median is read in O(1) and the MAD in O(log w). The sorted list is
+    exactly ``sorted(values)`` (equal values in their order of arrival), so every statistic equals the one
+    computed from scratch by :func:`median_of`. A window built from values that are not all finite (restored
+    state) is judged from scratch until those values have left it."""
 
     def __init__(self, size: int, values: Iterable[float] = ()) -> None:
         if size < 1:
             raise ValueError(f"window size must be >= 1; got {size}.")
         self.values: deque[float] = deque(values, maxlen=size)
+        self._nonfinite = len(self.values) - sum(map(math.isfinite, self.values))
+        self._sorted: list[float] = sorted(self.values) if not self._nonfinite else []
         self._cache: tuple[float, float] | None = None
 
     def __len__(self) -> int:
@@ -36,24 +88,45 @@ class RollingWindow:
     def push(self, value: float) -> None:
         """Append ``value`` (finite values only; others are ignored)."""
         if math.isfinite(value):
-            self.values.append(value)
+            values = self.values
+            full = len(values) == values.maxlen
+            if self._nonfinite:
+                if full and not math.isfinite(values[0]):
+                    self._nonfinite -= 1
+                values.append(value)
+                if not self._nonfinite:  # the last non-finite value just left: sort once
+                    self._sorted = sorted(values)
+            else:
+                if full:  # the oldest of equal values is the first of them in the sorted list
+                    del self._sorted[bisect_left(self._sorted, values[0])]
+                values.append(value)
+                insort(self._sorted, value)  # after the equal values already there: their order of arrival
             self._cache = None
 
     def _stats(self) -> tuple[float, float]:
         if self._cache is None:
-            med = _median(self.values)
-            deviations = [abs(v - med) for v in self.values]
-            sigma = MAD_TO_SIGMA * _median(deviations)
-            if sigma == 0.0 and deviations:
+            if self._nonfinite:
+                med = median_of(self.values)
+                mad = median_of([abs(v - med) for v in self.values])
+            else:
+                med = self.median()
+                mad = _sorted_mad(self._sorted, med)
+            sigma = MAD_TO_SIGMA * mad
+            if sigma == 0.0 and self.values:
                 # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
                 # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
+                deviations = [abs(v - med) for v in self.values]
                 sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
             self._cache = (med, sigma)
         return self._cache
 
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
-        return self._stats()[0]
+        if self._cache is not None:
+            return self._cache[0]
+        if self._nonfinite:
+            return median_of(self.values)
+        return _sorted_median(self._sorted)
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but
@@ -70,13 +143,23 @@ class RollingWindow:
 def mann_kendall_z(values: Sequence[float]) -> float:
     """Mann-Kendall trend statistic (normal approximation, no tie correction): > 2 means a rising trend at about
     the 5% level, < -2 a falling one (Mann 1945; Kendall 1975). 0 for fewer than 3 values."""
-    # pure Python: exact (a sum of signs), as fast as numpy for the trend windows used (about 30 values), and the
+    # pure Python: exact (a sum of signs), faster than numpy for the trend windows used (about 30 values), and the
     # doctor and the command line start without numpy
     x = list(values)
     n = len(x)
     if n < 3:
         return 0.0
-    s = float(sum((b > a) - (b < a) for i, a in enumerate(x) for b in x[i + 1 :]))
+    if any(v != v for v in x):  # NaN: not ordered, every pair with it counts 0
+        s = float(sum((b > a) - (b < a) for i, a in enumerate(x) for b in x[i + 1 :]))
+    else:
+        # the same sum of signs in O(n log n): each value against the earlier ones, counted in their sorted list
+        seen: list[float] = []
+        total = 0
+        for b in x:
+            below, above = bisect_left(seen, b), bisect_right(seen, b)
+            total += below - (len(seen) - above)
+            seen.insert(above, b)
+        s = float(total)
     var = n * (n - 1) * (2 * n + 5) / 18.0
     if s == 0:
         return 0.0

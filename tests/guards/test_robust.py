@@ -1,0 +1,109 @@
+"""The rolling window's incremental statistics equal the same statistics computed from scratch, and the fast
+Mann-Kendall sum equals the sum of signs over all pairs."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, RollingWindow, mann_kendall_z
+from tests.helpers.profiles import examples
+
+#: few distinct values (ties, MAD = 0, the mean-deviation fallback) and wide ones (overflow of x - median)
+FINITE = st.one_of(
+    st.sampled_from([0.0, -0.0, 0.125, 0.25, 1.0, -1.0, 2.0]),
+    st.integers(-3, 3).map(float),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+ANY = st.one_of(FINITE, st.sampled_from([math.nan, math.inf, -math.inf]))
+
+
+def _reference(window: list[float]) -> tuple[float, float]:
+    """Median and robust sigma of ``window`` from scratch, in float64, by :func:`statistics.median`."""
+    if not window:
+        return math.nan, math.nan
+    med = statistics.median(window)  # the mean of the two middle values for an even length
+    deviations = [abs(v - med) for v in window]
+    sigma = MAD_TO_SIGMA * statistics.median(deviations)
+    if sigma == 0.0:
+        sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+    return med, sigma
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+@examples(quick=150, long=3000)
+@given(size=st.integers(1, 50), stream=st.lists(ANY, max_size=200), read_every=st.integers(1, 7))
+def test_rolling_statistics_equal_a_from_scratch_reference(size: int, stream: list[float], read_every: int) -> None:
+    window = RollingWindow(size)
+    kept: list[float] = []
+    for i, value in enumerate(stream):
+        window.push(value)
+        if math.isfinite(value):
+            kept = [*kept, value][-size:]
+        if i % read_every == 0:
+            med, sigma = _reference(kept)
+            assert _same(window.median(), med), (kept, window.median(), med)
+            if kept:
+                assert _same(window.sigma(), sigma), (kept, window.sigma(), sigma)
+                assert window.sigma(floor=1e300) == max(sigma, 1e300)
+            else:
+                assert window.sigma(floor=0.5) == 0.5
+    assert list(window.values) == kept
+
+
+@examples(quick=100, long=2000)
+@given(
+    size=st.integers(1, 20),
+    restored=st.lists(ANY, min_size=1, max_size=30).filter(lambda r: not all(map(math.isfinite, r))),
+    stream=st.lists(FINITE, max_size=60),
+)
+@example(size=3, restored=[math.nan], stream=[1.0, 2.0, 3.0, 0.5])
+def test_a_restored_window_with_non_finite_values_reads_as_the_values_it_holds(
+    size: int, restored: list[float], stream: list[float]
+) -> None:
+    # a window built from state may hold NaN or inf: judged from scratch over the values held, as they are,
+    # until they have left it, then incrementally again
+    window = RollingWindow(size, restored)
+    held = restored[-size:]
+    for value in stream:
+        window.push(value)
+        held = [*held, value][-size:]
+        if all(math.isfinite(v) for v in held):
+            med, sigma = _reference(held)
+            assert _same(window.median(), med) and _same(window.sigma(), sigma), held
+        else:
+            s = sorted(held)
+            n = len(s)
+            med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+            assert _same(window.median(), med), held
+    assert list(window.values) == held
+
+
+def _mann_kendall_reference(x: list[float]) -> float:
+    n = len(x)
+    if n < 3:
+        return 0.0
+    s = sum((x[j] > x[i]) - (x[j] < x[i]) for i in range(n) for j in range(i + 1, n))
+    if s == 0:
+        return 0.0
+    return (s - math.copysign(1.0, s)) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+
+
+@examples(quick=150, long=3000)
+@given(values=st.lists(ANY, max_size=60))
+def test_mann_kendall_equals_the_sum_of_signs_over_all_pairs(values: list[float]) -> None:
+    # ties count 0, and so does every pair with a NaN (it is not ordered)
+    assert _same(mann_kendall_z(values), _mann_kendall_reference(values))
+
+
+def test_mann_kendall_on_a_known_series() -> None:
+    # 1, 2, 3, 4: all 6 pairs rise, var = 4 * 3 * 13 / 18 = 26 / 3
+    assert mann_kendall_z([1.0, 2.0, 3.0, 4.0]) == (6 - 1) / math.sqrt(26 / 3)
+    assert mann_kendall_z([4.0, 3.0, 2.0, 1.0]) == -(6 - 1) / math.sqrt(26 / 3)
+    assert mann_kendall_z([1.0, 1.0, 1.0]) == 0.0

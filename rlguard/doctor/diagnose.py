@@ -254,29 +254,30 @@ def diagnose_log(
     rule: ConsequenceRule | None = None,
 ) -> Diagnosis:
     """:func:`diagnose` of a log already read (``rlguard watch`` reads its log by increments): ``path`` is what
-    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for."""
+    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for. Kept per step: the
+    step, its detectors (a shared set), findings and change points (one shared empty mapping where none), a slot per
+    stat in ``series``, :func:`read_canonical`'s dict of stats; what the detectors keep is bounded."""
     read = read_canonical(path, key_map, auto_map=auto_map, log=log)
     log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
     fitted = fit_warmups(guard, [stats for _, stats in read.rows])
     steps: list[int] = []
-    rows: list[dict[str, float]] = []
-    step_findings: list[dict[str, Finding]] = []
+    step_findings: list[Mapping[str, Finding]] = []
     observed: list[frozenset[str]] = []
-    change_points: list[dict[str, int]] = []
+    change_points: list[Mapping[str, int]] = []
     distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has a few
+    none: Mapping[str, Any] = {}  # shared by the steps without findings (read only)
     for step, stats in read.rows:
         before = guard.observations()
         guard.observe(step, stats)
         seen = frozenset(n for n, count in guard.observations().items() if count != before[n])
         observed.append(distinct.setdefault(seen, seen))
         steps.append(step)
-        rows.append(stats)
-        step_findings.append(dict(guard.last_findings))
         points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
-        change_points.append({n: cp for n, cp in points if cp is not None})
-    names = sorted({n for r in rows for n in r})
-    series = {n: [r.get(n, math.nan) for r in rows] for n in names}
+        step_findings.append(dict(guard.last_findings) if guard.last_findings else none)  # most steps: none
+        change_points.append({n: cp for n, cp in points if cp is not None} if guard.last_findings else none)
+    names = sorted({n for _, r in read.rows for n in r})
+    series = {n: [r.get(n, math.nan) for _, r in read.rows] for n in names}
     rewards = series.get("reward_mean", [math.nan] * len(steps))
     timeline = Timeline(steps, rewards, step_findings, observed, change_points)
     labels = label_findings(timeline, guard.detectors, rule)

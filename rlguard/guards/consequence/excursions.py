@@ -22,6 +22,7 @@ reached late in a slow drift reports the onset where the drift became critical, 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -98,24 +99,36 @@ def excursions(
         out[name] = [
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
-        out[name] = [_backdate(ex, name, timeline, obs, groups) for ex in out[name]]
+        at = _Observed([timeline.steps[p] for p in obs], groups)
+        out[name] = [_backdate(ex, name, timeline, obs, at) for ex in out[name]]
     return out
 
 
-def _backdate(ex: Excursion, name: str, timeline: Timeline, obs: list[int], groups: list[list[int]]) -> Excursion:
+class _Observed:
+    """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection."""
+
+    def __init__(self, steps: list[int], groups: list[list[int]]) -> None:
+        self.steps = steps
+        self.ends = [steps[g[-1]] for g in groups]
+
+
+def _backdate(ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed) -> Excursion:
     """``ex`` with its onset moved back to its detector's change-point estimate at the onset
     (``Timeline.change_points``: a CUSUM's alarm dates the shift to the first observation since its statistic was
     last 0, Page 1954), where that is earlier; never back into the detector's previous excursion."""
-    points = timeline.change_points
-    at = next((p for p in obs if timeline.steps[p] == ex.onset), None)
-    if not points or at is None or (cp := points[at].get(name)) is None or cp >= ex.onset:
+    points, steps = timeline.change_points, observed.steps
+    k = bisect.bisect_left(steps, ex.onset)
+    if not points or k == len(steps) or steps[k] != ex.onset or (cp := points[obs[k]].get(name)) is None:
         return ex
-    starts = [timeline.steps[obs[g[0]]] for g in groups]
-    ends = [timeline.steps[obs[g[-1]]] for g in groups]
-    before = [e for s, e in zip(starts, ends, strict=True) if s < ex.onset and e < ex.onset]
-    floor = before[-1] if before else None
-    later = [timeline.steps[p] for p in obs if timeline.steps[p] >= cp and (floor is None or timeline.steps[p] > floor)]
-    return replace(ex, onset=min(later[0], ex.onset)) if later else ex
+    if cp >= ex.onset:
+        return ex
+    # the previous episode ends at the last episode end before the onset (an episode that ends before it starts
+    # before it); the new onset is the first observed step at or after the estimate and after that end
+    before = bisect.bisect_left(observed.ends, ex.onset)
+    first = bisect.bisect_left(steps, cp)
+    if before:
+        first = max(first, bisect.bisect_right(steps, observed.ends[before - 1]))
+    return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 
 def _groups(obs: list[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
     RecoveryWatch,
     converged,
-    established_peak,
     reward_rises,
     sustained_count,
 )
@@ -80,14 +80,52 @@ def _episodes(obs: list[int], found: Mapping[int, Finding], clear_after: int) ->
     return out
 
 
+class _Reward:
+    """What the labels ask of the reward, computed once per log and cached per episode: the established peak
+    (:class:`PeakHistory`), whether it rose over an episode's window and whether it was at the top there."""
+
+    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule) -> None:
+        self.rewards, self.rule = rewards, rule
+        self.peak: PeakHistory | None = None
+        self.cache: dict[tuple[str, int, int], bool] = {}
+        every = [r for r in rewards if math.isfinite(r)]
+        self.lowest, self.highest = (min(every), max(every)) if every else (math.nan, math.nan)
+
+    def established(self, before: int) -> bool:
+        key = ("peak", before, 0)
+        if key not in self.cache:
+            self.peak = self.peak or PeakHistory(self.rewards, self.rule)
+            self.cache[key] = self.peak.established(before)
+        return self.cache[key]
+
+    def rises(self, lo: int, hi: int) -> bool:
+        key = ("rises", lo, hi)
+        if key not in self.cache:
+            self.cache[key] = reward_rises(self.rewards[lo : hi + 1], self.rule.trend_z)
+        return self.cache[key]
+
+    def at_top(self, lo: int, hi: int) -> bool:
+        key = ("top", lo, hi)
+        if key not in self.cache:
+            self.cache[key] = _at_top(self.rewards, lo, hi, self.lowest, self.highest)
+        return self.cache[key]
+
+
+def _first_within(positions: Sequence[int], lo: int, hi: int) -> int | None:
+    """The first of the sorted ``positions`` in ``lo..hi``, or None."""
+    i = bisect.bisect_left(positions, lo)
+    return positions[i] if i < len(positions) and positions[i] <= hi else None
+
+
 def _label(
     name: str,
     det: Detector,
     timeline: Timeline,
     obs: list[int],
-    intrinsic: Mapping[str, set[int]],
+    intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
     rule: ConsequenceRule,
+    reward: _Reward,
 ) -> tuple[dict[int, tuple[Severity, str]], set[int]]:
     """Labels of ``name``'s critical findings (position -> severity, why) and the positions that are critical in
     themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals."""
@@ -103,7 +141,7 @@ def _label(
     def lost_control(lo: int, hi: int) -> str | None:
         for other, positions in intrinsic.items():
             if other != name and classes.get(other, "control") in CONTROL_CLASSES:
-                hit = next((p for p in sorted(positions) if lo <= p <= hi), None)
+                hit = _first_within(positions, lo, hi)
                 if hit is not None:
                     return f"{other} at step {timeline.steps[hit]}"
         return None
@@ -115,14 +153,14 @@ def _label(
             labels[p] = ("critical", "")
             mine.add(p)
             continue
-        if kind == "reward" and not established_peak(timeline.rewards, ep.first, rule):
+        if kind == "reward" and not reward.established(ep.first):
             labels[p] = ("warn", "no established reward peak to collapse from (never clearly above its start)")
             continue
         recent = sustained_count(is_critical.__contains__, k, rule)
         if recent < rule.sustained:
             continue  # a lone observation: judged once the others' intrinsic criticals are known
         window_end = min(ep.last + rule.horizon, n - 1)
-        rising = reward_rises(timeline.rewards[ep.first : window_end + 1], rule.trend_z)
+        rising = reward.rises(ep.first, window_end)
         from_start = ep.first_obs < det.warmup + rule.start
         lost = lost_control(ep.first, window_end)
         drift = kind == "drift" and not f.absolute
@@ -135,7 +173,7 @@ def _label(
                 else "a drift above the run's baseline (below its absolute bound)"
             )
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
-        elif kind == "budget" and lost is None and _at_top(timeline.rewards, ep.first, window_end):
+        elif kind == "budget" and lost is None and reward.at_top(ep.first, window_end):
             labels[p] = ("warn", "a condition of the generation budget at a converged reward: it costs no reward")
         else:
             labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
@@ -148,13 +186,13 @@ def _label(
     return labels, mine
 
 
-def _at_top(rewards: Sequence[float], lo: int, hi: int) -> bool:
+def _at_top(rewards: Sequence[float], lo: int, hi: int, lowest: float, highest: float) -> bool:
     """Whether the reward's median over positions ``lo..hi`` is converged (:func:`converged`: at least 0.8 of its
     range over the log, widened to ``[0, 1]``). A condition of the budget there costs no reward: the rule judges by
-    consequence, and the consequence of hitting the budget is reward lost."""
+    consequence, and the consequence of hitting the budget is reward lost. ``lowest``, ``highest``: the extremes
+    of the finite rewards over the log."""
     seen = [r for r in rewards[lo : hi + 1] if math.isfinite(r)]
-    every = [r for r in rewards if math.isfinite(r)]
-    return bool(seen) and converged(statistics.median(seen), min(every), max(every))
+    return bool(seen) and converged(statistics.median(seen), lowest, highest)
 
 
 def _lone(
@@ -162,7 +200,7 @@ def _lone(
     timeline: Timeline,
     obs: list[int],
     labels: dict[int, tuple[Severity, str]],
-    intrinsic: Mapping[str, set[int]],
+    intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
     rule: ConsequenceRule,
 ) -> None:
@@ -177,18 +215,17 @@ def _lone(
         if f is None or f.severity != "critical" or p in labels:
             continue
         hi = min(p + rule.horizon, n - 1)
-        own = next((q for q in sorted(intrinsic.get(name, ())) if p <= q <= hi), None)
+        own = _first_within(intrinsic.get(name, []), p, hi)
         lost = next(
             (
                 f"{other} at step {timeline.steps[q]}"
                 for other, positions in intrinsic.items()
                 if other != name and classes.get(other, "control") in CONTROL_CLASSES
-                for q in sorted(positions)
-                if p <= q <= hi
+                if (q := _first_within(positions, p, hi)) is not None
             ),
             None,
         )
-        recovery = _recovery(name, timeline, obs[k + 1 :], p + rule.horizon, rule.recovered)
+        recovery = _recovery(name, timeline, obs, k + 1, p + rule.horizon, rule.recovered)
         seen_after = len(obs) - k - 1
         if own is not None:
             labels[p] = (
@@ -217,11 +254,12 @@ def _lone(
             )
 
 
-def _recovery(name: str, timeline: Timeline, after: list[int], until: int, clean: int) -> bool | None:
-    """Whether ``name`` recovered over the positions ``after`` (its observations after a lone critical one):
+def _recovery(name: str, timeline: Timeline, obs: list[int], first: int, until: int, clean: int) -> bool | None:
+    """Whether ``name`` recovered over the positions ``obs[first:]`` (its observations after a lone critical one):
     :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved)."""
     watch = RecoveryWatch(until, clean)
-    for q in after:
+    for k in range(first, len(obs)):
+        q = obs[k]
         verdict = watch.see(q, name in timeline.findings[q])
         if verdict is not None:
             return verdict
@@ -235,14 +273,16 @@ def label_findings(
     rule = rule or ConsequenceRule()
     classes = {name: det.finding_class for name, det in detectors.items()}
     obs = {name: [p for p, seen in enumerate(timeline.observed) if name in seen] for name in detectors}
-    intrinsic: dict[str, set[int]] = {
-        name: {p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"}
+    # each detector's intrinsic critical positions, sorted
+    intrinsic: dict[str, list[int]] = {
+        name: [p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"]
         for name in detectors
     }
+    reward = _Reward(timeline.rewards, rule)
     labels: dict[str, dict[int, tuple[Severity, str]]] = {}
     for _ in range(3):  # exemptions need the others' intrinsic criticals, which need theirs: iterate to a fixpoint
-        results = {n: _label(n, d, timeline, obs[n], intrinsic, classes, rule) for n, d in detectors.items()}
-        new = {n: mine for n, (_, mine) in results.items()}
+        results = {n: _label(n, d, timeline, obs[n], intrinsic, classes, rule, reward) for n, d in detectors.items()}
+        new = {n: sorted(mine) for n, (_, mine) in results.items()}
         labels = {n: lab for n, (lab, _) in results.items()}
         if new == intrinsic:
             break

@@ -41,8 +41,10 @@ past only (the live guard with ``GuardConfig(consequence="online")``). :func:`co
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +59,7 @@ __all__ = [
     "established_peak",
     "ewma_margin",
     "ewma_path",
+    "margin_from_noise",
     "normalized_reward",
     "reward_rises",
     "sustained_count",
@@ -144,10 +147,19 @@ def ewma_margin(rewards: Sequence[float], span: float, rule: ConsequenceRule) ->
     differences (``sd(x_t - x_t-1) = sqrt(2) sigma``, so that a trend does not inflate it): their robust sigma, or
     their root mean square where that is larger (rewards of a few prompts are bimodal, MAD near 0)."""
     diffs = [b - a for a, b in itertools.pairwise(rewards)]
+    robust = RollingWindow(len(diffs), diffs).sigma() if diffs else 0.0
+    # a sequential sum (the same on every Python; PeakHistory keeps its prefixes)
+    squares = functools.reduce(operator.add, (d * d for d in diffs), 0.0)
+    return margin_from_noise(robust, squares, len(diffs), span, rule)
+
+
+def margin_from_noise(robust: float, squares: float, count: int, span: float, rule: ConsequenceRule) -> float:
+    """:func:`ewma_margin` from the reward's ``count`` successive differences summarised: their robust sigma
+    (``robust``) and the sum of their squares (``squares``)."""
     noise = 0.0
-    if diffs:
-        std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
-        noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+    if count:
+        std = math.sqrt(squares / count)
+        noise = max(robust, std) / math.sqrt(2)
     return max(rule.peak_sigmas * noise * math.sqrt(rule.alpha / (2 - rule.alpha)), rule.peak_share * span)
 
 
@@ -166,15 +178,9 @@ def established_peak(rewards: Sequence[float], before: int, rule: ConsequenceRul
     ``rule.peak_observations`` observations at which its EWMA was clearly above the run's start (the median of
     its first ``rule.anchor`` observations), by :func:`ewma_margin` with the reward's range over the whole log
     (5th to 95th percentile, widened to ``[0, 1]``: a blip of a reward at zero is no peak)."""
-    seen = [r for r in rewards[:before] if math.isfinite(r)]
-    every = sorted(r for r in rewards if math.isfinite(r))
-    if len(seen) < rule.anchor + rule.peak_observations:
-        return False
-    start = statistics.median(seen[: rule.anchor])
-    # the reward's range over the log (5th to 95th percentile), widened to [0, 1] as in normalized_reward
-    span = max(every[int(0.95 * (len(every) - 1))], 1.0) - min(every[int(0.05 * (len(every) - 1))], 0.0)
-    margin = ewma_margin(seen, span, rule)
-    return sum(e > start + margin for e in ewma_path(seen, rule.alpha)) >= rule.peak_observations
+    from rlguard.guards.consequence.peak import PeakHistory  # peak builds on this module: imported here
+
+    return PeakHistory(rewards, rule).established(before)
 
 
 def sustained_count(critical: Callable[[int], bool], k: int, rule: ConsequenceRule) -> int:

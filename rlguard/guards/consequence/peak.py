@@ -1,0 +1,92 @@
+"""The established-peak test of the consequence rule (:func:`~rlguard.guards.consequence.rule.established_peak`)
+asked at many positions of one log: :class:`PeakHistory` reads the rewards once and answers each position from
+prefix arrays, so that the doctor labels a log of ``n`` steps in ``O(n log n + q n)`` vectorised work for ``q``
+positions asked (the reward detector's episodes) instead of ``q`` sorts and Python passes over the log.
+
+The answers are those of the rule's definition exactly (same floating-point operations in the same order): the
+median of the first ``rule.anchor`` finite rewards, the 5th-95th percentile range of all of them, the EWMA path
+(a prefix of the whole log's), and :func:`~rlguard.guards.consequence.rule.margin_from_noise` from the prefix's
+successive differences: their robust sigma (``1.4826 * MAD``, or ``sqrt(pi/2) *`` the mean absolute deviation
+where the MAD is 0, as :class:`~rlguard.guards.robust.RollingWindow`) and the sequential sum of their squares.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlguard.guards.consequence.rule import ConsequenceRule, ewma_path, margin_from_noise
+from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA
+
+__all__ = ["PeakHistory"]
+
+
+def _kth_smallest_v(dev: np.ndarray, k: int) -> float:
+    """The ``k``-th smallest (1-based) of ``dev``, a sequence that does not increase and then does not decrease
+    (the absolute deviations of sorted values from a point among them): its ``k`` smallest values are contiguous,
+    so it is the least over windows of ``k`` of the larger of their two ends."""
+    return float(np.maximum(dev[: len(dev) - k + 1], dev[k - 1 :]).min())
+
+
+class PeakHistory:
+    """:func:`~rlguard.guards.consequence.rule.established_peak` of one reward series at any position.
+
+    Memory: four float64 arrays and one int64 array of the finite rewards' length (40 bytes per reward).
+
+    Args:
+        rewards: ``reward_mean`` per logged step, NaN where absent.  # (n,)
+        rule: the consequence rule's thresholds.
+    """
+
+    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule) -> None:
+        self.rule = rule
+        finite = [i for i, r in enumerate(rewards) if math.isfinite(r)]
+        self.positions = finite  # position in the log of each finite reward
+        values = [float(rewards[i]) for i in finite]
+        self.every = len(values)
+        self.start = statistics.median(values[: rule.anchor]) if len(values) >= rule.anchor else math.nan
+        self.span = 0.0
+        if values:
+            every = sorted(values)
+            top, bottom = every[int(0.95 * (len(every) - 1))], every[int(0.05 * (len(every) - 1))]
+            self.span = max(top, 1.0) - min(bottom, 0.0)
+        self.path = np.asarray(ewma_path(values, rule.alpha), dtype=np.float64)  # (m,)
+        diffs = [b - a for a, b in itertools.pairwise(values)]
+        self.diffs = np.asarray(diffs, dtype=np.float64)  # (m - 1,) in log order
+        self.squares = np.asarray(list(itertools.accumulate(d * d for d in diffs)), dtype=np.float64)  # prefix sums
+        self.order = np.argsort(self.diffs, kind="stable")  # (m - 1,)
+        self.sorted = self.diffs[self.order]
+
+    def _robust_sigma(self, count: int) -> float:
+        """``RollingWindow(count, diffs[:count]).sigma()``: 1.4826 * MAD of the first ``count`` differences, or the
+        mean absolute deviation times ``sqrt(pi / 2)`` where the MAD is 0."""
+        s = self.sorted[self.order < count]  # the first `count` differences, sorted
+        n = len(s)
+        mid = n // 2
+        med = float(s[mid]) if n % 2 else 0.5 * (float(s[mid - 1]) + float(s[mid]))
+        dev = np.abs(s - med)
+        if n % 2:
+            mad = _kth_smallest_v(dev, mid + 1)
+        else:
+            mad = 0.5 * (_kth_smallest_v(dev, mid) + _kth_smallest_v(dev, mid + 1))
+        sigma = MAD_TO_SIGMA * mad
+        if sigma == 0.0:
+            deviations = [abs(v - med) for v in self.diffs[:count].tolist()]  # log order: the sum's order
+            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+        return sigma
+
+    def established(self, before: int) -> bool:
+        """Whether the reward had an established peak before position ``before`` (``established_peak(rewards,
+        before, rule)``)."""
+        rule = self.rule
+        m = bisect.bisect_left(self.positions, before)  # finite rewards before `before`
+        if m < rule.anchor + rule.peak_observations:
+            return False
+        count = m - 1  # their successive differences
+        margin = margin_from_noise(self._robust_sigma(count), float(self.squares[count - 1]), count, self.span, rule)
+        return int(np.count_nonzero(self.path[:m] > self.start + margin)) >= rule.peak_observations

@@ -1,0 +1,86 @@
+"""PeakHistory answers established_peak at any position exactly as the rule's definition, computed naively."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from rlguard.guards.consequence.peak import PeakHistory
+from rlguard.guards.consequence.rule import ConsequenceRule, established_peak
+from rlguard.guards.robust import RollingWindow
+
+
+def _reference(rewards: list[float], before: int, rule: ConsequenceRule) -> bool:
+    """The rule's definition, one pass per position: the start, the range, the EWMA and its margin from the
+    successive differences (robust sigma by median and MAD, else mean absolute deviation; root mean square)."""
+    seen = [r for r in rewards[:before] if math.isfinite(r)]
+    every = sorted(r for r in rewards if math.isfinite(r))
+    if len(seen) < rule.anchor + rule.peak_observations:
+        return False
+    start = statistics.median(seen[: rule.anchor])
+    span = max(every[int(0.95 * (len(every) - 1))], 1.0) - min(every[int(0.05 * (len(every) - 1))], 0.0)
+    diffs = [b - a for a, b in itertools.pairwise(seen)]
+    med = statistics.median(diffs)
+    dev = [abs(d - med) for d in diffs]
+    robust = 1.4826 * statistics.median(dev)
+    if robust == 0.0:
+        robust = math.sqrt(math.pi / 2) * sum(dev) / len(dev)
+    total = 0.0
+    for d in diffs:
+        total += d * d
+    noise = max(robust, math.sqrt(total / len(diffs))) / math.sqrt(2)
+    margin = max(rule.peak_sigmas * noise * math.sqrt(rule.alpha / (2 - rule.alpha)), rule.peak_share * span)
+    ewma, above = seen[0], 0
+    for r in seen:
+        ewma = (1 - rule.alpha) * ewma + rule.alpha * r
+        above += ewma > start + margin
+    return above >= rule.peak_observations
+
+
+def _series(kind: str, seed: int, n: int = 160) -> list[float]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    if kind == "quantized":  # rewards of 8 samples: MAD of the differences 0, the mean deviation decides
+        flips = (rng.random(n) < 0.2) * rng.choice([-1, 1], size=n)
+        out = np.clip(np.floor(t / 20) + flips, 0, 8) / 8
+    elif kind == "rise_fall":
+        out = np.where(t < n // 2, 0.1 + 0.01 * t, 0.9 - 0.01 * (t - n // 2)) + 0.05 * rng.standard_normal(n)
+    else:
+        out = 0.5 + 0.3 * rng.standard_normal(n)
+    values = out.tolist()
+    for i in rng.choice(n, size=n // 10, replace=False):
+        values[int(i)] = math.nan  # steps without a reward
+    return values
+
+
+@pytest.mark.parametrize("kind", ["quantized", "rise_fall", "noise"])
+@pytest.mark.parametrize("seed", range(4))
+def test_peak_history_matches_the_definition_at_every_position(kind: str, seed: int) -> None:
+    rule = ConsequenceRule()
+    rewards = _series(kind, seed)
+    history = PeakHistory(rewards, rule)
+    got = [history.established(before) for before in range(len(rewards) + 1)]
+    want = [_reference(rewards, before, rule) for before in range(len(rewards) + 1)]
+    assert got == want
+    assert any(want) or kind == "noise"  # the cases exercise both answers
+    assert established_peak(rewards, len(rewards), rule) == want[-1]
+
+
+def test_peak_history_of_a_log_without_rewards() -> None:
+    history = PeakHistory([math.nan] * 30, ConsequenceRule())
+    assert not history.established(30)
+
+
+@pytest.mark.parametrize("kind", ["quantized", "noise"])
+def test_robust_sigma_of_each_prefix_is_the_rolling_windows(kind: str) -> None:
+    """The noise of the prefix's differences, exactly (quantized rewards: MAD 0, the mean deviation instead)."""
+    history = PeakHistory(_series(kind, 7), ConsequenceRule())
+    diffs = history.diffs.tolist()
+    mads = [statistics.median(abs(d - statistics.median(diffs[:c])) for d in diffs[:c]) for c in range(1, len(diffs))]
+    assert kind != "quantized" or mads.count(0.0) > len(mads) // 2  # the fallback is exercised
+    for count in range(1, len(diffs) + 1):
+        assert history._robust_sigma(count) == RollingWindow(count, diffs[:count]).sigma()

@@ -20,7 +20,18 @@ from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 from rlguard.guards.fields import NON_NEGATIVE, Range
 from rlguard.guards.state import PrivateState
 
-__all__ = ["Intervention", "Proposal", "StepContext", "findings_at_least"]
+__all__ = ["CONSEQUENCES", "Intervention", "Proposal", "StepContext", "findings_at_least"]
+
+#: the detectors whose critical finding says the run is losing control (reward or entropy collapse, a KL blow-up, a
+#: ratio or gradient-norm explosion), as opposed to the evidence of a cause: what a remedy by cause escalates on
+CONSEQUENCES: tuple[str, ...] = (
+    "reward_collapse",
+    "entropy_collapse",
+    "kl_ref_blowup",
+    "kl_old_blowup",
+    "ratio_explosion",
+    "grad_norm_explosion",
+)
 
 
 @dataclass(frozen=True)

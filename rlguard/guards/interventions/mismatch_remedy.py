@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlguard.guards.events import SEVERITY_LEVEL, Severity
-from rlguard.guards.interventions.base import Intervention, Proposal, StepContext, findings_at_least
+from rlguard.guards.interventions.base import CONSEQUENCES, Intervention, Proposal, StepContext, findings_at_least
 
 __all__ = ["REMEDIES", "MismatchRemedy"]
 
@@ -106,14 +106,7 @@ class MismatchRemedy(Intervention):
     severity: Severity = "warn"
     first_on: Literal["auto", "gap", "consequence"] = "auto"
     remedies: tuple[str, ...] = ("rollout_is", "rollout_mask", "kept_gradient", "off_policy_mask", "lr_backoff")
-    escalate_on: tuple[str, ...] = (
-        "reward_collapse",
-        "entropy_collapse",
-        "kl_ref_blowup",
-        "kl_old_blowup",
-        "ratio_explosion",
-        "grad_norm_explosion",
-    )
+    escalate_on: tuple[str, ...] = CONSEQUENCES
     trial_steps: int = 10
     rollout_is_cap: float = 2.0
     rollout_mask_high: float = 2.0

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlguard.guards.interventions.base import Intervention, Proposal, StepContext, findings_at_least
+from rlguard.guards.interventions.base import CONSEQUENCES, Intervention, Proposal, StepContext, findings_at_least
 from rlguard.metrics import STALENESS_BUCKETS
 
 __all__ = ["STALENESS_REMEDIES", "StalenessRemedy"]
@@ -84,14 +84,7 @@ class StalenessRemedy(Intervention):
     min_excess: float = 0.08
     min_ratio: float = 2.0
     span: int = 10
-    escalate_on: tuple[str, ...] = (
-        "reward_collapse",
-        "entropy_collapse",
-        "kl_ref_blowup",
-        "kl_old_blowup",
-        "ratio_explosion",
-        "grad_norm_explosion",
-    )
+    escalate_on: tuple[str, ...] = CONSEQUENCES
     trial_steps: int = 10
     recovery_steps: int = 20
     min_bound: int = 1

@@ -210,14 +210,19 @@ def styled_title(fmt: PayloadFormat, title: str) -> str:
 
 def webhook_payload(fmt: PayloadFormat, batch: Sequence[Message], dropped: int) -> dict[str, Any]:
     """The request body for ``batch`` (alerts combined by the rate limit) in format ``fmt``; ``dropped`` alerts
-    the full queue refused are counted in it."""
+    the full queue refused are counted in it.
+
+    Text read from a run (metric names, ``events.jsonl``) cannot page a channel: for Slack, ``&``, ``<`` and ``>``
+    are escaped as its message-formatting reference asks, so ``<!channel>`` or ``<@U123>`` arrive as text; for
+    Discord, ``allowed_mentions`` with no type to parse, so ``@everyone`` and user or role mentions notify nobody."""
     text = "\n\n".join(t for t, _, _ in batch)
     if dropped:
         text += f"\n\n({dropped} more alert(s) dropped: the endpoint was too slow)"
     if fmt == "slack":
-        return {"text": text}
+        return {"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}
     if fmt == "discord":
-        return {"content": text if len(text) <= _DISCORD_LIMIT else text[: _DISCORD_LIMIT - 1] + "…"}
+        content = text if len(text) <= _DISCORD_LIMIT else text[: _DISCORD_LIMIT - 1] + "…"
+        return {"content": content, "allowed_mentions": {"parse": []}}
     return {"source": "rlguard", "text": text, "alerts": [r for _, _, r in batch], "dropped": dropped}
 
 

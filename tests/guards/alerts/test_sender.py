@@ -20,6 +20,7 @@ import pytest
 from rlguard.guards import Decision, Event, Guard, GuardConfig
 from rlguard.guards.actuation import Applied
 from rlguard.guards.alerts import AlertConfig, AlertPlugin, alert_message
+from rlguard.guards.alerts.config import webhook_payload
 from tests.helpers.guards import StubActuator
 from tests.helpers.webhook import Recorder, recording_webhook
 
@@ -71,12 +72,28 @@ def test_a_skipped_step_reaches_the_webhook_in_each_format(
     text = {"slack": body.get("text"), "discord": body.get("content"), "json": body.get("text")}[fmt]
     assert isinstance(text, str)
     assert "rlguard exp-7: step 2, skip" in text and "[critical] nonfinite: 3 non-finite values" in text
-    keys = {"slack": {"text"}, "discord": {"content"}, "json": {"source", "text", "alerts", "dropped"}}
+    keys = {
+        "slack": {"text"},
+        "discord": {"content", "allowed_mentions"},
+        "json": {"source", "text", "alerts", "dropped"},
+    }
     assert set(body) == keys[fmt]
     if fmt == "json":
         (alert,) = body["alerts"]
         assert (alert["step"], alert["outcome"], alert["severity"], alert["run"]) == (2, "skip", "critical", "exp-7")
         assert [e["detector"] for e in alert["events"]] == ["nonfinite", "action:skip_step"]
+
+
+@pytest.mark.parametrize("fmt", ["slack", "discord"])
+def test_text_from_the_run_pages_nobody(fmt: str) -> None:
+    """A metric name or an events.jsonl detail holding a mention arrives as text: Slack's control sequences escaped
+    (its message-formatting reference: &, < and >), Discord told to parse no mention."""
+    hostile = "kl <!channel> <@U123> & @everyone"
+    body = webhook_payload(fmt, [(hostile, "critical", {})], 0)  # type: ignore[arg-type]
+    if fmt == "slack":
+        assert body == {"text": "kl &lt;!channel&gt; &lt;@U123&gt; &amp; @everyone"}
+    else:
+        assert body == {"content": hostile, "allowed_mentions": {"parse": []}}
 
 
 def test_the_guard_s_alerts_carry_the_headers_of_headers_env(monkeypatch: pytest.MonkeyPatch, server: Recorder) -> None:

@@ -137,7 +137,9 @@ def test_inject_exploding_gradient_under_zero_guard_sees_norm_before_clipping(
     run = result["grad"]
     norms = run["guard_grad_norms"]
     assert norms[AT - 1] > 1e5 and all(1.0 < n < 100 for i, n in enumerate(norms) if i != AT - 1), norms
-    assert [AT, "grad_norm_spike", "critical"] in run["events"], run["events"]
+    # a lone spike: the live consequence rule skips the step and records the detector's finding as a warning
+    assert [AT, "grad_norm_spike", "warn"] in run["events"], run["events"]
+    assert [AT, "action:skip_step", "critical"] in run["events"], run["events"]
     assert run["weight_abs_max"] <= 1.2 * result["poison"]["weight_abs_max"], run
 
 

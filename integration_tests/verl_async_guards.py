@@ -63,4 +63,7 @@ def scripted_async_guard() -> GuardConfig:
             "lr_scale": Piecewise(boundaries=(2,), values=(1.0, LR_SCALE)),
         },
         snapshot_interval=1,
+        # a scripted fault is one critical step: judged by its severity, not by the live consequence rule (which
+        # rolls back only a sustained or consequential finding), since what is tested is the rollback's mechanics
+        consequence="step",
     )

@@ -336,13 +336,18 @@ def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
     most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
     for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
     to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
-    of refused. Returns detector -> its own
-    warm-up, for those whose warm-up was shortened. The live guard cannot know a run's length: it keeps its
-    detectors' warm-ups (set them lower in its ``GuardConfig`` for a sparse log cadence)."""
+    of refused. A detector whose judgement needs a fixed number of observations (``Detector.baseline_needed``:
+    0 for absolute bounds alone; ``zero_variance_groups`` the reward level it tells solved from failed groups by)
+    gets that warm-up in any log long enough to judge: a condition at the first records (100% of groups without reward
+    variance at a reward of 0) is a fact there, and the consequence rule still exempts a condition present from the
+    first observations while the reward rises. Returns detector -> its own warm-up, for those whose warm-up was
+    shortened. The live guard cannot know a run's length: it keeps its detectors' warm-ups (set them lower in its
+    ``GuardConfig`` for a sparse log cadence)."""
     fitted: dict[str, int] = {}
     for name, det in guard.detectors.items():
         seen = sum(1 for stats in rows if det.observes(stats))
-        warmup = min(det.warmup, max(MIN_BASELINE, seen // WARMUP_SHARE))
+        need = det.baseline_needed()
+        warmup = min(det.warmup, need if need is not None else max(MIN_BASELINE, seen // WARMUP_SHARE))
         if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
             fitted[name], det.warmup = det.warmup, warmup
     return fitted

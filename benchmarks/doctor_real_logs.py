@@ -268,9 +268,22 @@ def log_paths(logs: Path = DEFAULT_LOGS, logs2: Path = DEFAULT_LOGS2) -> dict[st
 KL_MARGIN = 4.0
 
 
+def kl_from_reference(kl: list[float]) -> bool:
+    """Whether a log's KL to the reference starts at the reference: its first record below the warning bound of the
+    doctor's ``kl_ref_blowup`` (1 nat by default). The KL to the reference is ~0 where the policy is the reference (at
+    initialisation, the first update moves it little); a log whose first record is already at a level the detector
+    warns about measures against another policy, or was resumed, and says nothing about how far KL grows from the
+    reference in a healthy run (``kl``: the log's finite ``kl_ref`` values in step order)."""
+    from rlguard.guards import Guard, GuardConfig
+
+    warn = getattr(Guard(GuardConfig.preset("monitor")).detectors["kl_ref_blowup"], "warn_above", None)
+    return bool(kl) and (warn is None or kl[0] < warn)
+
+
 def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
     """The critical absolute bound on KL to the reference chosen from the healthy logs among ``names``: KL_MARGIN x
-    the largest 95th percentile of their ``kl_ref`` (None if none logs it)."""
+    the largest 95th percentile of their ``kl_ref`` (None if none logs it), over the logs whose KL starts at the
+    reference (:func:`kl_from_reference`)."""
     import statistics
 
     from rlguard.doctor.keys import canonical_stats, classify_keys
@@ -282,11 +295,9 @@ def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
             continue
         log = read_log(paths[name], run=ALL_VERDICTS[name].run)
         key_map = classify_keys(log.keys, rows=log.rows).key_map
-        kl = sorted(
-            v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
-        )
-        if len(kl) >= 2:
-            peaks.append(statistics.quantiles(kl, n=20, method="inclusive")[-1])
+        kl = [v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))]
+        if len(kl) >= 2 and kl_from_reference(kl):
+            peaks.append(statistics.quantiles(sorted(kl), n=20, method="inclusive")[-1])
     return KL_MARGIN * max(peaks) if peaks else None
 
 

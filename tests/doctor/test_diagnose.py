@@ -210,20 +210,24 @@ def test_no_usable_metric_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "no usable metric" in line and "throughput" in line
     state = tmp_path / "trainer_state.json"
     state.write_text(json.dumps({"log_history": [{"step": 1, "eval_loss": 0.3}, {"train_runtime": 1.0}]}))
-    assert "holds no training step" in _bad_input(state)
+    line = _bad_input(state)  # an evaluation alone: its eval_loss is read, and is no stat a detector judges
+    assert "no usable metric" in line and "(eval_loss)" in line
 
 
 def test_trainer_state_eval_rows_nan_and_gaps(tmp_path: Path) -> None:
-    """Eval-only rows and the summary are skipped; NaN is kept as evidence; a missing key is a gap, not a zero."""
-    stream = healthy_stream(40, 0)
+    """Eval-only rows join the step they were logged at (their eval_* metrics, not their epoch), the summary is
+    skipped; NaN is kept as evidence; a missing key is a gap, not a zero."""
+    stream = healthy_stream(60, 0)  # an eval row at step 50
     stream[30]["grad_norm"] = math.nan
     path = write_trainer_state(stream, tmp_path / "trainer_state.json")
     data = json.loads(path.read_text())
-    del data["log_history"][10]["entropy"]  # a gap
+    del data["log_history"][10]["entropy"]  # step 11  # a gap
     path.write_text(json.dumps(data))
     log = read_log(path)
-    assert [s for s, _ in log.rows] == list(range(1, 41))
-    assert not any(k.startswith("eval_") or k == "train_runtime" for k in log.keys)
+    assert [s for s, _ in log.rows] == list(range(1, 61))
+    assert {k for k in log.keys if k.startswith("eval_")} == {"eval_loss", "eval_runtime"}
+    assert "train_runtime" not in log.keys and log.report.overwritten == 0
+    assert log.rows[49][1]["eval_loss"] == 0.5 and "loss" in log.rows[49][1]  # step 50: the training row and its eval
     diagnosis = diagnose(path)
     assert math.isnan(diagnosis.series["entropy"][10]) and math.isfinite(diagnosis.series["entropy"][11])
     nonfinite = [f for f in diagnosis.findings if f.detector == "nonfinite"]

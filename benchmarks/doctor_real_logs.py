@@ -325,7 +325,7 @@ class Row:
     rldoctor_critical: bool | None
     ok: bool | None  # met the criterion of its verdict (None for unclear)
     delay: int | None  # logged steps from onset to the first critical event at or after it
-    onset_found: int | None = None  # the onset the doctor reports: the earliest onset of a critical finding
+    onset_found: int | None = None  # the onset the doctor reports (Diagnosis.onset)
     onset_offset: int | None = None  # collapses: logged steps from the labelled onset to it (negative: before)
 
 
@@ -387,7 +387,7 @@ def collect(paths: dict[str, Path], held_out: str | None = None, rldoctor: bool 
         ok, delay = judge(verdict, d.steps, critical)
         findings = [(f.detector, f.severity, f.severity_step) for f in d.findings]
         text, rl_critical = run_rldoctor(path) if rldoctor else ("-", None)
-        found = min((f.step for f in d.findings if f.severity == "critical"), default=None)
+        found = d.onset
         offset = None
         if found is not None and verdict.kind == "collapse" and verdict.onset is not None:
             onset = verdict.onset
@@ -484,7 +484,7 @@ def _failures(rows: list[Row]) -> list[str]:
     return [
         f"healthy with a critical finding: {'; '.join(false_alarms) or 'none'}",
         f"collapses missed or late: {'; '.join(missed) or 'none'}",
-        f"collapses whose reported onset (the earliest of a critical finding) is within {ONSET_WITHIN} logged steps of "
+        f"collapses whose reported onset (Diagnosis.onset) is within {ONSET_WITHIN} logged steps of "
         f"the labelled one: {len(near)}/{len(collapses)}; off (logged steps): {'; '.join(off) or 'none'}",
     ]
 

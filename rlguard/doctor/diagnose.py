@@ -117,6 +117,14 @@ class Diagnosis:
         return self.log.report
 
     @property
+    def onset(self) -> int | None:
+        """The step at which the run's failure began, where a critical finding says it failed: the earliest onset of
+        a critical finding (each finding's onset is the start of the excursion that became critical); None without
+        one. A detector's excursion that ends is not a run that recovered (an entropy blow-up that subsides after
+        230 steps of a destroyed run), so a critical excursion that ended still dates the failure."""
+        return min((f.step for f in self.findings if f.severity == "critical"), default=None)
+
+    @property
     def critical(self) -> bool:
         """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical, or the
         live guard halted the run (a halted run has failed, whatever the log shows before it)."""
@@ -145,6 +153,7 @@ class Diagnosis:
         """The ``--json`` document."""
         return {
             "findings": [f.to_dict() for f in self.findings],
+            "onset": self.onset,
             "unrecognised_keys": self.keys.unrecognised,
             "steps": len(self.steps),
             "format": self.log.format,

@@ -316,3 +316,24 @@ def test_a_log_of_21_records_is_judged_with_warm_ups_fitted_to_it(tmp_path: Path
     collapsed = shaped_stream(21, 0, entropy=lambda i: 0.8 if i < 8 else 0.02, **flat)
     d = diagnose(write_trainer_state(collapsed, tmp_path / "c" / "trainer_state.json"))
     assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings), d.findings
+
+
+def test_the_runs_onset_is_the_earliest_onset_of_a_critical_finding_and_is_in_the_json(tmp_path: Path) -> None:
+    """All completions truncated for 30 steps from index 80 while the reward falls 0.8 -> 0.4 (critical: the budget
+    cost reward), then the run recovers; from index 200 the entropy blows up 10x and the reward goes to 0. The run's
+    onset is the earliest critical onset (the truncation's), in the JSON beside the findings."""
+    from tests.helpers.doctor_logs import shaped_stream
+
+    rows = shaped_stream(
+        300,
+        11,
+        truncated_frac=lambda i: 0.9 if 80 <= i < 110 else 0.02,
+        reward_mean=lambda i: 0.0 if i >= 205 else 0.4 if 85 <= i < 115 else 0.8,
+        entropy=lambda i: 8.0 if i >= 200 else 0.8,
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    critical = {f.detector: f.step for f in d.findings if f.severity == "critical"}
+    assert {"truncation", "entropy_blowup"} <= set(critical) and 80 < critical["truncation"] <= 82, critical
+    assert d.onset == min(critical.values()) == critical["truncation"]
+    assert json.loads(json.dumps(d.to_dict()))["onset"] == d.onset
+    assert diagnose(write_log("trl", healthy_stream(60, 0), tmp_path / "healthy")).onset is None

@@ -268,9 +268,22 @@ def log_paths(logs: Path = DEFAULT_LOGS, logs2: Path = DEFAULT_LOGS2) -> dict[st
 KL_MARGIN = 4.0
 
 
+def kl_from_reference(kl: list[float]) -> bool:
+    """Whether a log's KL to the reference starts at the reference: its first record below the warning bound of the
+    doctor's ``kl_ref_blowup`` (1 nat by default). The KL to the reference is ~0 where the policy is the reference (at
+    initialisation, the first update moves it little); a log whose first record is already at a level the detector
+    warns about measures against another policy, or was resumed, and says nothing about how far KL grows from the
+    reference in a healthy run (``kl``: the log's finite ``kl_ref`` values in step order)."""
+    from rlguard.guards import Guard, GuardConfig
+
+    warn = getattr(Guard(GuardConfig.preset("monitor")).detectors["kl_ref_blowup"], "warn_above", None)
+    return bool(kl) and (warn is None or kl[0] < warn)
+
+
 def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
     """The critical absolute bound on KL to the reference chosen from the healthy logs among ``names``: KL_MARGIN x
-    the largest 95th percentile of their ``kl_ref`` (None if none logs it)."""
+    the largest 95th percentile of their ``kl_ref`` (None if none logs it), over the logs whose KL starts at the
+    reference (:func:`kl_from_reference`)."""
     import statistics
 
     from rlguard.doctor.keys import canonical_stats, classify_keys
@@ -282,11 +295,9 @@ def calibrate_kl(paths: dict[str, Path], names: list[str]) -> float | None:
             continue
         log = read_log(paths[name], run=ALL_VERDICTS[name].run)
         key_map = classify_keys(log.keys, rows=log.rows).key_map
-        kl = sorted(
-            v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))
-        )
-        if len(kl) >= 2:
-            peaks.append(statistics.quantiles(kl, n=20, method="inclusive")[-1])
+        kl = [v for _, raw in log.rows if math.isfinite(v := canonical_stats(raw, key_map).get("kl_ref", math.nan))]
+        if len(kl) >= 2 and kl_from_reference(kl):
+            peaks.append(statistics.quantiles(sorted(kl), n=20, method="inclusive")[-1])
     return KL_MARGIN * max(peaks) if peaks else None
 
 
@@ -314,7 +325,7 @@ class Row:
     rldoctor_critical: bool | None
     ok: bool | None  # met the criterion of its verdict (None for unclear)
     delay: int | None  # logged steps from onset to the first critical event at or after it
-    onset_found: int | None = None  # the onset the doctor reports: the earliest onset of a critical finding
+    onset_found: int | None = None  # the onset the doctor reports (Diagnosis.onset)
     onset_offset: int | None = None  # collapses: logged steps from the labelled onset to it (negative: before)
 
 
@@ -376,7 +387,7 @@ def collect(paths: dict[str, Path], held_out: str | None = None, rldoctor: bool 
         ok, delay = judge(verdict, d.steps, critical)
         findings = [(f.detector, f.severity, f.severity_step) for f in d.findings]
         text, rl_critical = run_rldoctor(path) if rldoctor else ("-", None)
-        found = min((f.step for f in d.findings if f.severity == "critical"), default=None)
+        found = d.onset
         offset = None
         if found is not None and verdict.kind == "collapse" and verdict.onset is not None:
             onset = verdict.onset
@@ -473,7 +484,7 @@ def _failures(rows: list[Row]) -> list[str]:
     return [
         f"healthy with a critical finding: {'; '.join(false_alarms) or 'none'}",
         f"collapses missed or late: {'; '.join(missed) or 'none'}",
-        f"collapses whose reported onset (the earliest of a critical finding) is within {ONSET_WITHIN} logged steps of "
+        f"collapses whose reported onset (Diagnosis.onset) is within {ONSET_WITHIN} logged steps of "
         f"the labelled one: {len(near)}/{len(collapses)}; off (logged steps): {'; '.join(off) or 'none'}",
     ]
 

@@ -117,6 +117,14 @@ class Diagnosis:
         return self.log.report
 
     @property
+    def onset(self) -> int | None:
+        """The step at which the run's failure began, where a critical finding says it failed: the earliest onset of
+        a critical finding (each finding's onset is the start of the excursion that became critical); None without
+        one. A detector's excursion that ends is not a run that recovered (an entropy blow-up that subsides after
+        230 steps of a destroyed run), so a critical excursion that ended still dates the failure."""
+        return min((f.step for f in self.findings if f.severity == "critical"), default=None)
+
+    @property
     def critical(self) -> bool:
         """Whether any finding, or any detector event the live guard recorded (after hindsight), is critical, or the
         live guard halted the run (a halted run has failed, whatever the log shows before it)."""
@@ -145,6 +153,7 @@ class Diagnosis:
         """The ``--json`` document."""
         return {
             "findings": [f.to_dict() for f in self.findings],
+            "onset": self.onset,
             "unrecognised_keys": self.keys.unrecognised,
             "steps": len(self.steps),
             "format": self.log.format,
@@ -336,13 +345,18 @@ def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
     most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
     for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
     to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
-    of refused. Returns detector -> its own
-    warm-up, for those whose warm-up was shortened. The live guard cannot know a run's length: it keeps its
-    detectors' warm-ups (set them lower in its ``GuardConfig`` for a sparse log cadence)."""
+    of refused. A detector whose judgement needs a fixed number of observations (``Detector.baseline_needed``:
+    0 for absolute bounds alone; ``zero_variance_groups`` the reward level it tells solved from failed groups by)
+    gets that warm-up in any log long enough to judge: a condition at the first records (100% of groups without reward
+    variance at a reward of 0) is a fact there, and the consequence rule still exempts a condition present from the
+    first observations while the reward rises. Returns detector -> its own warm-up, for those whose warm-up was
+    shortened. The live guard cannot know a run's length: it keeps its detectors' warm-ups (set them lower in its
+    ``GuardConfig`` for a sparse log cadence)."""
     fitted: dict[str, int] = {}
     for name, det in guard.detectors.items():
         seen = sum(1 for stats in rows if det.observes(stats))
-        warmup = min(det.warmup, max(MIN_BASELINE, seen // WARMUP_SHARE))
+        need = det.baseline_needed()
+        warmup = min(det.warmup, need if need is not None else max(MIN_BASELINE, seen // WARMUP_SHARE))
         if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
             fitted[name], det.warmup = det.warmup, warmup
     return fitted

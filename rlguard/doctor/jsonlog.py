@@ -75,7 +75,10 @@ def read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Itera
             continue
         row = _numeric(record, report)
         if any(k.startswith("eval_") for k in row):
-            report.drop("evaluation rows")  # they share the step of a training row but are not one
+            # an evaluation row shares the step of a training row but is not one: its eval_* metrics join that step
+            # (the doctor reads one beside the reward), its epoch and step stay the training row's
+            evaluation = {k: v for k, v in row.items() if k.startswith("eval_")}
+            yield steps.of(row, record, i, path, where), evaluation, where, None
             continue
         yield steps.of(row, record, i, path, where), row, where, None
 

@@ -27,8 +27,8 @@ class ReadReport:
     Attributes:
         records: records the file holds (JSON lines, ``log_history`` entries, CSV rows, TensorBoard records).
         rows: training rows those records gave (before rows of one step are merged).
-        dropped: why -> records not read as training rows (evaluation rows, the end-of-training summary, records
-            whose values are all null or text, ...).
+        dropped: why -> records not read as training rows (the end-of-training summary, records whose values
+            are all null or text, ...; a TRL evaluation row's eval_* metrics join its step).
         non_numeric: raw key -> values that were neither numbers nor null (text, booleans, lists).
         nulls: values that were null or empty.
         overwritten: values of a step logged twice that a later record replaced.

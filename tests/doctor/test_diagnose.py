@@ -210,20 +210,24 @@ def test_no_usable_metric_is_one_line_exit_2(tmp_path: Path) -> None:
     assert "no usable metric" in line and "throughput" in line
     state = tmp_path / "trainer_state.json"
     state.write_text(json.dumps({"log_history": [{"step": 1, "eval_loss": 0.3}, {"train_runtime": 1.0}]}))
-    assert "holds no training step" in _bad_input(state)
+    line = _bad_input(state)  # an evaluation alone: its eval_loss is read, and is no stat a detector judges
+    assert "no usable metric" in line and "(eval_loss)" in line
 
 
 def test_trainer_state_eval_rows_nan_and_gaps(tmp_path: Path) -> None:
-    """Eval-only rows and the summary are skipped; NaN is kept as evidence; a missing key is a gap, not a zero."""
-    stream = healthy_stream(40, 0)
+    """Eval-only rows join the step they were logged at (their eval_* metrics, not their epoch), the summary is
+    skipped; NaN is kept as evidence; a missing key is a gap, not a zero."""
+    stream = healthy_stream(60, 0)  # an eval row at step 50
     stream[30]["grad_norm"] = math.nan
     path = write_trainer_state(stream, tmp_path / "trainer_state.json")
     data = json.loads(path.read_text())
-    del data["log_history"][10]["entropy"]  # a gap
+    del data["log_history"][10]["entropy"]  # step 11  # a gap
     path.write_text(json.dumps(data))
     log = read_log(path)
-    assert [s for s, _ in log.rows] == list(range(1, 41))
-    assert not any(k.startswith("eval_") or k == "train_runtime" for k in log.keys)
+    assert [s for s, _ in log.rows] == list(range(1, 61))
+    assert {k for k in log.keys if k.startswith("eval_")} == {"eval_loss", "eval_runtime"}
+    assert "train_runtime" not in log.keys and log.report.overwritten == 0
+    assert log.rows[49][1]["eval_loss"] == 0.5 and "loss" in log.rows[49][1]  # step 50: the training row and its eval
     diagnosis = diagnose(path)
     assert math.isnan(diagnosis.series["entropy"][10]) and math.isfinite(diagnosis.series["entropy"][11])
     nonfinite = [f for f in diagnosis.findings if f.detector == "nonfinite"]
@@ -312,3 +316,24 @@ def test_a_log_of_21_records_is_judged_with_warm_ups_fitted_to_it(tmp_path: Path
     collapsed = shaped_stream(21, 0, entropy=lambda i: 0.8 if i < 8 else 0.02, **flat)
     d = diagnose(write_trainer_state(collapsed, tmp_path / "c" / "trainer_state.json"))
     assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings), d.findings
+
+
+def test_the_runs_onset_is_the_earliest_onset_of_a_critical_finding_and_is_in_the_json(tmp_path: Path) -> None:
+    """All completions truncated for 30 steps from index 80 while the reward falls 0.8 -> 0.4 (critical: the budget
+    cost reward), then the run recovers; from index 200 the entropy blows up 10x and the reward goes to 0. The run's
+    onset is the earliest critical onset (the truncation's), in the JSON beside the findings."""
+    from tests.helpers.doctor_logs import shaped_stream
+
+    rows = shaped_stream(
+        300,
+        11,
+        truncated_frac=lambda i: 0.9 if 80 <= i < 110 else 0.02,
+        reward_mean=lambda i: 0.0 if i >= 205 else 0.4 if 85 <= i < 115 else 0.8,
+        entropy=lambda i: 8.0 if i >= 200 else 0.8,
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    critical = {f.detector: f.step for f in d.findings if f.severity == "critical"}
+    assert {"truncation", "entropy_blowup"} <= set(critical) and 80 < critical["truncation"] <= 82, critical
+    assert d.onset == min(critical.values()) == critical["truncation"]
+    assert json.loads(json.dumps(d.to_dict()))["onset"] == d.onset
+    assert diagnose(write_log("trl", healthy_stream(60, 0), tmp_path / "healthy")).onset is None

@@ -128,3 +128,25 @@ def test_a_log_of_21_records_is_judged_by_the_new_detectors(tmp_path: Path) -> N
         checked, why = d.coverage[name]
         assert checked and "warm-up 5" in why, (name, why)
     assert {"advantage_collapse", "eval_drop"} <= {f.detector for f in d.findings if f.severity == "critical"}
+
+
+def test_trl_evaluation_rows_are_read_beside_the_reward(tmp_path: Path) -> None:
+    """TRL's trainer_state.json writes each evaluation as its own row of log_history (eval_* keys at the step of a
+    training row): its metrics join that step and the eval accuracy is read beside the reward. The same warm start
+    destroyed as above, in TRL's layout: eval accuracy 0.99, then 0.64 from step 140 while the training reward holds.
+    Before: the evaluation rows were dropped, eval_accuracy never read."""
+    rng = random.Random(3)
+    history: list[dict[str, Any]] = []
+    for i in range(1, 501):
+        history.append({"step": i, "epoch": i / 500, "loss": rng.gauss(0, 0.05), "reward": 0.8 + rng.gauss(0, 0.02)})
+        if i % 20 == 0:
+            accuracy = 0.99 + rng.gauss(0, 0.003) if i < 140 else 0.64 + rng.gauss(0, 0.003)
+            history.append({"step": i, "epoch": i / 500, "eval_loss": 0.3 + 0.001 * i, "eval_accuracy": accuracy})
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": 500, "log_history": history}), encoding="utf-8")
+    d = diagnose(path)
+    assert d.keys.auto_mapped == {"eval_accuracy": "eval_score"}, d.keys.auto_mapped
+    assert sum(math.isfinite(v) for v in d.series["eval_score"]) == 25
+    assert "evaluation rows" not in d.read.dropped and d.read.overwritten == 0, d.read.to_dict()
+    (drop,) = [f for f in d.findings if f.detector == "eval_drop"]
+    assert drop.severity == "critical" and 140 <= drop.step <= 160, drop

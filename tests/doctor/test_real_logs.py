@@ -42,29 +42,71 @@ LOGS: Path = BENCH.DEFAULT_LOGS
 real = pytest.mark.skipif(not LOGS.is_dir(), reason=f"real logs not found at {LOGS}")
 
 
-@real
-@pytest.mark.parametrize("name", sorted(n for n, v in BENCH.VERDICTS.items() if v.kind == "healthy"))
+PATHS: dict[str, Path] = BENCH.log_paths()  # both folders, those present
+
+
+def _labelled(kind: str) -> list[str]:
+    return sorted(n for n, v in BENCH.ALL_VERDICTS.items() if v.kind == kind)
+
+
+def _path(name: str) -> Path:
+    if name not in PATHS:
+        pytest.skip(f"real log {name} not found (../shared/doctor_foreign or doctor_foreign2)")
+    return PATHS[name]
+
+
+@pytest.mark.parametrize("name", _labelled("healthy"))
 def test_no_critical_finding_on_a_real_run_that_trained_well(name: str) -> None:
-    verdict = BENCH.VERDICTS[name]
-    d, critical = BENCH.run_rlguard(LOGS / name, verdict)
+    verdict = BENCH.ALL_VERDICTS[name]
+    d, critical = BENCH.run_rlguard(_path(name), verdict)
     assert not critical, (name, [(f.detector, f.severity, f.severity_step) for f in d.findings])
     assert d.exit_code == 0
 
 
-@real
-@pytest.mark.parametrize("name", sorted(n for n, v in BENCH.VERDICTS.items() if v.kind == "collapse"))
+#: collapses whose reported onset is more than ONSET_WITHIN logged steps from the label, and why (benchmarks/README.md)
+ONSET_OFF = {
+    "opd-qwen3-4b-gjvwlq13.verl.jsonl": "grad_norm_explosion's CUSUM leaves 0 at 25, the norm ~15% up, 8 early",
+    "rasbt-ch06-grpo-nokl.csv": "length_explosion critical by its drift check once the reward is lost, 14 late",
+    "nipsgrpo-qwen35-9b-rho0.70-s44.trainer_state.json": "truncation critical at 80, its episode runs into 155",
+}
+
+
+@pytest.mark.parametrize("name", _labelled("collapse"))
 def test_each_real_collapse_is_critical_within_15_logged_steps_of_its_onset(name: str) -> None:
-    verdict = BENCH.VERDICTS[name]
-    d, critical = BENCH.run_rlguard(LOGS / name, verdict)
+    verdict = BENCH.ALL_VERDICTS[name]
+    d, critical = BENCH.run_rlguard(_path(name), verdict)
     ok, delay = BENCH.judge(verdict, d.steps, critical)
     assert ok, (name, verdict.onset, delay, [(f.detector, f.severity, f.severity_step) for f in d.findings])
     assert d.exit_code == 1
+    # the reported onset (Diagnosis.onset) within ONSET_WITHIN logged steps of the label
+    found = d.onset
+    assert found is not None
+    offset = sum(verdict.onset <= s < found for s in d.steps) - sum(found <= s < verdict.onset for s in d.steps)
+    if name in ONSET_OFF:
+        assert abs(offset) > BENCH.ONSET_WITHIN, (name, "now within: drop it from ONSET_OFF", offset)
+        pytest.xfail(f"{name}: onset {found} for {verdict.onset}: {ONSET_OFF[name]}")
+    assert abs(offset) <= BENCH.ONSET_WITHIN, (name, found, verdict.onset, offset)
 
 
-@real
-def test_every_real_log_has_a_verdict() -> None:
-    on_disk = {p.name for p in LOGS.iterdir() if p.name != "README.md"}
-    assert on_disk == set(BENCH.VERDICTS), on_disk ^ set(BENCH.VERDICTS)
+@pytest.mark.skipif("taubench-gptoss-20b-grpo.csv" not in PATHS, reason="../shared/doctor_foreign2 not found")
+def test_the_kl_bound_is_calibrated_only_on_logs_whose_kl_starts_at_the_reference() -> None:
+    """Tau-Bench's healthy run logs KL 34.7 nats at its first record: it does not start at its reference (the KL to
+    the reference is ~0 where the policy is the reference), so it cannot calibrate a bound on KL growth; the bound
+    chosen with it among the logs is the one chosen without it."""
+    names = list(PATHS)
+    without = [n for n in names if n != "taubench-gptoss-20b-grpo.csv"]
+    assert BENCH.calibrate_kl(PATHS, names) == BENCH.calibrate_kl(PATHS, without)
+    assert not BENCH.kl_from_reference([34.7, 16.9, 1.4]) and BENCH.kl_from_reference([0.0, 0.0, 0.001])
+
+
+@pytest.mark.parametrize(
+    ("folder", "verdicts"), [(LOGS, BENCH.VERDICTS), (BENCH.DEFAULT_LOGS2, BENCH.FOREIGN2_VERDICTS)]
+)
+def test_every_real_log_has_a_verdict(folder: Path, verdicts: dict[str, object]) -> None:
+    if not folder.is_dir():
+        pytest.skip(f"real logs not found at {folder}")
+    on_disk = {p.name for p in folder.iterdir() if p.name != "README.md"}
+    assert on_disk == set(verdicts), on_disk ^ set(verdicts)
 
 
 @real

@@ -173,8 +173,8 @@ def _label(
                 else "a drift above the run's baseline (below its absolute bound)"
             )
             labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
-        elif kind == "budget" and lost is None and reward.at_top(ep.first, window_end):
-            labels[p] = ("warn", "a condition of the generation budget at a converged reward: it costs no reward")
+        elif kind in _AT_TOP and lost is None and reward.at_top(ep.first, window_end):
+            labels[p] = ("warn", _AT_TOP[kind])
         else:
             labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
             mine.add(p)
@@ -184,6 +184,15 @@ def _label(
         if obs[k] not in labels and episodes[obs[k]] in exempt:
             labels[obs[k]] = exempt[episodes[obs[k]]]
     return labels, mine
+
+
+#: the classes whose condition costs nothing at a converged reward, and why: the budget's consequence is reward lost,
+#: and groups without reward variance at the top of the range are solved (the detector's own :func:`converged`,
+#: applied with the hindsight of the reward over the condition and the horizon after it)
+_AT_TOP = {
+    "budget": "a condition of the generation budget at a converged reward: it costs no reward",
+    "signal": "groups without reward variance at a converged reward (over the horizon after it): nothing left to learn",
+}
 
 
 def _at_top(rewards: Sequence[float], lo: int, hi: int, lowest: float, highest: float) -> bool:
@@ -203,9 +212,11 @@ def _lone(
     intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
     rule: ConsequenceRule,
+    reward: _Reward,
 ) -> None:
     """Label ``name``'s lone critical observations: critical when lost control follows within the horizon or
-    recovery does not show within it; a warning otherwise. A lone observation near the end of the log that has
+    recovery does not show within it; a warning otherwise (and for a class of :data:`_AT_TOP` at a converged reward
+    over the horizon, nothing losing control). A lone observation near the end of the log that has
     not had the chance to recover (the log ends before recovery or its absence could show) is unresolved: a
     warning that says so. Principle: the rule needs what followed, and nothing followed; unrecoverable and
     sustained findings need no future and stay critical."""
@@ -234,6 +245,8 @@ def _lone(
             )
         elif lost is not None:
             labels[p] = ("critical", f"followed by lost control ({lost})")
+        elif (kind := classes.get(name, "control")) in _AT_TOP and reward.at_top(p, hi):
+            labels[p] = ("warn", _AT_TOP[kind])
         elif recovery is None:
             labels[p] = (
                 "warn",
@@ -288,7 +301,7 @@ def label_findings(
             break
         intrinsic = new
     for name in detectors:
-        _lone(name, timeline, obs[name], labels[name], intrinsic, classes, rule)
+        _lone(name, timeline, obs[name], labels[name], intrinsic, classes, rule, reward)
     return labels
 
 

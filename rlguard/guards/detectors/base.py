@@ -82,6 +82,13 @@ class Detector(PrivateState):
         onset of an excursion is then its first finding). Read after :meth:`check` of a step with a finding."""
         return None
 
+    def baseline_needed(self) -> int | None:
+        """Observations its judgement needs before it may fire, where that is fixed by what it judges: None (the
+        default) for a robust baseline of its own stat, built over :attr:`warmup` (the doctor fits that to the log);
+        0 for absolute bounds alone (a fact, not a deviation from a baseline), which with hindsight the doctor judges
+        from the first record."""
+        return None
+
     def reads(self) -> tuple[str, ...]:
         """The canonical stats this detector reads (its ``metric`` by default)."""
         metric = getattr(self, "metric", "")

@@ -157,6 +157,11 @@ class ZeroVarianceGroups(_RewardLevel, ThresholdDetector):
         super().__post_init__()
         self._init_level()
 
+    def baseline_needed(self) -> int | None:
+        """The share of groups is judged against absolute bounds, solved or failed from the reward level: the median
+        of ``level_window`` rewards, so that many observations."""
+        return self.level_window
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         self._see_reward(stats)
         finding = super().check(step, stats, armed)

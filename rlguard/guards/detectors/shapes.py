@@ -267,6 +267,10 @@ class ThresholdDetector(Detector):
             raise ValueError(f"{self.name}: warn ({self.warn}) must not exceed critical ({self.critical}).")
         self._s_window = RollingWindow(self.window)
 
+    def baseline_needed(self) -> int | None:
+        """None where a finding also needs the value ``margin`` above the run's own level; else 0 (absolute bounds)."""
+        return None if self.margin > 0 else 0
+
     def level(self, value: float) -> tuple[Severity, float] | None:
         """Severity and bound crossed by ``value``, before the baseline margin."""
         if value >= self.critical:

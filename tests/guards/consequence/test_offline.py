@@ -328,3 +328,52 @@ def test_the_live_detectors_classes_and_the_converged_label() -> None:
         finding = det.check(step, s, armed=step >= det.warmup)
         severities.append(finding.severity if finding else None)
     assert set(severities[det.warmup :]) == {"warn"}  # converged: the live guard labels it a warning too
+
+
+# -- conditions at the first records, and the reward level with hindsight (issue 36, classes 2 and 4) ----------------
+def test_groups_without_variance_from_the_first_record_date_their_onset_there(tmp_path: Path) -> None:
+    """Every group fails from the first record (reward 0): 100% of groups without variance is a fact there, not a
+    deviation from a baseline; the doctor judges it once the reward level it tells failed from solved groups by
+    exists (5 records), not after a warm-up of 10 (a quarter of a 100-record log, capped at the detector's own)."""
+    d = _doctor(tmp_path, shaped_stream(100, 9, reward_mean=lambda i: 0.0, frac_zero_std_groups=lambda i: 1.0))
+    (zv,) = [f for f in d.findings if f.detector == "zero_variance_groups"]
+    assert zv.severity == "critical" and "too hard" in zv.message, zv
+    assert zv.step <= 6, zv  # step 6 is the 6th record; before: 11, after the warm-up of 10
+    # a log too short to judge (fewer than 10 records) is still refused, not judged on one record
+    short = _doctor(
+        tmp_path / "short", shaped_stream(8, 9, reward_mean=lambda i: 0.0, frac_zero_std_groups=lambda i: 1.0)
+    )
+    assert not [f for f in short.findings if f.detector == "zero_variance_groups"]
+
+
+@pytest.mark.parametrize("lone", [False, True])
+def test_groups_without_variance_as_the_reward_converges_are_a_warning_with_hindsight(
+    tmp_path: Path, lone: bool
+) -> None:
+    """The reward climbs 0.1 -> 0.95 and holds; the groups go without variance (solved) as it arrives. While the
+    detector's reward level (the median of its last 5) lags below the top 20% of the range, 95% of groups without
+    variance is critical ("too easy", not converged): on 4 records in a row (sustained), or on one record after two
+    warnings (lone, then converged warnings: no recovery). With the hindsight of the reward over the condition and
+    the horizon after it (median 0.95, converged) it is a warning: the detector's own rule, without the lag. The
+    same shares at a reward that falls back stay critical."""
+    top = 10 if lone else 17  # the record at which the reward reaches 0.95
+
+    def reward(i: int) -> float:
+        return min(0.1 + 0.85 * i / top, 0.95)
+
+    def zero_std(i: int) -> float:
+        if lone:
+            return 0.95 if i >= 9 else 0.6 if i >= 7 else 0.3
+        return 0.95 if i >= 12 else 0.3
+
+    d = _doctor(tmp_path, shaped_stream(60, 10, reward_mean=reward, frac_zero_std_groups=zero_std))
+    (zv,) = [f for f in d.findings if f.detector == "zero_variance_groups"]
+    assert zv.severity == "warn" and "converged reward" in zv.message, zv
+    assert not _critical(d), d.findings
+
+    def falls(i: int) -> float:
+        return reward(i) if i <= top else 0.05
+
+    fell = _doctor(tmp_path / "fell", shaped_stream(60, 10, reward_mean=falls, frac_zero_std_groups=zero_std))
+    (zv,) = [f for f in fell.findings if f.detector == "zero_variance_groups"]
+    assert zv.severity == "critical", zv

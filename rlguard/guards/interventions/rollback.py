@@ -25,6 +25,15 @@ class Rollback(Intervention):
     """Roll model and optimizer back to the last healthy snapshot on a critical alarm of a slow failure
     (collapse cannot be undone by skipping a step), or after too many skipped steps in a row.
 
+    ``on`` holds the detectors of a state the weights carry: the policy's reward, entropy (collapsed or blown up),
+    KL to the reference, completion length (collapsed or run away) and repetition, and the train-inference gap. A
+    snapshot taken before the condition's onset does not have it, so a rollback can undo it; the snapshot is taken
+    at a healthy step only (no finding, no alarm), hence before the onset of the excursion that raised the alarm.
+    With ``GuardConfig(consequence="online")`` a critical alarm needs a critical finding by the consequence rule
+    (unrecoverable, sustained, or followed by lost control), never a lone excursion. Conditions of the data or the
+    budget (``zero_variance_groups``, ``truncation``) and per-step faults (``grad_norm_spike``, ``ratio_explosion``:
+    a skip) are not in it: restored weights do not change them.
+
     Attributes:
         on: detectors whose critical alarm rolls back.
         max_consecutive_skips: skipped steps in a row that also roll back.
@@ -33,10 +42,20 @@ class Rollback(Intervention):
 
     name = "rollback"
     summary = (
-        "roll back on critical entropy/reward collapse, KL blow-up, repetition or mismatch growth, or 3 skips in a row"
+        "roll back on critical reward or entropy collapse, entropy blow-up, KL blow-up, length collapse or "
+        "explosion, repetition or mismatch growth, or 3 skips in a row"
     )
 
-    on: tuple[str, ...] = ("entropy_collapse", "reward_collapse", "kl_ref_blowup", "repetition", "mismatch_growth")
+    on: tuple[str, ...] = (
+        "entropy_collapse",
+        "entropy_blowup",
+        "reward_collapse",
+        "kl_ref_blowup",
+        "length_collapse",
+        "length_explosion",
+        "repetition",
+        "mismatch_growth",
+    )
     max_consecutive_skips: int = 3
     max_rollbacks: int = 3
 

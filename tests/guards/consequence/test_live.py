@@ -360,3 +360,87 @@ def test_kl_growing_with_the_reward_and_lone_spikes_roll_nothing_back(
         assert bool(step_rule & {"rollback", "halt"}) == critical_on_the_step, (preset, step_rule)
     d = diagnose(write_trainer_state(stream, tmp_path / "trainer_state.json"))
     assert not [f for f in d.findings if f.severity == "critical"] and d.exit_code == 0, d.findings
+
+
+def _outcomes(stream: list[dict[str, float]], preset: str) -> list[tuple[int, str]]:
+    guard = Guard(GuardConfig.preset(preset))
+    out = []
+    for step, stats in enumerate(stream):
+        d = guard.observe(step, stats)
+        if d.outcome != "step":
+            out.append((step, d.outcome))
+        if d.outcome == "halt":
+            break
+    return out
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize(
+    ("stat", "healthy", "collapsed"),
+    [("entropy", 0.5, 6.0), ("length_mean", 200.0, 10.0)],
+    ids=["entropy blow-up", "length collapse"],
+)
+def test_a_sustained_blowup_of_the_policys_outputs_rolls_back_to_before_its_onset(
+    preset: str, stat: str, healthy: float, collapsed: float
+) -> None:
+    """Issue 36, live: ``entropy_blowup`` and ``length_collapse`` see many collapses first; a critical finding of
+    theirs by the consequence rule (sustained: 3 of 5 observations) is a state of the weights, so ``rollback``
+    (``default``) and ``recovery`` (``stable``) roll back to the last healthy step, before the onset at step 40."""
+    rng = np.random.default_rng(0)
+    onset = 40
+    stream = [
+        {
+            "reward_mean": 0.5 + float(rng.normal(0, 0.02)),
+            stat: (healthy if i < onset else collapsed) * (1 + 0.02 * i % 3),
+        }
+        for i in range(70)
+    ]
+    outcomes = _outcomes(stream, preset)
+    assert outcomes and outcomes[0][1] == "rollback" and onset <= outcomes[0][0] <= onset + 5, outcomes
+    guard = Guard(GuardConfig.preset(preset))
+    for step, stats in enumerate(stream):
+        d = guard.observe(step, stats)
+        if d.outcome == "rollback":
+            assert d.rollback_to is not None and d.rollback_to < onset, d
+            break
+
+
+def _kl_from_the_first_record(reward: float, n: int = 60) -> list[dict[str, float]]:
+    """The KL to the reference 3-35 nats from the first record (above the 2-nat bound: measured against another
+    model than the run's initial policy), the reward at ``reward`` with noise."""
+    rng = np.random.default_rng(1)
+    return [
+        {"reward_mean": reward + float(rng.normal(0, 0.1)), "kl_ref": float(3.0 + 32.0 * rng.random())}
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+def test_kl_above_its_bound_from_the_first_record_with_the_reward_at_its_level_is_not_rolled_back(preset: str) -> None:
+    """Issue 36: a KL above the absolute bound from the run's first record (Tau-Bench's 34.7 nats) has no healthy
+    state before it to roll back to, and its level alone is no lost control: while the reward holds an
+    established level, the live guard neither rolls back nor halts (before: halted, "no healthy snapshot"). The
+    same KL with the reward at 0 (no level: nothing vouches for the run) is still halted, and a KL that crosses the
+    bound after healthy records is still rolled back."""
+    assert _outcomes(_kl_from_the_first_record(4.5), preset) == []
+    lost = _outcomes(_kl_from_the_first_record(0.0), preset)
+    assert lost and lost[-1][1] == "halt", lost
+    later = [{"reward_mean": 4.5, "kl_ref": 0.01 * (1 + 0.1 * (i % 3))} for i in range(30)]
+    later += _kl_from_the_first_record(4.5, 30)
+    crossed = _outcomes(later, preset)
+    assert crossed and crossed[0][1] == "rollback" and 30 <= crossed[0][0] <= 35, crossed
+
+
+def test_the_episode_of_a_condition_present_from_the_start_survives_a_resume() -> None:
+    """The live rule's episodes of findings are part of the guard's state: a guard resumed from the state of the
+    one above judges the rest of the stream alike."""
+    stream = _kl_from_the_first_record(4.5)
+    whole = Guard(GuardConfig.preset("default"))
+    first = Guard(GuardConfig.preset("default"))
+    for step, stats in enumerate(stream[:20]):
+        whole.observe(step, stats)
+        first.observe(step, stats)
+    resumed = Guard(GuardConfig.preset("default"))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for step, stats in enumerate(stream[20:], start=20):
+        assert whole.observe(step, stats) == resumed.observe(step, stats)

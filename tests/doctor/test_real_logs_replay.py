@@ -92,19 +92,16 @@ def _replay_benchmark() -> ModuleType:
 #: "The live guard replayed on real logs"); strict: the test fails when one of them starts passing
 LATE: dict[tuple[str, str], str] = {
     **{
-        ("finance-poison-sparse.trainer_state.json", p): "its only signal is zero-variance groups (data-side)"
+        ("finance-poison-sparse.trainer_state.json", p): (
+            "its signal is groups without reward variance from the first record (a condition of the data that no "
+            "snapshot predates; halt leaves it to the user): skipped at +21 for gradient spikes"
+        )
         for p in ("default", "stable")
     },
     **{
-        ("nipsgrpo-qwen25-7b-adabalance-s42.trainer_state.json", p): "zero-variance groups, truncation, frozen values"
+        ("rasbt-ch06-grpo-nokl.csv", p): "length_explosion critical at +14, sustained (3 of 5) at +16"
         for p in ("default", "stable")
     },
-    **{
-        ("nipsgrpo-qwen25-7b-rho0.30-s42.trainer_state.json", p): "entropy_blowup's baseline is inside the blow-up"
-        for p in ("default", "stable")
-    },
-    **{("rasbt-ch06-grpo-nokl.csv", p): "length_explosion sustained at +16" for p in ("default", "stable")},
-    ("nipsgrpo-qwen25-7b-rho1.00-s43.trainer_state.json", "stable"): "mismatch_growth goes to mismatch_remedy",
 }
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from rlguard.guards.interventions.base import Intervention, Proposal, StepContext
 
-__all__ = ["Rollback", "rollback_trigger"]
+__all__ = ["Rollback", "no_snapshot_before", "rollback_trigger"]
 
 
 def rollback_trigger(ctx: StepContext, critical: Sequence[str], max_consecutive_skips: int) -> str | None:
@@ -17,6 +17,21 @@ def rollback_trigger(ctx: StepContext, critical: Sequence[str], max_consecutive_
         return ", ".join(critical)
     if ctx.consecutive_skips >= max_consecutive_skips:
         return f"{ctx.consecutive_skips} skipped steps in a row"
+    return None
+
+
+def no_snapshot_before(ctx: StepContext, critical: Sequence[str]) -> str | None:
+    """Why no snapshot can undo the ``critical`` conditions, or None: there is no healthy step, or a detector of
+    ``critical`` found its condition from its first judged observation (never a clean one past its warm-up), so
+    every healthy step may already hold it (it may have begun in the warm-up; on a sparse log the snapshots of the
+    warm-up are few steps apart from its onset). A rollback to a state that already had the condition cannot help."""
+    if ctx.last_healthy_step is None:
+        return "no healthy snapshot to roll back to"
+    if ctx.judged_clean is None:
+        return None
+    found = [n for n in critical if n not in ctx.judged_clean]
+    if found:
+        return f"no snapshot known to be from before the onset ({', '.join(found)} found from its first judged step)"
     return None
 
 
@@ -63,12 +78,13 @@ class Rollback(Intervention):
         self._s_rollbacks = 0
 
     def propose(self, ctx: StepContext) -> Proposal | None:
-        why = rollback_trigger(ctx, [n for n in self.on if ctx.alarms.get(n) == "critical"], self.max_consecutive_skips)
+        critical = [n for n in self.on if ctx.alarms.get(n) == "critical"]
+        why = rollback_trigger(ctx, critical, self.max_consecutive_skips)
         if why is None:
             return None
         if self._s_rollbacks >= self.max_rollbacks:
             return Proposal("halt", f"{why}; {self._s_rollbacks} rollbacks did not help")
-        if ctx.last_healthy_step is None:
-            return Proposal("halt", f"{why}; no healthy snapshot to roll back to")
+        if (none := no_snapshot_before(ctx, critical)) is not None:
+            return Proposal("halt", f"{why}; {none}")
         self._s_rollbacks += 1
         return Proposal("rollback", why, rollback_to=ctx.last_healthy_step)

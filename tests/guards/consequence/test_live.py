@@ -429,6 +429,11 @@ def test_kl_above_its_bound_from_the_first_record_with_the_reward_at_its_level_i
     later += _kl_from_the_first_record(4.5, 30)
     crossed = _outcomes(later, preset)
     assert crossed and crossed[0][1] == "rollback" and 30 <= crossed[0][0] <= 35, crossed
+    # crossed inside the detector's warm-up: the absolute bound needs no baseline, so the clean records before the
+    # crossing vouch for the snapshot (a rollback, not a halt for want of a snapshot from before the onset)
+    early = [{"reward_mean": 4.5, "kl_ref": 0.5}] * 3 + _kl_from_the_first_record(4.5, 30)
+    early_crossed = _outcomes(early, preset)
+    assert early_crossed and early_crossed[0][1] == "rollback" and early_crossed[0][0] <= 8, early_crossed
 
 
 def test_the_episode_of_a_condition_present_from_the_start_survives_a_resume() -> None:
@@ -444,3 +449,44 @@ def test_the_episode_of_a_condition_present_from_the_start_survives_a_resume() -
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     for step, stats in enumerate(stream[20:], start=20):
         assert whole.observe(step, stats) == resumed.observe(step, stats)
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize(("before", "outcome"), [(3, "halt"), (8, "rollback")], ids=["in the warm-up", "after it"])
+def test_a_log_written_every_5_steps_is_judged_after_a_warm_up_of_steps_not_of_5x_the_records(
+    preset: str, before: int, outcome: str
+) -> None:
+    """Issue 36, class 4 live: stats logged every 5 optimizer steps (nips-grpo-dynamics), entropy 0.2 that blows up
+    to 3-8 nats after ``before`` records. The warm-up covers the run's first ``warmup`` optimizer steps and at least
+    5 records (``MIN_BASELINE``: a median of 5 survives two blown-up records among them), the early baseline is
+    what the detector saw in its warm-up: the guard acts within 5 records of the onset. Before, the warm-up of 10
+    records (50 steps) held the blow-up in the baseline: no action. A blow-up that began in the warm-up is found
+    from the detector's first judged record: every snapshot may hold it, so the guard halts ("no snapshot known to
+    be from before the onset"); one that began after a clean judged record is rolled back to a step before it."""
+    blowup = [2.8, 3.5, 4.2, 6.0, 7.4, 7.9, 8.0, 8.1, 8.2, 7.6, 7.0, 6.5]
+    entropy = [(0.18, 0.15, 0.24, 0.2)[i % 4] for i in range(before)] + blowup
+    onset = 5 * (before + 1)
+    guard = Guard(GuardConfig.preset(preset))
+    first = None
+    for i, h in enumerate(entropy):
+        d = guard.observe(5 * (i + 1), {"entropy": h, "reward_mean": 0.5})
+        if d.outcome != "step":
+            first = d
+            break
+    assert first is not None and first.outcome == outcome, first
+    assert onset <= first.step <= onset + 5 * 5, first
+    if outcome == "rollback":
+        assert first.rollback_to is not None and first.rollback_to < onset, first
+    else:
+        assert "no snapshot known to be from before the onset" in first.reason, first
+
+
+def test_warm_ups_are_steps_and_at_least_five_observations() -> None:
+    """``warmed_up``: every step seen, the warm-up is ``warmup`` observations as before; sparse, it is ``warmup``
+    steps but never fewer than 5 observations; with no steps known, observations alone."""
+    from rlguard.guards.detectors.base import MIN_BASELINE, warmed_up
+
+    assert [warmed_up(10, seen, seen) for seen in (9, 10)] == [False, True]  # every step
+    assert not warmed_up(10, MIN_BASELINE - 1, 50)  # 4 records 50 steps apart: too few for a baseline
+    assert warmed_up(10, MIN_BASELINE, 25) and not warmed_up(20, MIN_BASELINE, 19)
+    assert not warmed_up(10, 9, None) and warmed_up(10, 10, None)

@@ -364,7 +364,7 @@ def test_kl_growing_with_the_reward_and_lone_spikes_roll_nothing_back(
 
 def _outcomes(stream: list[dict[str, float]], preset: str) -> list[tuple[int, str]]:
     guard = Guard(GuardConfig.preset(preset))
-    out = []
+    out: list[tuple[int, str]] = []
     for step, stats in enumerate(stream):
         d = guard.observe(step, stats)
         if d.outcome != "step":
@@ -490,3 +490,28 @@ def test_warm_ups_are_steps_and_at_least_five_observations() -> None:
     assert not warmed_up(10, MIN_BASELINE - 1, 50)  # 4 records 50 steps apart: too few for a baseline
     assert warmed_up(10, MIN_BASELINE, 25) and not warmed_up(20, MIN_BASELINE, 19)
     assert not warmed_up(10, 9, None) and warmed_up(10, 10, None)
+
+
+def test_a_guard_resumed_inside_a_sparse_warm_up_judges_alike() -> None:
+    """The step of each detector's first observation and the detectors that judged a clean one are part of the
+    guard's state: resumed after 3 records of a log written every 5 steps, the guard arms and halts as the one that
+    ran through (without them it would count the warm-up from the resume, and roll back into the blow-up). A state
+    written before these keys existed still loads."""
+    entropy = [0.18, 0.15, 0.24, 2.8, 3.5, 4.2, 6.0, 7.4, 7.9, 8.0, 8.1, 8.2]
+    stream = [(5 * (i + 1), {"entropy": h, "reward_mean": 0.5}) for i, h in enumerate(entropy)]
+    whole, first = Guard(GuardConfig.preset("default")), Guard(GuardConfig.preset("default"))
+    for step, stats in stream[:3]:
+        whole.observe(step, stats)
+        first.observe(step, stats)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["first_seen"]["entropy_blowup"] == 5
+    resumed = Guard(GuardConfig.preset("default"))
+    resumed.load_state_dict(state)
+    for step, stats in stream[3:]:
+        a, b = whole.observe(step, stats), resumed.observe(step, stats)
+        assert a == b, (a, b)
+        if a.outcome == "halt":
+            break
+    assert a.outcome == "halt"
+    old = {k: v for k, v in state.items() if k not in ("first_seen", "judged_clean", "seen_clean")}
+    Guard(GuardConfig.preset("default")).load_state_dict(old)

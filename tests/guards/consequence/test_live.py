@@ -494,20 +494,20 @@ def test_warm_ups_are_steps_and_at_least_five_observations() -> None:
 
 def test_a_guard_resumed_inside_a_sparse_warm_up_judges_alike() -> None:
     """The step of each detector's first observation and the detectors that judged a clean one are part of the
-    guard's state: resumed after 3 records of a log written every 5 steps, the guard arms and halts as the one that
-    ran through (without them it would count the warm-up from the resume, and roll back into the blow-up). A state
-    written before these keys existed still loads."""
+    guard's state: resumed after 4 records of a log written every 5 steps, the guard arms and halts as the one that
+    ran through (without them it would count the warm-up in steps from the resume: armed a record later, with a
+    blown-up record in its baseline). A state written before these keys existed still loads."""
     entropy = [0.18, 0.15, 0.24, 2.8, 3.5, 4.2, 6.0, 7.4, 7.9, 8.0, 8.1, 8.2]
     stream = [(5 * (i + 1), {"entropy": h, "reward_mean": 0.5}) for i, h in enumerate(entropy)]
     whole, first = Guard(GuardConfig.preset("default")), Guard(GuardConfig.preset("default"))
-    for step, stats in stream[:3]:
+    for step, stats in stream[:4]:
         whole.observe(step, stats)
         first.observe(step, stats)
     state = json.loads(json.dumps(first.state_dict()))
     assert state["first_seen"]["entropy_blowup"] == 5
     resumed = Guard(GuardConfig.preset("default"))
     resumed.load_state_dict(state)
-    for step, stats in stream[3:]:
+    for step, stats in stream[4:]:
         a, b = whole.observe(step, stats), resumed.observe(step, stats)
         assert a == b, (a, b)
         if a.outcome == "halt":

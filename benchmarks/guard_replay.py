@@ -46,6 +46,7 @@ class Replayed:
     halts: int
     first_action: str  # "outcome @step" of the first skip, rollback or halt, or "-"
     delay: int | None  # collapses: logged steps from the onset to the first action (negative: before it)
+    stats: tuple[str, ...] = ()  # the canonical stats the log carries (the signals the guard could read)
 
 
 def replay(path: Path, verdict: Verdict, preset: str) -> Replayed:
@@ -60,7 +61,8 @@ def replay(path: Path, verdict: Verdict, preset: str) -> Replayed:
         onset = verdict.onset
         delay = sum(onset <= s < first.step for s in steps) - sum(first.step <= s < onset for s in steps)
     text = f"{first.outcome} @{first.step}" if first is not None else "-"
-    return Replayed(r.count("skip"), r.count("rollback"), r.count("halt"), text, delay)
+    stats = tuple(sorted({k for _, row in r.read.rows for k in row}))
+    return Replayed(r.count("skip"), r.count("rollback"), r.count("halt"), text, delay, stats)
 
 
 def _short(name: str) -> str:
@@ -102,6 +104,9 @@ def run(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
             f"  {p}: collapses acted on within {WITHIN} logged steps of onset (skip, rollback or halt): "
             f"{len(on_time)}/{len(collapses)}; delay in logged steps: {text}"
         )
+        for n in collapses:
+            if n not in on_time:  # the signals the log has, to judge whether the guard could have acted in time
+                summary.append(f"    {_short(n)}: not in time; its log carries {', '.join(results[n][p].stats)}")
     return lines, summary
 
 

@@ -55,6 +55,13 @@ class GuardConfig:
             unrecoverable one is critical at once, a reward drawdown needs an established level; so a lone
             excursion gets at most a skip, and a rollback or a halt needs what a critical finding of the doctor
             needs. ``"step"`` (``strict``, ``monitor``): the detector's, on the step itself.
+        warmup_unit: how a detector's ``warmup`` is counted. ``"steps"`` (the default, and every preset's but
+            ``monitor``): its first ``warmup`` optimizer steps, and at least 5 observations, the fewest a robust
+            baseline needs (:func:`~rlguard.guards.detectors.base.warmed_up`); a guard that sees every step counts
+            the same either way, one that sees every 5th step (stats logged every 5 steps) judges from its 5th
+            observation instead of its ``warmup``-th. ``"observations"``: ``warmup`` observations whatever their
+            steps (``monitor``: the doctor fits each warm-up to the whole log itself, in records,
+            ``rlguard.doctor.diagnose.fit_warmups``).
     """
 
     detectors: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -68,6 +75,7 @@ class GuardConfig:
     healthy_despite: tuple[str, ...] = ()
     alerts: AlertConfig | None = None
     consequence: Literal["step", "online"] = "online"
+    warmup_unit: Literal["steps", "observations"] = "steps"
 
     #: a snapshot every step at most; a share of the host's available memory, 0 < x <= 1
     field_ranges: ClassVar[dict[str, Range]] = {
@@ -122,7 +130,8 @@ def check_preset(name: object) -> str:
 def _monitor() -> GuardConfig:
     # it acts on nothing, so no consequence rule gates an action: it reports each step's findings as the detectors
     # make them (the doctor judges them by consequence with hindsight, consequence.offline.relabel)
-    return GuardConfig(observe_only=True, consequence="step")
+    # and its warm-ups are counted in observations: the doctor fits them to the log's records (fit_warmups)
+    return GuardConfig(observe_only=True, consequence="step", warmup_unit="observations")
 
 
 def _default() -> GuardConfig:

@@ -19,6 +19,7 @@ from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.consequence.live import OnlineConsequence
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
+from rlguard.guards.detectors.base import warmed_up
 from rlguard.guards.events import Event, EventsLog, Finding, Severity
 from rlguard.guards.interventions import Intervention, StepContext, handed_over
 from rlguard.guards.registry import (
@@ -81,6 +82,12 @@ class Guard:
         #: the consequence rule applied live (``config.consequence == "online"``), or None
         self.live_rule = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
         self._seen = dict.fromkeys(self.detectors, 0)
+        #: the step of each detector's first observation (its warm-up is counted in steps from there)
+        self._first_seen: dict[str, int | None] = dict.fromkeys(self.detectors)
+        #: the detectors that judged (armed) an observation without a finding, and those with any observation
+        #: without one (their absolute bounds, which need no baseline, judge from the first observation)
+        self._judged_clean: set[str] = set()
+        self._seen_clean: set[str] = set()
         self._consecutive_skips = 0
         self._last_healthy_step: int | None = None
         self._last_snapshot_step: int | None = None
@@ -131,6 +138,10 @@ class Guard:
             last_healthy_step=self._last_healthy_step,
             capabilities=self.capabilities,
             handed_over=self.handed_over,
+            # a finding beyond an absolute bound is vouched for by any clean observation before it
+            judged_clean=frozenset(
+                self._judged_clean | {n for n in self._seen_clean if n in findings and findings[n].absolute}
+            ),
         )
         proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)
@@ -151,11 +162,20 @@ class Guard:
         for name, det in self.detectors.items():
             if not det.observes(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            finding = det.check(step, stats, self._seen[name] >= det.warmup)
+            first = self._first_seen[name]
+            if first is None:
+                first = self._first_seen[name] = step
+            span = step - first if self.config.warmup_unit == "steps" else None
+            armed = warmed_up(det.warmup, self._seen[name], span)
+            finding = det.check(step, stats, armed)
             self._seen[name] += 1
             observed.append(name)
             if finding is not None:
                 found[name] = finding
+            else:
+                self._seen_clean.add(name)
+                if armed:
+                    self._judged_clean.add(name)
         self.last_findings = found
         findings, raised = found, {}
         if self.live_rule is not None:
@@ -288,6 +308,9 @@ class Guard:
             "events": [e.to_dict() for e in self.events],
             "alarms": {n: vars(a).copy() for n, a in self._alarms.items()},
             "seen": dict(self._seen),
+            "first_seen": dict(self._first_seen),
+            "judged_clean": sorted(self._judged_clean),
+            "seen_clean": sorted(self._seen_clean),
             "detectors": {n: d.state_dict() for n, d in self.detectors.items()},
             "interventions": {n: iv.state_dict() for n, iv in self.interventions.items()},
             "consecutive_skips": self._consecutive_skips,
@@ -310,8 +333,12 @@ class Guard:
             )
         # the live consequence rule's state is optional: a guard that does not apply it ignores it, one that does
         # starts it afresh without it (a state saved with consequence="step")
+        # "first_seen" and "judged_clean" are absent from states written before warm-ups were counted in steps and
+        # rollbacks asked for a snapshot from before the onset: warm-ups are then counted in observations, and every
+        # detector that has observed past its warm-up is taken as having judged a clean step
         template = self.state_dict() | {"consequence": None}
-        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state) - {"consequence"})
+        optional = {"consequence", "first_seen", "judged_clean", "seen_clean"}
+        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state) - optional)
         if unknown or missing:
             raise GuardStateError(
                 f"{source}: not a guard state: unknown key(s) {unknown}, missing key(s) {missing}; a guard state has "
@@ -329,6 +356,15 @@ class Guard:
         seen = {
             n: state_count(v, f"{source}: seen.{n}") for n, v in state_object(state["seen"], f"{source}: seen").items()
         }
+        first_seen = {
+            n: None if v is None else state_step(v, f"{source}: first_seen.{n}")
+            for n, v in state_object(state.get("first_seen", {}), f"{source}: first_seen").items()
+        }
+        clean = [str(n) for n in state_list(state.get("judged_clean", []), f"{source}: judged_clean")]
+        seen_clean = [str(n) for n in state_list(state.get("seen_clean", []), f"{source}: seen_clean")]
+        if "judged_clean" not in state:
+            clean = [n for n, v in seen.items() if n in self.detectors and v > self.detectors[n].warmup]
+            seen_clean = [n for n, v in seen.items() if n in self.detectors and v > 0]
         counters = {k: state_step(state[k], f"{source}: {k}") for k in GUARD_COUNTERS}
         if counters["consecutive_skips"] is None:
             raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
@@ -351,6 +387,9 @@ class Guard:
         self.events = events
         self._alarms.update(alarms)
         self._seen.update({n: v for n, v in seen.items() if n in self._seen})
+        self._first_seen.update({n: v for n, v in first_seen.items() if n in self._first_seen})
+        self._judged_clean = {n for n in clean if n in self.detectors}
+        self._seen_clean = {n for n in seen_clean if n in self.detectors}
         self._consecutive_skips = counters["consecutive_skips"]
         self._last_healthy_step = counters["last_healthy_step"]
         self._last_snapshot_step = counters["last_snapshot_step"]

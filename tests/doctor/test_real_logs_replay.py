@@ -61,14 +61,71 @@ def test_the_live_guard_does_not_roll_back_or_halt_the_healthy_runs_it_was_calib
 
 @real
 def test_a_run_broken_at_its_first_log_is_halted_there() -> None:
-    """website-sanitizer: KL 10,833 from the first log, no healthy snapshot to roll back to: halted at its third
-    record (step 30), where the KL above its bound is sustained (3 of 5 observations, ``ConsequenceRule``); the
-    first two are lone findings, answered by LR back-offs."""
+    """website-sanitizer: KL 10,833 from the first log, no healthy snapshot to roll back to. A condition present
+    from the first observation is judged once the reward's level can be known (``peak_observations``, 5
+    records): the reward is at 0 (no established level vouches for the run), so it is halted at its fifth record
+    (step 50); the records before are answered by LR back-offs."""
     path = PATHS.get("website-sanitizer-grpo.trainer_state.json")
     if path is None:
         pytest.skip("doctor_foreign is not there")
     result = runner.invoke(app, ["doctor", "--live", "default", "--json", str(path)])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert [(d["step"], d["outcome"]) for d in doc["decisions"]] == [(10, "step"), (20, "step"), (30, "halt")]
+    assert [(d["step"], d["outcome"]) for d in doc["decisions"]][-1] == (50, "halt")
+    assert all(d["outcome"] == "step" for d in doc["decisions"][:-1])
     assert "no healthy snapshot" in doc["decisions"][-1]["reason"]
+
+
+def _replay_benchmark() -> ModuleType:
+    name = "guard_replay"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "guard_replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+#: collapses the live guard does not act on within 15 logged steps of their onset, and why (benchmarks/README.md,
+#: "The live guard replayed on real logs"); strict: the test fails when one of them starts passing
+LATE: dict[tuple[str, str], str] = {
+    **{
+        ("finance-poison-sparse.trainer_state.json", p): (
+            "its signal is groups without reward variance from the first record (a condition of the data that no "
+            "snapshot predates; halt leaves it to the user): skipped at +21 for gradient spikes"
+        )
+        for p in ("default", "stable")
+    },
+    **{
+        ("rasbt-ch06-grpo-nokl.csv", p): "length_explosion critical at +14, sustained (3 of 5) at +16"
+        for p in ("default", "stable")
+    },
+}
+
+
+@real
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize("name", sorted(n for n, v in BENCH.ALL_VERDICTS.items() if v.kind == "healthy" and n in PATHS))
+def test_the_live_guard_does_not_roll_back_or_halt_any_healthy_run(name: str, preset: str) -> None:
+    """Issue 36: no rollback or halt on the 20 healthy runs of both folders (Tau-Bench's KL above its bound from
+    the first record included: no healthy state before it, the reward holding its level)."""
+    replay = replay_live(
+        PATHS[name], preset, dict(BENCH.ALL_VERDICTS[name].key_map) or None, run=BENCH.ALL_VERDICTS[name].run
+    )
+    assert replay.count("rollback") == replay.count("halt") == 0, [d.to_dict() for d in replay.decisions]
+
+
+@real
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize(
+    "name", sorted(n for n, v in BENCH.ALL_VERDICTS.items() if v.kind == "collapse" and n in PATHS)
+)
+def test_the_live_guard_acts_within_15_logged_steps_of_a_collapse(name: str, preset: str) -> None:
+    """Issue 36: a skip, rollback or halt within 15 logged steps of the labelled onset (``guard_replay.replay``'s
+    delay); the misses of :data:`LATE` are asserted to miss, each for the reason given there (a change that makes
+    one act in time fails here until it is taken out of :data:`LATE` and the benchmark's table is updated)."""
+    r = _replay_benchmark().replay(PATHS[name], BENCH.ALL_VERDICTS[name], preset)
+    on_time = r.delay is not None and 0 <= r.delay <= BENCH.WITHIN
+    assert on_time != ((name, preset) in LATE), (r, LATE.get((name, preset)))

@@ -3,9 +3,13 @@
 
 A critical observation is critical at once when it is unrecoverable or sustained; a lone one is a warning (its step
 may still be skipped: ``Finding.observed`` keeps the detector's own severity) until lost control follows within the
-horizon, or recovery does not show, and is raised to critical at that later step. What it cannot apply is what
-needs the future: the exemptions of a rising reward (a condition present from the first observations, or of the
-budget), and "unresolved" at the end of the log. "An established peak" becomes an established *level*:
+horizon, or recovery does not show, and is raised to critical at that later step. A condition present from the
+run's first observations is a warning while the reward holds an established level and nothing else loses control
+(:meth:`OnlineConsequence.present_from_start`): there is no healthy state before it to roll back to, and its level
+alone is no evidence of lost control (a KL to the reference above its bound from the first record measures against
+another model than the run's initial policy, or a resumed run: at initialisation the policy is the reference and
+the KL is 0). What it cannot apply is what needs the future: the exemptions of a rising reward (a drift, a
+condition of the budget), and "unresolved" at the end of the log. "An established peak" becomes an established *level*:
 :class:`RewardLevel`, the reward's EWMA clearly above the floor of its range (a run warm-started at 0.5 that falls
 has collapsed, though it never rose above its start). The rule itself is :mod:`rlguard.guards.consequence.rule`.
 """
@@ -74,8 +78,18 @@ class RewardLevel:
         """At least ``rule.peak_observations`` EWMA observations clearly above :meth:`floor`."""
         if len(self.top) < self.rule.peak_observations:
             return False
+        return self.top[-1] > self.floor() + self._margin()
+
+    def holds(self, since: float | None) -> bool:
+        """Whether the reward has an established level (:meth:`established`) and its EWMA is not clearly below
+        ``since`` (an earlier EWMA; "clearly" by the margin of :meth:`established`)."""
+        if since is None or self.ewma is None or not self.established():
+            return False
+        return self.ewma >= since - self._margin()
+
+    def _margin(self) -> float:
         span = max(self.highest, 1.0) - self.floor()
-        return self.top[-1] > self.floor() + ewma_margin(list(self.recent.values), span, self.rule)
+        return ewma_margin(list(self.recent.values), span, self.rule)
 
 
 @dataclass
@@ -122,11 +136,44 @@ class OnlineConsequence:
     def __init__(self, detectors: Mapping[str, Detector], rule: ConsequenceRule | None = None) -> None:
         self.rule = rule or ConsequenceRule()
         self.classes = {name: det.finding_class for name, det in detectors.items()}
+        #: the clean observations in a row that end a detector's episode of findings
+        self._clear = {name: det.clear_after for name, det in detectors.items()}
         self.level = RewardLevel(self.rule)
         self._position = -1
         self._observations = dict.fromkeys(detectors, 0)
         self._critical: dict[str, deque[int]] = {n: deque(maxlen=self.rule.within) for n in detectors}
         self._pending: dict[str, list[_Lone]] = {n: [] for n in detectors}
+        #: per detector, its current episode of findings (any severity): the observation it began at, the
+        #: reward's EWMA then, and the clean observations in a row since its last finding
+        self._episode: dict[str, tuple[int, float | None] | None] = dict.fromkeys(detectors)
+        self._clean = dict.fromkeys(detectors, 0)
+
+    def present_from_start(self, name: str, intrinsic: Collection[str]) -> str | None:
+        """Why ``name``'s sustained condition is a warning, or None: it has been found in one episode (no
+        ``clear_after`` clean observations in a row) since the detector's very first observation (an absolute
+        bound, which needs no baseline: a relative excursion always has a "before"), the reward holds an
+        established level not clearly below its level at that first observation (:meth:`RewardLevel.holds`), and
+        no other detector of lost control is critical in itself at this step (``intrinsic``). No healthy state
+        precedes such a condition, so a rollback cannot undo it, and its level alone is no lost control (a KL to
+        the reference far above its bound from the first record measures against another model than the run's
+        initial policy, or a resumed run). A reward that falls, or another detector that loses control, makes it
+        critical. Until the detector has made ``rule.peak_observations`` observations (those an established reward
+        level needs) the verdict waits: a warning that says so."""
+        episode = self._episode[name]
+        if episode is None or episode[0] != 0 or self.classes[name] == "reward":
+            return None
+        if self._lost_control(name, intrinsic, 0) is not None:
+            return None
+        if self._observations[name] < self.rule.peak_observations:
+            return (
+                f"present from the run's first observation: judged after {self.rule.peak_observations} observations, "
+                "by whether the reward holds an established level"
+            )
+        if not self.level.holds(episode[1]):
+            return None
+        return (
+            "present from the run's first observations, while the reward holds its level and nothing else lost control"
+        )
 
     def reset(self) -> None:
         """Forget the criticals and lone observations seen (after a rollback the run is judged afresh; the reward's
@@ -154,9 +201,11 @@ class OnlineConsequence:
         labels: dict[str, tuple[Severity, str]] = {}
         intrinsic: list[str] = []
         lone: list[str] = []
+        sustained: dict[str, int] = {}
         for name in observed:
             k, self._observations[name] = self._observations[name], self._observations[name] + 1
             f = findings.get(name)
+            self._follow_episode(name, k, f is not None)
             if f is None or f.severity != "critical":
                 continue
             self._critical[name].append(k)
@@ -172,10 +221,17 @@ class OnlineConsequence:
                 else:
                     labels[name] = ("warn", "no established reward level to fall from (never clearly above its floor)")
             elif (recent := sustained_count(self._critical[name].__contains__, k, rule)) >= rule.sustained:
-                labels[name] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
+                sustained[name] = recent
                 intrinsic.append(name)
             else:
                 lone.append(name)
+        for name, recent in sustained.items():
+            why = self.present_from_start(name, intrinsic)
+            if why is not None:
+                labels[name] = ("warn", why)
+                intrinsic.remove(name)
+            else:
+                labels[name] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
         for name in lone:
             lost = self._lost_control(name, intrinsic, step)
             if lost is not None:
@@ -202,7 +258,7 @@ class OnlineConsequence:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to judge alike (JSON-ready): positions, recent criticals, lone findings not
-        judged yet, the reward's level."""
+        judged yet, each detector's episode of findings, the reward's level."""
         lv = self.level
         return {
             "position": self._position,
@@ -216,6 +272,10 @@ class OnlineConsequence:
                 ]
                 for n, pending in self._pending.items()
             },
+            "episodes": {
+                n: {"start": None if e is None else e[0], "ewma": None if e is None else e[1], "clean": self._clean[n]}
+                for n, e in self._episode.items()
+            },
             "level": {
                 "ewma": lv.ewma,
                 "lowest": lv.lowest,
@@ -228,7 +288,9 @@ class OnlineConsequence:
     def load_state_dict(self, state: Mapping[str, Any], *, where: str = "consequence") -> None:
         """Restore :meth:`state_dict`, validated first (:class:`~rlguard.guards.state.GuardStateError` naming
         ``where`` and the key; nothing changes then); detectors this rule does not judge are ignored."""
-        state = state_object(state, where, ("position", "observations", "critical", "pending", "level"))
+        keys = ("position", "observations", "critical", "pending", "level")
+        # "episodes" is absent from the states of earlier versions: their episodes start afresh
+        state = state_object(state, where, (*keys, "episodes") if "episodes" in state else keys)
         position = state_count(state["position"], f"{where}.position", least=-1)
         seen = {
             n: v for n, v in state_object(state["observations"], f"{where}.observations").items() if n in self.classes
@@ -245,6 +307,13 @@ class OnlineConsequence:
                     self._lone(x, f"{where}.pending.{n}[{i}]")
                     for i, x in enumerate(state_list(v, f"{where}.pending.{n}"))
                 ]
+        episodes: dict[str, tuple[tuple[int, float | None] | None, int]] = {}
+        for n, v in state_object(state.get("episodes", {}), f"{where}.episodes").items():
+            if n in self.classes:
+                e = state_object(v, f"{where}.episodes.{n}", ("start", "ewma", "clean"))
+                start = None if e["start"] is None else state_count(e["start"], f"{where}.episodes.{n}.start")
+                at = None if e["ewma"] is None else _number(e["ewma"], f"{where}.episodes.{n}.ewma")
+                episodes[n] = (None if start is None else (start, at), state_count(e["clean"], f"{where}.episodes.{n}"))
         lv = state_object(state["level"], f"{where}.level", ("ewma", "lowest", "highest", "top", "recent"))
         ewma = None if lv["ewma"] is None else _number(lv["ewma"], f"{where}.level.ewma")
         bounds = [_number(lv[k], f"{where}.level.{k}") for k in ("lowest", "highest")]
@@ -257,6 +326,8 @@ class OnlineConsequence:
         for n, ks in critical.items():
             self._critical[n] = deque(ks, maxlen=self.rule.within)
         self._pending.update(pending)
+        for n, (episode, clean) in episodes.items():
+            self._episode[n], self._clean[n] = episode, clean
         self.level.ewma, (self.level.lowest, self.level.highest) = ewma, bounds
         self.level.top = top[: self.rule.peak_observations]
         self.level.recent = RollingWindow(self.rule.level_window, recent)
@@ -284,7 +355,18 @@ class OnlineConsequence:
         )
         return _Lone(position, state_count(x["step"], f"{where}.step"), finding, watch, x["recovered"])
 
-    def _lost_control(self, name: str, intrinsic: Sequence[str], step: int) -> str | None:
+    def _follow_episode(self, name: str, k: int, found: bool) -> None:
+        """Update ``name``'s episode of findings with its observation ``k`` (with a finding or clean)."""
+        if found:
+            self._clean[name] = 0
+            if self._episode[name] is None:
+                self._episode[name] = (k, self.level.ewma)
+            return
+        self._clean[name] += 1
+        if self._clean[name] >= self._clear[name]:
+            self._episode[name] = None
+
+    def _lost_control(self, name: str, intrinsic: Collection[str], step: int) -> str | None:
         other = next((n for n in intrinsic if n != name and self.classes[n] in CONTROL_CLASSES), None)
         return None if other is None else f"{other} at step {step}"
 
@@ -311,6 +393,9 @@ class OnlineConsequence:
                     lone.recovered = verdict is True
                     if verdict is False:
                         why = f"no sign of recovery within {self.rule.horizon} logged steps"
+                if why is not None and self.present_from_start(name, intrinsic) is not None:
+                    why = None  # the condition's level alone: not raised while the reward holds its level
+                    lone.recovered = True
                 if why is not None:
                     if name not in raised:
                         note = f" [critical by consequence at step {step}: the observation of step {lone.step}, {why}]"

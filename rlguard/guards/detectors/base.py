@@ -18,6 +18,23 @@ from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import RollingWindow, median_of
 from rlguard.guards.state import PrivateState
 
+#: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
+#: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
+#: needs a window of 5
+MIN_BASELINE = 5
+
+
+def warmed_up(warmup: int, seen: int, span: int | None) -> bool:
+    """Whether a detector with ``warmup`` is past it after ``seen`` observations whose steps span ``span``
+    optimizer steps (the step of this observation minus that of its first; None: unknown). The warm-up covers the
+    run's first ``warmup`` optimizer steps, its early transient, and at least :data:`MIN_BASELINE` observations,
+    the fewest a robust baseline needs: a guard that sees every step is armed after ``warmup`` observations, one
+    fed every 5th step (stats logged every 5 steps) after ``max(MIN_BASELINE, warmup / 5)`` of them, not after
+    ``5 * warmup`` steps."""
+    if seen >= warmup:
+        return True
+    return span is not None and seen >= MIN_BASELINE and span >= warmup
+
 
 @dataclass(kw_only=True)
 class Detector(PrivateState):
@@ -30,7 +47,8 @@ class Detector(PrivateState):
     length: a loss of control, unless it comes with a rising reward below the detector's absolute bounds).
 
     Attributes:
-        warmup: steps the detector watches (building its baseline) before it may fire.
+        warmup: optimizer steps the detector watches (building its baseline) before it may fire, and at least
+            :data:`MIN_BASELINE` observations (:func:`warmed_up`): on a guard that sees every step, observations.
         patience: consecutive findings needed to raise the alarm (1 = at once).
         clear_after: consecutive clean steps before a raised alarm clears (hysteresis).
     """

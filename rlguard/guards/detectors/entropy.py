@@ -165,6 +165,8 @@ class EntropyBlowup(Detector):
                         f"{r:g}x and {nats:g} nats): the policy is drifting towards noise. Roll back, lower the LR or "
                         "clip_high, and check the KL term.",
                     )
-        if len(self._s_anchor) < self.anchor:
+        # the early baseline is what the detector saw in its warm-up (at least 3 observations): once armed, the
+        # values it judges stay out of it (on a sparse log the warm-up is shorter than ``anchor`` observations)
+        if len(self._s_anchor) < self.anchor and (not armed or len(self._s_anchor) < 3):
             self._s_anchor.append(entropy)
         return None

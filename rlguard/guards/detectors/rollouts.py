@@ -284,7 +284,9 @@ class LengthCollapse(Detector):
                         f"mean completion length {length:.4g} is {ratio:.0%} of the run's early baseline {anchor:.4g} "
                         f"(threshold {bound:.0%}). {advice}",
                     )
-        if len(self._s_anchor) < self.anchor:
+        # the early baseline is what the detector saw in its warm-up (at least 3 observations): once armed, the
+        # values it judges stay out of it (on a sparse log the warm-up is shorter than ``anchor`` observations)
+        if len(self._s_anchor) < self.anchor and (not armed or len(self._s_anchor) < 3):
             self._s_anchor.append(length)
         return None
 

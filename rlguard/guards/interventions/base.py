@@ -49,6 +49,10 @@ class StepContext:
         capabilities: what the bound actuator can do (``Actuator.capabilities``); None for a guard bound to none.
         handed_over: intervention -> the detectors whose findings it leaves to the enabled intervention that
             answers their cause (:data:`~rlguard.guards.interventions.causes.CAUSES`, :func:`handed_over`).
+        judged_clean: the detectors whose condition a healthy snapshot is known to predate: they judged (past
+            their warm-up) an observation without a finding, or, for this step's finding beyond an absolute bound
+            (which needs no baseline), had any observation without one; None where not tracked (every snapshot is
+            taken as such).
     """
 
     step: int
@@ -60,6 +64,7 @@ class StepContext:
     last_healthy_step: int | None
     capabilities: frozenset[str] | None = None
     handed_over: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    judged_clean: frozenset[str] | None = None
 
     def yields(self, intervention: str) -> bool:
         """Whether ``intervention`` holds back this step: a detector whose cause another enabled intervention

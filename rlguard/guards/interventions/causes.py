@@ -77,7 +77,15 @@ CAUSES: tuple[Cause, ...] = (
     Cause("poisoned batch", ("nonfinite", "grad_norm_spike", "ratio_explosion"), "skip_step", "skip the step"),
     Cause(
         "slow collapse",
-        ("reward_collapse", "entropy_collapse", "kl_ref_blowup", "repetition"),
+        (
+            "reward_collapse",
+            "entropy_collapse",
+            "entropy_blowup",
+            "kl_ref_blowup",
+            "length_collapse",
+            "length_explosion",
+            "repetition",
+        ),
         "recovery",
         "rollback that learns",
     ),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rlguard.guards.interventions.base import Intervention, Proposal, StepContext
 from rlguard.guards.interventions.halt import Halt
-from rlguard.guards.interventions.rollback import Rollback, rollback_trigger
+from rlguard.guards.interventions.rollback import Rollback, no_snapshot_before, rollback_trigger
 
 __all__ = ["Recovery"]
 
@@ -76,8 +76,8 @@ class Recovery(Intervention):
         failures = self._s_failures + 1 if failed else 0
         if failures >= self.max_failures:
             return Proposal("halt", f"{why}; {failures} recoveries in a row failed within {self.probation} steps")
-        if ctx.last_healthy_step is None:
-            return Proposal("halt", f"{why}; no healthy snapshot to roll back to")
+        if (none := no_snapshot_before(ctx, critical)) is not None:
+            return Proposal("halt", f"{why}; {none}")
         self._s_failures, self._s_last_rollback = failures, ctx.step
         self._s_rollbacks += 1
         note = f" (recovery {failures} in a row failed)" if failed else ""

@@ -360,3 +360,158 @@ def test_kl_growing_with_the_reward_and_lone_spikes_roll_nothing_back(
         assert bool(step_rule & {"rollback", "halt"}) == critical_on_the_step, (preset, step_rule)
     d = diagnose(write_trainer_state(stream, tmp_path / "trainer_state.json"))
     assert not [f for f in d.findings if f.severity == "critical"] and d.exit_code == 0, d.findings
+
+
+def _outcomes(stream: list[dict[str, float]], preset: str) -> list[tuple[int, str]]:
+    guard = Guard(GuardConfig.preset(preset))
+    out: list[tuple[int, str]] = []
+    for step, stats in enumerate(stream):
+        d = guard.observe(step, stats)
+        if d.outcome != "step":
+            out.append((step, d.outcome))
+        if d.outcome == "halt":
+            break
+    return out
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize(
+    ("stat", "healthy", "collapsed"),
+    [("entropy", 0.5, 6.0), ("length_mean", 200.0, 10.0)],
+    ids=["entropy blow-up", "length collapse"],
+)
+def test_a_sustained_blowup_of_the_policys_outputs_rolls_back_to_before_its_onset(
+    preset: str, stat: str, healthy: float, collapsed: float
+) -> None:
+    """Issue 36, live: ``entropy_blowup`` and ``length_collapse`` see many collapses first; a critical finding of
+    theirs by the consequence rule (sustained: 3 of 5 observations) is a state of the weights, so ``rollback``
+    (``default``) and ``recovery`` (``stable``) roll back to the last healthy step, before the onset at step 40."""
+    rng = np.random.default_rng(0)
+    onset = 40
+    stream = [
+        {
+            "reward_mean": 0.5 + float(rng.normal(0, 0.02)),
+            stat: (healthy if i < onset else collapsed) * (1 + 0.02 * i % 3),
+        }
+        for i in range(70)
+    ]
+    outcomes = _outcomes(stream, preset)
+    assert outcomes and outcomes[0][1] == "rollback" and onset <= outcomes[0][0] <= onset + 5, outcomes
+    guard = Guard(GuardConfig.preset(preset))
+    for step, stats in enumerate(stream):
+        d = guard.observe(step, stats)
+        if d.outcome == "rollback":
+            assert d.rollback_to is not None and d.rollback_to < onset, d
+            break
+
+
+def _kl_from_the_first_record(reward: float, n: int = 60) -> list[dict[str, float]]:
+    """The KL to the reference 3-35 nats from the first record (above the 2-nat bound: measured against another
+    model than the run's initial policy), the reward at ``reward`` with noise."""
+    rng = np.random.default_rng(1)
+    return [
+        {"reward_mean": reward + float(rng.normal(0, 0.1)), "kl_ref": float(3.0 + 32.0 * rng.random())}
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+def test_kl_above_its_bound_from_the_first_record_with_the_reward_at_its_level_is_not_rolled_back(preset: str) -> None:
+    """Issue 36: a KL above the absolute bound from the run's first record (Tau-Bench's 34.7 nats) has no healthy
+    state before it to roll back to, and its level alone is no lost control: while the reward holds an
+    established level, the live guard neither rolls back nor halts (before: halted, "no healthy snapshot"). The
+    same KL with the reward at 0 (no level: nothing vouches for the run) is still halted, and a KL that crosses the
+    bound after healthy records is still rolled back."""
+    assert _outcomes(_kl_from_the_first_record(4.5), preset) == []
+    lost = _outcomes(_kl_from_the_first_record(0.0), preset)
+    assert lost and lost[-1][1] == "halt", lost
+    later = [{"reward_mean": 4.5, "kl_ref": 0.01 * (1 + 0.1 * (i % 3))} for i in range(30)]
+    later += _kl_from_the_first_record(4.5, 30)
+    crossed = _outcomes(later, preset)
+    assert crossed and crossed[0][1] == "rollback" and 30 <= crossed[0][0] <= 35, crossed
+    # crossed inside the detector's warm-up: the absolute bound needs no baseline, so the clean records before the
+    # crossing vouch for the snapshot (a rollback, not a halt for want of a snapshot from before the onset)
+    early = [{"reward_mean": 4.5, "kl_ref": 0.5}] * 3 + _kl_from_the_first_record(4.5, 30)
+    early_crossed = _outcomes(early, preset)
+    assert early_crossed and early_crossed[0][1] == "rollback" and early_crossed[0][0] <= 8, early_crossed
+
+
+def test_the_episode_of_a_condition_present_from_the_start_survives_a_resume() -> None:
+    """The live rule's episodes of findings are part of the guard's state: a guard resumed from the state of the
+    one above judges the rest of the stream alike."""
+    stream = _kl_from_the_first_record(4.5)
+    whole = Guard(GuardConfig.preset("default"))
+    first = Guard(GuardConfig.preset("default"))
+    for step, stats in enumerate(stream[:20]):
+        whole.observe(step, stats)
+        first.observe(step, stats)
+    resumed = Guard(GuardConfig.preset("default"))
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    for step, stats in enumerate(stream[20:], start=20):
+        assert whole.observe(step, stats) == resumed.observe(step, stats)
+
+
+@pytest.mark.parametrize("preset", ["default", "stable"])
+@pytest.mark.parametrize(("before", "outcome"), [(3, "halt"), (8, "rollback")], ids=["in the warm-up", "after it"])
+def test_a_log_written_every_5_steps_is_judged_after_a_warm_up_of_steps_not_of_5x_the_records(
+    preset: str, before: int, outcome: str
+) -> None:
+    """Issue 36, class 4 live: stats logged every 5 optimizer steps (nips-grpo-dynamics), entropy 0.2 that blows up
+    to 3-8 nats after ``before`` records. The warm-up covers the run's first ``warmup`` optimizer steps and at least
+    5 records (``MIN_BASELINE``: a median of 5 survives two blown-up records among them), the early baseline is
+    what the detector saw in its warm-up: the guard acts within 5 records of the onset. Before, the warm-up of 10
+    records (50 steps) held the blow-up in the baseline: no action. A blow-up that began in the warm-up is found
+    from the detector's first judged record: every snapshot may hold it, so the guard halts ("no snapshot known to
+    be from before the onset"); one that began after a clean judged record is rolled back to a step before it."""
+    blowup = [2.8, 3.5, 4.2, 6.0, 7.4, 7.9, 8.0, 8.1, 8.2, 7.6, 7.0, 6.5]
+    entropy = [(0.18, 0.15, 0.24, 0.2)[i % 4] for i in range(before)] + blowup
+    onset = 5 * (before + 1)
+    guard = Guard(GuardConfig.preset(preset))
+    first = None
+    for i, h in enumerate(entropy):
+        d = guard.observe(5 * (i + 1), {"entropy": h, "reward_mean": 0.5})
+        if d.outcome != "step":
+            first = d
+            break
+    assert first is not None and first.outcome == outcome, first
+    assert onset <= first.step <= onset + 5 * 5, first
+    if outcome == "rollback":
+        assert first.rollback_to is not None and first.rollback_to < onset, first
+    else:
+        assert "no snapshot known to be from before the onset" in first.reason, first
+
+
+def test_warm_ups_are_steps_and_at_least_five_observations() -> None:
+    """``warmed_up``: every step seen, the warm-up is ``warmup`` observations as before; sparse, it is ``warmup``
+    steps but never fewer than 5 observations; with no steps known, observations alone."""
+    from rlguard.guards.detectors.base import MIN_BASELINE, warmed_up
+
+    assert [warmed_up(10, seen, seen) for seen in (9, 10)] == [False, True]  # every step
+    assert not warmed_up(10, MIN_BASELINE - 1, 50)  # 4 records 50 steps apart: too few for a baseline
+    assert warmed_up(10, MIN_BASELINE, 25) and not warmed_up(20, MIN_BASELINE, 19)
+    assert not warmed_up(10, 9, None) and warmed_up(10, 10, None)
+
+
+def test_a_guard_resumed_inside_a_sparse_warm_up_judges_alike() -> None:
+    """The step of each detector's first observation and the detectors that judged a clean one are part of the
+    guard's state: resumed after 4 records of a log written every 5 steps, the guard arms and halts as the one that
+    ran through (without them it would count the warm-up in steps from the resume: armed a record later, with a
+    blown-up record in its baseline). A state written before these keys existed still loads."""
+    entropy = [0.18, 0.15, 0.24, 2.8, 3.5, 4.2, 6.0, 7.4, 7.9, 8.0, 8.1, 8.2]
+    stream = [(5 * (i + 1), {"entropy": h, "reward_mean": 0.5}) for i, h in enumerate(entropy)]
+    whole, first = Guard(GuardConfig.preset("default")), Guard(GuardConfig.preset("default"))
+    for step, stats in stream[:4]:
+        whole.observe(step, stats)
+        first.observe(step, stats)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["first_seen"]["entropy_blowup"] == 5
+    resumed = Guard(GuardConfig.preset("default"))
+    resumed.load_state_dict(state)
+    for step, stats in stream[4:]:
+        a, b = whole.observe(step, stats), resumed.observe(step, stats)
+        assert a == b, (a, b)
+        if a.outcome == "halt":
+            break
+    assert a.outcome == "halt"
+    old = {k: v for k, v in state.items() if k not in ("first_seen", "judged_clean", "seen_clean")}
+    Guard(GuardConfig.preset("default")).load_state_dict(old)

@@ -24,7 +24,7 @@ upstream fails with a clear message before training, not at the first rollback:
 - the guarded asynchronous trainers override verl's private step methods (:data:`ONE_STEP_OFF_PRIVATE`,
   :data:`FULLY_ASYNC_PRIVATE`, checked when the guarded class is built) and their task runners rebind the names
   verl's ``run`` builds its trainer and worker mapping from (:func:`rebind_run_global`; for the fully async task
-  runner also ``fully_async_main.FullyAsyncTaskRunner`` in the launching process, which verl's ``main`` starts).
+  runner the trainer's and the worker mapping's names in ``_create_trainer``/``_initialize_components``).
 
 verl's public extension points rlguard uses, needing no gate: ``core_algos.register_policy_loss`` and the
 ``verl.plugins`` entry-point group.

@@ -32,14 +32,19 @@ class TrainingStop(Exception):
 class FakeRollouter:
     """Holds the weights verl's checkpoint manager last published and fills the queue with their samples."""
 
-    def __init__(self, lookahead: int) -> None:
+    def __init__(self, lookahead: int, limit: int) -> None:
+        self.limit = limit  # samples it generates in all (verl's rollout.total_rollout_steps), then the end signal
+        self.generated = 0
         self.version = 0  # the parameter version it was last given
         self.weights = 0  # the identity of those weights
         self.lookahead = lookahead
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | None] = deque()
         self.reset_calls = 0
 
-    def generate(self) -> bytes:
+    def generate(self) -> bytes | None:
+        if self.generated == self.limit:
+            return None
+        self.generated += 1
         versions = np.array([self.version] * TRAJECTORIES)
         batch = SimpleNamespace(
             non_tensor_batch={"min_global_steps": versions, "max_global_steps": versions.copy()}, weights=self.weights
@@ -57,11 +62,12 @@ class FakeQueueClient:
     def __init__(self, rollouter: FakeRollouter) -> None:
         self.rollouter = rollouter
 
-    async def get_sample(self) -> tuple[bytes, int]:
+    async def get_sample(self) -> tuple[bytes | None, int]:
         rollout = self.rollouter
-        while len(rollout.queue) <= rollout.lookahead:
+        while len(rollout.queue) <= rollout.lookahead and (not rollout.queue or rollout.queue[-1] is not None):
             rollout.queue.append(rollout.generate())
-        return rollout.queue.popleft(), len(rollout.queue)
+        sample = rollout.queue[0] if rollout.queue[0] is None else rollout.queue.popleft()  # the end signal stays
+        return sample, len(rollout.queue)
 
     def get_queue_size_sync(self) -> int:
         return len(self.rollouter.queue)
@@ -82,11 +88,11 @@ class FakeCheckpointManager:
 
 
 class FakeFullyAsyncTrainer:
-    """``fit``/``fit_step`` and the checkpoint methods of verl's ``FullyAsyncTrainer`` (one step per sync cycle,
-    one sample per step); ``trained_on[step]`` lists the weights that generated the samples step ``step`` trained on
-    and the versions they were tagged with."""
+    """``fit``/``fit_step`` and the checkpoint methods of verl's ``FullyAsyncTrainer`` (``sync_every`` steps per sync
+    cycle, verl's ``trigger_parameter_sync_step``; one sample per step); ``trained_on[step]`` lists the weights that
+    generated the samples step ``step`` trained on and the versions they were tagged with."""
 
-    def __init__(self, config: Any, steps: list[dict[str, float]], lookahead: int = 2) -> None:
+    def __init__(self, config: Any, steps: list[dict[str, float]], lookahead: int = 2, sync_every: int = 1) -> None:
         from verl.utils.tracking import Tracking
 
         with warnings.catch_warnings():
@@ -103,12 +109,14 @@ class FakeFullyAsyncTrainer:
         self.metrics_aggregator = MetricsAggregator(total_gpus=1)
         self.logger = Tracking(project_name="p", experiment_name="e", default_backend=[])
         self.actor_rollout_wg = FakeWorkerGroup()
-        self.rollouter = FakeRollouter(lookahead)
+        self.rollouter = FakeRollouter(lookahead, limit=3 * len(steps) + lookahead)
         self.checkpoint_manager = FakeCheckpointManager(self.actor_rollout_wg, self.rollouter)
         self.message_queue_client: Any = None
         self.trained_on: dict[int, tuple[list[int], list[int]]] = {}
         self.shut_down = False
         self._weights = 0  # identities of trained weights
+        self.trigger_parameter_sync_step = sync_every
+        self.local_trigger_step = 1
 
     def set_message_queue_client(self, message_queue_client: Any) -> None:
         self.message_queue_client = message_queue_client
@@ -128,23 +136,35 @@ class FakeFullyAsyncTrainer:
         self._weights += 1
         self.actor_rollout_wg.version = 100 + self._weights  # this step's update (never a version number)
         self.metrics.update(self.steps[self.global_steps - 1])
-        self.current_param_version += 1  # _fit_update_local_step, trigger_parameter_sync_step=1
+        self._fit_update_local_step()
         timing = await self._fit_update_weights()
         self._fit_save_checkpoint()
-        self._fit_log_aggregated_training_metrics(timing)
+        if timing is not None:
+            self._fit_log_aggregated_training_metrics(timing)
         self._fit_postprocess_step()
+
+    def _fit_update_local_step(self) -> None:
+        if self.local_trigger_step < self.trigger_parameter_sync_step:
+            self.local_trigger_step += 1
+        else:
+            self.current_param_version += 1
+            self.local_trigger_step = 1
 
     async def _fit_generate(self, batch: Any = None) -> Any:
         if self.global_steps > len(self.steps):
             raise TrainingStop
         data, _ = await self.message_queue_client.get_sample()
+        if data is None:
+            raise TrainingStop
         sample = pickle.loads(data)
         return SimpleNamespace(
             non_tensor_batch={"max_global_steps": sample.full_batch.non_tensor_batch["max_global_steps"]},
             weights=[sample.full_batch.weights] * TRAJECTORIES,
         )
 
-    async def _fit_update_weights(self) -> dict[str, Any]:
+    async def _fit_update_weights(self) -> dict[str, Any] | None:
+        if self.local_trigger_step != 1:
+            return None  # weights go to the rollouter once per sync cycle
         await self.checkpoint_manager.update_weights(global_steps=self.current_param_version)
         return await self.rollouter.reset_staleness()
 

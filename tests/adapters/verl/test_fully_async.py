@@ -132,6 +132,21 @@ def test_one_record_per_version_judged_with_its_own_metrics(
     assert [data[AGE_KEYS[1]] for _, data in logged] == [0.0, 1.0, 2.0, 2.0]
 
 
+def test_a_sync_cycle_of_several_steps_is_one_judged_record(
+    tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]
+) -> None:
+    """verl's default publishes every ``trigger_parameter_sync_step`` steps: the guard judges each cycle's aggregate
+    (verl's own aggregation rules) at the version it produced."""
+    steps = poisoned_run(6, 0)
+    trainer = Trainer(trainer_config(tmp_path, save_freq=-1), steps, sync_every=2)
+    asyncio.run(start(trainer))
+    assert [(step, data["training/global_step"]) for step, data in logged] == [(1, 2), (2, 4), (3, 6)]
+    for (_, data), first in zip(logged, (0, 2, 4), strict=True):
+        mean = (steps[first]["actor/pg_loss"] + steps[first + 1]["actor/pg_loss"]) / 2
+        assert data["actor/pg_loss"] == pytest.approx(mean, rel=1e-12)
+    assert [s for s, _ in trainer.checkpoint_manager.published] == [0, 1, 2, 3]
+
+
 def test_a_rollback_republishes_the_restored_weights_and_drops_the_discarded_samples(
     tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]
 ) -> None:

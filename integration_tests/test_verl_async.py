@@ -10,7 +10,8 @@ checkpoint engine (rlguard.verl_cpu.checkpoint_engine), ``loss_mode=rlguard.gspo
 - Fully async: ``python -m rlguard.adapters.verl.fully_async_main`` (verl's ``FullyAsyncTaskRunner`` training the
   guarded ``FullyAsyncTrainer``): the same script at parameter versions 2, 3 and 5 (the rollback at 3 republishes
   version 1's weights as version 4), the samples of the discarded versions dropped, the halt stopping trainer and
-  rollouter, a resume from version 4. Two launches: 102 s + 92 s wall at a load average of about 3.
+  rollouter, a resume from version 4. Two launches: 102 s + 92 s wall at a load average of about 3, 71 s + 68 s
+  in a second run.
 - verl's own fully async trainer (unguarded) trains ``rlguard.gspo`` through the same CPU checkpoint engine (one
   launch, 266-326 s wall at a load average of about 14).
 

@@ -50,6 +50,7 @@ __all__ = [
     "FullyAsyncGuardDriver",
     "FullyAsyncHalt",
     "PolicyVersions",
+    "check_standalone_rollout",
     "guarded_fully_async_trainer_class",
     "is_halt",
     "sample_versions",
@@ -200,6 +201,7 @@ def guarded_fully_async_trainer_class(base: type) -> type:
 
         def __init__(self, *args: Any, guard: str | GuardConfig | Guard | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            check_standalone_rollout(self.config)
             if guard is None:
                 guard = resolve_guard_setting(self.config.trainer.get("rlguard_guard", None) or "default")
             self.rlguard = FullyAsyncGuardDriver(self, guard)
@@ -310,6 +312,16 @@ def guarded_fully_async_trainer_class(base: type) -> type:
 
     GuardedFullyAsync.__name__ = GuardedFullyAsync.__qualname__ = f"Guarded{base.__name__}"
     return GuardedFullyAsync
+
+
+def check_standalone_rollout(config: Any) -> None:
+    """Refuse verl's dynamic resource scheduling: it also generates on hybrid replicas in the trainer's pool, which
+    verl syncs on its own schedule, so a rollback's republished weights would not reach them."""
+    if (config.get("async_training", None) or {}).get("use_dynamic_resource_scheduling", False):
+        raise ValueError(
+            "the guarded fully async trainer publishes a rollback's restored weights to the standalone rollout "
+            "replicas only; set async_training.use_dynamic_resource_scheduling=false (got true)."
+        )
 
 
 def _halt_message(decision: Decision) -> str:

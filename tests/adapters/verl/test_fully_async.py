@@ -111,6 +111,16 @@ def test_a_trainer_without_verls_step_methods_is_refused() -> None:
         check_fully_async_trainer(Other)
 
 
+def test_dynamic_resource_scheduling_is_refused(tmp_path: Path) -> None:
+    from omegaconf import open_dict
+
+    config = trainer_config(tmp_path)
+    with open_dict(config):
+        config.async_training = {"use_dynamic_resource_scheduling": True}
+    with pytest.raises(ValueError, match="use_dynamic_resource_scheduling=false"):
+        Trainer(config, poisoned_run(1, 0))
+
+
 # -- the guarded pipeline ------------------------------------------------------------------------------------------
 def test_stock_pipeline_logs_each_cycle_one_step_late(tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]) -> None:
     """What the guarded trainer changes: verl logs the aggregate of a cycle before adding its last step."""

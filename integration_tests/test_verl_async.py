@@ -1,20 +1,28 @@
-"""verl's one-step-off trainer guarded, with Ray on CPU: ``python -m rlguard.adapters.verl.async_one_step_off`` (verl's
-``OneStepTaskRunner`` training the guarded ``OneStepOffRayTrainer``), the rollout in its own resource pool fed through
-the CPU checkpoint engine (rlguard.verl_cpu.checkpoint_engine), ``loss_mode=rlguard.gspo`` in the workers. The scripted
-guard (verl_async_guards.py) forces, in sequence: a skip (step 2), the clip range narrowed and the LR halved (decided
-at step 2, in force from step 3), a rollback (step 3, to step 1's snapshot) whose restored weights reach the rollout
-before the next batch is generated, a halt (step 4); then a resume from the rollback's checkpoint keeps the guard.
+"""verl's asynchronous trainers guarded, with Ray on CPU, the rollout in its own resource pool fed through the CPU
+checkpoint engine (rlguard.verl_cpu.checkpoint_engine), ``loss_mode=rlguard.gspo`` in the workers.
 
-Two launches, each mostly Ray start-up and imports: 315 s + 183 s wall on 2 CPU cores at a load average of about 14
-from other jobs, 145 s + 143 s in a second run (docs/guides/verl.md, "Asynchronous training"). Beside it, verl's own
-fully async trainer (unguarded) trains ``rlguard.gspo`` through the same CPU checkpoint engine (one launch, 266-326 s
-wall at the same load).
+- One-step-off: ``python -m rlguard.adapters.verl.async_one_step_off`` (verl's ``OneStepTaskRunner`` training the
+  guarded ``OneStepOffRayTrainer``). The scripted guard (verl_async_guards.py) forces, in sequence: a skip (step 2),
+  the clip range narrowed and the LR halved (decided at step 2, in force from step 3), a rollback (step 3, to step
+  1's snapshot) whose restored weights reach the rollout before the next batch is generated, a halt (step 4); then
+  a resume from the rollback's checkpoint keeps the guard. Two launches, each mostly Ray start-up and imports: 315 s
+  + 183 s wall on 2 CPU cores at a load average of about 14 from other jobs, 145 s + 143 s in a second run.
+- Fully async: ``python -m rlguard.adapters.verl.fully_async_main`` (verl's ``FullyAsyncTaskRunner`` training the
+  guarded ``FullyAsyncTrainer``): the same script at parameter versions 2, 3 and 5 (the rollback at 3 republishes
+  version 1's weights as version 4), the samples of the discarded versions dropped, the halt stopping trainer and
+  rollouter, a resume from version 4. Two launches: 102 s + 92 s wall at a load average of about 3, 71 s + 68 s
+  in a second run.
+- verl's own fully async trainer (unguarded) trains ``rlguard.gspo`` through the same CPU checkpoint engine (one
+  launch, 266-326 s wall at a load average of about 14).
+
+docs/guides/verl.md, "Asynchronous training", shows what they log.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,6 +114,80 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     after = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
     assert [e for e in after if e["step"] <= 3] == [e for e in before if e["step"] <= 3] and before
+    print(f"wall {first.wall_s:.0f} s + {resumed.wall_s:.0f} s")
+
+
+FULLY_ASYNC_ENTRY = "rlguard.adapters.verl.fully_async_main"
+FULLY_ASYNC_GUARDED = [
+    *FULLY_ASYNC,
+    "rollout.total_rollout_steps=32",  # prompts the rollouter may generate: the halt ends the run before
+    "trainer.save_freq=-1",  # checkpoints only when the guard asks for a snapshot
+    "actor_rollout_ref.actor.policy_loss.loss_mode=rlguard.gspo",
+    "actor_rollout_ref.actor.policy_loss._target_=rlguard.adapters.verl.GuardedPolicyLossConfig",
+    f"actor_rollout_ref.actor.clip_ratio_low={WIDE[0]}",
+    f"actor_rollout_ref.actor.clip_ratio_high={WIDE[1]}",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "+trainer.rlguard_guard=verl_async_guards:scripted_fully_async_guard",
+]
+
+
+def _judged(run: Any) -> list[tuple[int, dict[str, Any]]]:
+    """``(parameter version, record)`` of each version the guard judged."""
+    return [(r["step"], r["data"]) for r in run.records if "rlguard/guard/action" in r["data"]]
+
+
+def test_guarded_fully_async_trainer_and_resume(tmp_path: Path) -> None:
+    """``python -m rlguard.adapters.verl.fully_async_main``: verl's rollouter and trainer joined by its message queue,
+    the guard on the trainer (one record per parameter version, one step per version here), the scripted guard of
+    verl_async_guards.py: a skip (version 2), the clip range and LR halved (decided at 2), a rollback at 3 to version
+    1 whose restored weights go to the rollouter as version 4, a halt at 5; then a resume from version 4."""
+    example = write_example(tmp_path / "example")
+    first = launch(example, tmp_path, FULLY_ASYNC_GUARDED, entry=FULLY_ASYNC_ENTRY, name="first")
+    assert first.returncode == 0, first.log[-8000:]  # the halt stops trainer and rollouter; the command exits 0
+    assert "the guard halted the trainer" in first.log, first.log[-4000:]
+    judged = _judged(first)
+    assert [v for v, _ in judged] == [1, 2, 3, 5], first.log[-4000:]  # version 4: the restored weights, republished
+    steps = [data for _, data in judged]
+    assert [s["rlguard/guard/action"] for s in steps] == [
+        _action(a) for a in ("continue", "skip_step", "rollback", "halt")
+    ]
+    assert [s["training/global_step"] for s in steps] == [1, 2, 3, 4]  # each record is its own step's
+    used = [(s["actor/rlguard/guard/clip_low"], s["actor/rlguard/guard/clip_high"]) for s in steps]
+    assert used == [pytest.approx(WIDE)] * 2 + [pytest.approx(NARROW)] * 2, used
+    lrs = [s["actor/lr"] for s in steps]
+    assert lrs[0] == lrs[1] > 0 and lrs[2:] == pytest.approx([LR_SCALE * lrs[0]] * 2, rel=1e-9), lrs
+    # the rollback at version 3 restored version 1 bit for bit and saved it as version 4
+    checkpoints = tmp_path / "checkpoints"
+    assert steps[2]["rlguard/guard/rollback_to"] == 1.0
+    assert sorted(p.name for p in checkpoints.glob("global_step_*")) == ["global_step_1", "global_step_4"]
+    restored, healthy = checkpoint_state(checkpoints / "global_step_4"), checkpoint_state(checkpoints / "global_step_1")
+    assert restored.keys() == healthy.keys()
+    for name in healthy:
+        assert all(torch.equal(a, b) for a, b in zip(restored[name], healthy[name], strict=True)), name
+    # the samples queued or generated by versions 2-3 (discarded) were dropped, and version 5 trained on samples of
+    # the restored weights only: their age is 0 and the PPO ratio's KL against the rollout's log-probs (verl's
+    # bypass mode) is round-off, so the rollouter held the restored weights when it generated them
+    dropped = [s[DROPPED_KEY] for s in steps]
+    assert dropped[:3] == [0.0, 0.0, 0.0] and dropped[3] > 0 and dropped[3] % 4 == 0, dropped
+    assert steps[3][AGE_KEYS[1]] == 0.0 and steps[3]["actor/ppo_kl"] < 1e-5, steps[3]
+    # before the rollback the pipeline ran asynchronously: some samples were a version old
+    assert max(s[AGE_KEYS[1]] for s in steps[1:3]) >= 1.0, [s[AGE_KEYS[1]] for s in steps]
+    assert (checkpoints / "global_step_4" / GUARD_STATE_FILE).is_file()
+    before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
+
+    # resume (verl's trainer.resume_mode=auto) from version 4: the guard's state comes back (clip range, LR scale,
+    # the spent rollback), and the scripted alarm at version 5 halts again
+    resumed = launch(example, tmp_path, FULLY_ASYNC_GUARDED, entry=FULLY_ASYNC_ENTRY, name="resumed")
+    assert resumed.returncode == 0, resumed.log[-8000:]
+    judged = _judged(resumed)
+    assert [v for v, _ in judged] == [5], resumed.log[-4000:]
+    step = judged[0][1]
+    assert (step["actor/rlguard/guard/clip_low"], step["actor/rlguard/guard/clip_high"]) == pytest.approx(NARROW)
+    assert step["actor/lr"] == pytest.approx(LR_SCALE * lrs[0], rel=1e-9)
+    assert step["rlguard/guard/action"] == _action("halt")
+    assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
+    after = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
+    assert [e for e in after if e["step"] <= 4] == [e for e in before if e["step"] <= 4] and before
     print(f"wall {first.wall_s:.0f} s + {resumed.wall_s:.0f} s")
 
 

@@ -1,7 +1,10 @@
 """A guard with scripted decisions for the guarded asynchronous verl runs (``+trainer.rlguard_guard=
 verl_async_guards:scripted_async_guard``): a skip at step 2, the clip range narrowed and the actor's LR halved from
 step 2 on (schedules, applied by the workers a step later), a critical alarm at steps 3 and 4: the first rolls back
-to the last healthy snapshot (step 1: step 2 was skipped), the second halts (one rollback allowed)."""
+to the last healthy snapshot (step 1: step 2 was skipped), the second halts (one rollback allowed).
+``scripted_fully_async_guard`` is the same with the second alarm at step 5: in the fully async trainer, steps are
+parameter versions and the rollback at 3 republishes the restored weights as version 4, so the next trained
+version is 5."""
 
 from __future__ import annotations
 
@@ -18,9 +21,18 @@ from rlguard.guards.schedules import Piecewise
 from rlguard.hookspecs import hookimpl
 from rlguard.plugins import plugin_manager
 
-__all__ = ["FAULT_STEPS", "LR_SCALE", "NARROW", "SKIP_STEPS", "WIDE", "scripted_async_guard"]
+__all__ = [
+    "FAULT_STEPS",
+    "FULLY_ASYNC_FAULT_STEPS",
+    "LR_SCALE",
+    "NARROW",
+    "SKIP_STEPS",
+    "WIDE",
+    "scripted_async_guard",
+    "scripted_fully_async_guard",
+]
 
-SKIP_STEPS, FAULT_STEPS = (2,), (3, 4)
+SKIP_STEPS, FAULT_STEPS, FULLY_ASYNC_FAULT_STEPS = (2,), (3, 4), (3, 5)
 
 
 @dataclass(kw_only=True)
@@ -44,13 +56,22 @@ def rlguard_add_detectors() -> Sequence[type[Detector]]:
 
 def scripted_async_guard() -> GuardConfig:
     """The guard of the module docstring; registers its detectors in this process first."""
+    return _scripted(FAULT_STEPS)
+
+
+def scripted_fully_async_guard() -> GuardConfig:
+    """The guard of the module docstring for the fully async trainer (alarms at versions 3 and 5)."""
+    return _scripted(FULLY_ASYNC_FAULT_STEPS)
+
+
+def _scripted(fault_steps: tuple[int, ...]) -> GuardConfig:
     module = sys.modules[__name__]
     manager = plugin_manager()
     if not manager.is_registered(module):
         manager.register(module)
         detector_registry.cache_clear()
     return GuardConfig(
-        detectors={"scripted_skip": {"steps": SKIP_STEPS}, "scripted_async_fault": {"steps": FAULT_STEPS}},
+        detectors={"scripted_skip": {"steps": SKIP_STEPS}, "scripted_async_fault": {"steps": fault_steps}},
         interventions={
             "skip_step": {"on": ("scripted_skip",)},
             "rollback": {"on": ("scripted_async_fault",), "max_rollbacks": 1},

@@ -20,7 +20,11 @@ upstream fails with a clear message before training, not at the first rollback:
   (:func:`use_lr_worker`, read through Ray's ``__ray_metadata__.modified_class.__ray_actor_class__``,
   :func:`ray_actor_class`); the V1 override is taken only where the trainer class still builds its mapping with
   verl's own method (:func:`v1_maps_stock_workers`), and checked when it runs. The worker reads the FSDP engine's
-  ``optimizer`` and ``lr_scheduler`` (a torch ``LambdaLR``), checked at the first call.
+  ``optimizer`` and ``lr_scheduler`` (a torch ``LambdaLR``), checked at the first call;
+- the guarded asynchronous trainers override verl's private step methods (:data:`ONE_STEP_OFF_PRIVATE`,
+  :data:`FULLY_ASYNC_PRIVATE`, checked when the guarded class is built) and their task runners rebind the names
+  verl's ``run`` builds its trainer and worker mapping from (:func:`rebind_run_global`; for the fully async task
+  runner the trainer's and the worker mapping's names in ``_create_trainer``/``_initialize_components``).
 
 verl's public extension points rlguard uses, needing no gate: ``core_algos.register_policy_loss`` and the
 ``verl.plugins`` entry-point group.
@@ -40,6 +44,7 @@ __all__ = [
     "LR_SCALE_METHOD",
     "SUPPORTED_VERL",
     "bind_legacy_trainer",
+    "check_fully_async_trainer",
     "check_one_step_off_trainer",
     "check_verl_compatibility",
     "check_verl_trainer",
@@ -69,6 +74,22 @@ ONE_STEP_OFF_PRIVATE = {
     "_async_gen_next_batch": ("continuous_iterator",),
     "_fit_postprocess_step": (),
 }
+
+#: what the guarded fully async trainer overrides or calls on verl's ``FullyAsyncTrainer``, with the parameters it
+#: passes: the step's batch (``_fit_generate``), the cycle's aggregate (``_fit_log_aggregated_training_metrics``,
+#: ``_fit_postprocess_step``), the queue (``set_message_queue_client``), checkpoints (``_save_checkpoint``; the
+#: coroutine ``load_checkpoint``)
+FULLY_ASYNC_PRIVATE = {
+    "fit_step": ("batch_dict",),
+    "_fit_generate": ("batch",),
+    "_fit_log_aggregated_training_metrics": ("rollout_reset_timing_raw",),
+    "_fit_postprocess_step": (),
+    "_save_checkpoint": (),
+    "_shutdown_dump_executor": (),
+    "set_message_queue_client": ("message_queue_client",),
+}
+#: the coroutines among them, and verl's ``fit``
+FULLY_ASYNC_COROUTINES = ("fit", "fit_step", "_fit_generate", "load_checkpoint")
 
 
 def check_verl_compatibility() -> None:
@@ -109,6 +130,27 @@ def check_one_step_off_trainer(base: type) -> None:
         raise RuntimeError(
             f"the guarded one-step-off trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "
             "OneStepOffRayTrainer has them). Install 'rlguard[verl]'."
+        )
+
+
+def check_fully_async_trainer(base: type) -> None:
+    """Raise ``RuntimeError`` if ``base`` lacks one of :data:`FULLY_ASYNC_PRIVATE` with its parameters or one of
+    :data:`FULLY_ASYNC_COROUTINES` is not a coroutine (verl's ``FullyAsyncTrainer``, which the guarded fully async
+    trainer builds on)."""
+    problems = [
+        f"a coroutine {name}"
+        for name in FULLY_ASYNC_COROUTINES
+        if not inspect.iscoroutinefunction(getattr(base, name, None))
+    ]
+    for name, params in FULLY_ASYNC_PRIVATE.items():
+        method = getattr(base, name, None)
+        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if found is None or found[: len(params)] != params:
+            problems.append(f"{name}({', '.join(params)})")
+    if problems:
+        raise RuntimeError(
+            f"the guarded fully async trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "
+            "FullyAsyncTrainer has them). Install 'rlguard[verl]'."
         )
 
 

@@ -359,6 +359,9 @@ def test_the_runs_onset_is_after_the_rewards_last_recovery_and_earlier_incidents
             "reward_recovered": 116,
         }
     ]
+    printed = runner.invoke(app, ["doctor", str(tmp_path / "recovered")])
+    assert printed.exit_code == 1 and "recovered incident: truncation from step" in printed.stdout, printed.output
+    assert f"the run's onset, after the reward's last recovery: step {d.onset}" in printed.stdout, printed.output
     stayed = run(0.4, "stayed")
     assert stayed.incidents == [] and stayed.onset == critical["truncation"], (stayed.onset, stayed.incidents)
     assert diagnose(write_log("trl", healthy_stream(60, 0), tmp_path / "healthy")).onset is None

@@ -102,8 +102,12 @@ VERDICTS: dict[str, Verdict] = {
         "healthy", "on-policy distillation, score -0.28 -> +0.06, length steady"
     ),
     "rasbt-7_4-clip-ratio.csv": Verdict("healthy", "book ch. 7 clipped GRPO: eval 15.6 -> 45.6, holds 41.6"),
+    # onset 31, not 33: the first step at which the score and the length leave their ranges over steps 1-29
+    # (score -0.86 below -0.50..-0.73, the least-squares change point of the score; length 578 below 646-1015)
     "opd-qwen3-4b-gjvwlq13.verl.jsonl": Verdict(
-        "collapse", "length 578 -> 10 tokens, grad norm 0.9 -> 15, KL 0.5 -> 2, score -0.6 -> -0.9", onset=33
+        "collapse",
+        "length 578 @31 -> 10 tokens, grad norm 0.9 -> 15, KL 0.5 -> 2 from 32, score -0.6 -> -0.9 @31",
+        onset=31,
     ),
     "opd-qwen3-4b-i80f2v90.verl.jsonl": Verdict(
         "collapse", "from step 3: length 1759 -> 1 token, score -0.68 -> -1, entropy 0.0002, KL 17", onset=3
@@ -127,8 +131,13 @@ VERDICTS: dict[str, Verdict] = {
         onset=246,
         run="2",
     ),
+    # ch06's own signals date it too: the least-squares change point of its reward is 241-246 (0.59-0.64 -> 0.10-0.21
+    # over steps 150-350, 180-280 and 200-300) and of its length 246 over the whole run (486 -> 695 tokens)
     "rasbt-ch06-grpo-nokl.csv": Verdict(
-        "collapse", "the 7_3 run without entropy: reward -> 0, lengths at the 1024 cap", onset=246
+        "collapse",
+        "the 7_3 run without entropy: reward 0.6 -> 0.1 from 246 (change point), -> 0 from 257, lengths "
+        "to the 1024 cap",
+        onset=246,
     ),
     "rasbt-7_6-format-conditional.csv": Verdict(
         "collapse", "entropy 0.9 -> 4.3 nats, reward 1.4 -> 0; eval 56.2 -> 25.8", onset=158
@@ -327,6 +336,7 @@ class Row:
     delay: int | None  # logged steps from onset to the first critical event at or after it
     onset_found: int | None = None  # the onset the doctor reports (Diagnosis.onset)
     onset_offset: int | None = None  # collapses: logged steps from the labelled onset to it (negative: before)
+    incidents: tuple[tuple[str, int], ...] = ()  # recovered incidents before it (Diagnosis.incidents): detector, onset
 
 
 def run_rlguard(path: Path, verdict: Verdict, config: Any = None) -> tuple[Any, list[int]]:
@@ -406,6 +416,7 @@ def collect(paths: dict[str, Path], held_out: str | None = None, rldoctor: bool 
                 delay,
                 found,
                 offset,
+                tuple((i.excursion.detector, i.excursion.onset) for i in d.incidents),
             )
         )
     return rows
@@ -436,6 +447,7 @@ def _ok(row: Row) -> str:
     delay = f" ({row.delay} steps" if row.delay is not None else ""
     if row.onset_offset is not None:
         delay += f"; onset reported @{row.onset_found}, {row.onset_offset:+d}" if delay else ""
+        delay += "".join(f"; recovered incident {name} @{at}" for name, at in row.incidents) if delay else ""
     return {True: "yes", False: "NO", None: "-"}[row.ok] + delay + (")" if delay else "")
 
 

@@ -62,6 +62,20 @@ def findings_table(d: Diagnosis) -> Table | None:
     return table
 
 
+def incident_lines(d: Diagnosis) -> list[str]:
+    """The critical excursions the run recovered from by its reward (``Diagnosis.incidents``), and the run's onset
+    after them; empty without incidents."""
+    if not d.incidents:
+        return []
+    lines = [
+        f"recovered incident: {i.excursion.detector} from step {i.excursion.onset} (critical at "
+        f"{i.excursion.severity_step}): the reward fell from its level {i.level:.4g} at step {i.fell} and was back "
+        f"at it from step {i.recovered}"
+        for i in d.incidents
+    ]
+    return [*lines, f"the run's onset, after the reward's last recovery: step {d.onset}"]
+
+
 def events_table(events: list[Event], title: str) -> Table:
     """The live guard's events: step, severity, detector or action, message."""
     table = Table(title=title)
@@ -110,6 +124,7 @@ def diagnosis_renderables(d: Diagnosis, *, final: bool = True) -> list[Renderabl
     findings = findings_table(d)
     if findings is not None:
         out.append(findings)
+    out.extend(safe_text(line) for line in incident_lines(d))
     unchecked = d.unchecked
     if unchecked:
         table = Table(title=f"could not check ({len(unchecked)} of {len(d.coverage)} detectors)")

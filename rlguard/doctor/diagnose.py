@@ -19,7 +19,7 @@ from rlguard.doctor.keys import KeyReport, canonical_name, canonical_stats, clas
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.consequence.excursions import Excursion, excursions
+from rlguard.guards.consequence.excursions import Excursion, Incident, excursions, recovered_incidents
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
@@ -97,6 +97,8 @@ class Diagnosis:
             detector events judged again with the log's hindsight (empty if none).
         live_events_path: that file, or None.
         live_warnings: lines of ``events.jsonl`` skipped (a torn last line).
+        incidents: the critical excursions the run recovered from before its failure (the reward fell after them and
+            came back to its level: :func:`~rlguard.guards.consequence.excursions.recovered_incidents`), in order.
     """
 
     log: MetricLog
@@ -110,6 +112,7 @@ class Diagnosis:
     live_events: list[Event] = field(default_factory=list)
     live_events_path: Path | None = None
     live_warnings: list[str] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def read(self) -> ReadReport:
@@ -119,9 +122,17 @@ class Diagnosis:
     @property
     def onset(self) -> int | None:
         """The step at which the run's failure began, where a critical finding says it failed: the earliest onset of
-        a critical finding (each finding's onset is the start of the excursion that became critical); None without
+        a critical excursion from the reward's last recovery on (each critical excursion the run recovered from
+        before it is in ``incidents``); without incidents, the earliest onset of a critical finding. None without
         one. A detector's excursion that ends is not a run that recovered (an entropy blow-up that subsides after
-        230 steps of a destroyed run), so a critical excursion that ended still dates the failure."""
+        230 steps of a destroyed run): the run's recovery is judged by its reward, not by the detector's stat."""
+        if self.incidents:
+            back = self.incidents[-1].recovered
+            after = [
+                x.onset for f in self.findings for x in f.excursions if x.severity == "critical" and x.onset >= back
+            ]
+            if after:
+                return min(after)
         return min((f.step for f in self.findings if f.severity == "critical"), default=None)
 
     @property
@@ -154,6 +165,7 @@ class Diagnosis:
         return {
             "findings": [f.to_dict() for f in self.findings],
             "onset": self.onset,
+            "incidents": [i.to_dict() for i in self.incidents],
             "unrecognised_keys": self.keys.unrecognised,
             "steps": len(self.steps),
             "format": self.log.format,
@@ -302,18 +314,21 @@ def diagnose_log(
             raise LogInputError(str(err)) from None
         checked = frozenset(n for n, (ok, _) in coverage.items() if ok)
         live, live_warnings = relabel(recorded.events, timeline, labels, checked, rule), recorded.warnings
+    findings = _findings(events, excursions(timeline, guard.detectors, labels, rule))
+    critical = [x for f in findings for x in f.excursions if x.severity == "critical"]
     return Diagnosis(
         log,
         keys,
         steps,
         series,
         events,
-        _findings(events, excursions(timeline, guard.detectors, labels, rule)),
+        findings,
         detector_metrics(guard),
         coverage,
         live,
         live_path,
         live_warnings,
+        recovered_incidents(steps, rewards, critical, rule),
     )
 
 

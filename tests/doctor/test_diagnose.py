@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlguard.cli import app
-from rlguard.doctor import LogInputError, classify_keys, diagnose, read_log
+from rlguard.doctor import Diagnosis, LogInputError, classify_keys, diagnose, read_log
 from rlguard.doctor.keys import canonical_stats
 from tests.helpers.doctor_logs import WRITERS, write_log, write_trainer_state
 from tests.helpers.synthetic import FAILURES, SHAPES, failing_stream, healthy_stream
@@ -318,22 +318,50 @@ def test_a_log_of_21_records_is_judged_with_warm_ups_fitted_to_it(tmp_path: Path
     assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings), d.findings
 
 
-def test_the_runs_onset_is_the_earliest_onset_of_a_critical_finding_and_is_in_the_json(tmp_path: Path) -> None:
+def test_the_runs_onset_is_after_the_rewards_last_recovery_and_earlier_incidents_are_in_the_json(
+    tmp_path: Path,
+) -> None:
     """All completions truncated for 30 steps from index 80 while the reward falls 0.8 -> 0.4 (critical: the budget
-    cost reward), then the run recovers; from index 200 the entropy blows up 10x and the reward goes to 0. The run's
-    onset is the earliest critical onset (the truncation's), in the JSON beside the findings."""
+    cost reward), then the reward comes back to 0.8; from index 200 the entropy blows up 10x and the reward goes to
+    0. The run recovered from the truncation: it is an incident with its own onset, and the run's onset is the
+    blow-up's. Without the recovery (the reward stays at 0.4), the run's onset is the truncation's."""
     from tests.helpers.doctor_logs import shaped_stream
 
-    rows = shaped_stream(
-        300,
-        11,
-        truncated_frac=lambda i: 0.9 if 80 <= i < 110 else 0.02,
-        reward_mean=lambda i: 0.0 if i >= 205 else 0.4 if 85 <= i < 115 else 0.8,
-        entropy=lambda i: 8.0 if i >= 200 else 0.8,
-    )
-    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    def run(reward_back: float, where: str) -> Diagnosis:
+        rows = shaped_stream(
+            300,
+            11,
+            truncated_frac=lambda i: 0.9 if 80 <= i < 110 else 0.02,
+            reward_mean=lambda i: 0.0 if i >= 205 else 0.4 if 85 <= i < 115 else 0.8 if i < 85 else reward_back,
+            entropy=lambda i: 8.0 if i >= 200 else 0.8,
+        )
+        return diagnose(write_trainer_state(rows, tmp_path / where / "trainer_state.json"))
+
+    d = run(0.8, "recovered")
     critical = {f.detector: f.step for f in d.findings if f.severity == "critical"}
     assert {"truncation", "entropy_blowup"} <= set(critical) and 80 < critical["truncation"] <= 82, critical
-    assert d.onset == min(critical.values()) == critical["truncation"]
-    assert json.loads(json.dumps(d.to_dict()))["onset"] == d.onset
+    assert 200 < critical["entropy_blowup"] <= 202 and d.onset == critical["entropy_blowup"], (critical, d.onset)
+    (incident,) = d.incidents
+    assert incident.excursion.detector == "truncation" and incident.excursion.onset == critical["truncation"]
+    # the reward fell at index 85 (step 86; the first window of 5 whose median is below starts a step or two
+    # before) and is back at 0.8 from index 115 (step 116)
+    assert (incident.level, incident.recovered) == (0.8, 116) and 84 <= incident.fell <= 86, incident
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["onset"] == d.onset
+    assert doc["incidents"] == [
+        {
+            "detector": "truncation",
+            "onset": incident.excursion.onset,
+            "end": incident.excursion.end,
+            "severity_step": incident.excursion.severity_step,
+            "reward_level": 0.8,
+            "reward_fell": incident.fell,
+            "reward_recovered": 116,
+        }
+    ]
+    printed = runner.invoke(app, ["doctor", str(tmp_path / "recovered")])
+    assert printed.exit_code == 1 and "recovered incident: truncation from step" in printed.stdout, printed.output
+    assert f"the run's onset, after the reward's last recovery: step {d.onset}" in printed.stdout, printed.output
+    stayed = run(0.4, "stayed")
+    assert stayed.incidents == [] and stayed.onset == critical["truncation"], (stayed.onset, stayed.incidents)
     assert diagnose(write_log("trl", healthy_stream(60, 0), tmp_path / "healthy")).onset is None

@@ -18,23 +18,43 @@ previous excursion: a CUSUM accumulates for several observations before it cross
 where the accumulation did. What would make it fail: a small elevation that a CUSUM starts accumulating some
 observations before the real failure dates the onset early; a detector without an estimate whose critical level is
 reached late in a slow drift reports the onset where the drift became critical, after the labelled onset.
+
+The run's onset is a property of the run, not of a detector's statistic (an entropy blow-up that subsides after
+230 steps of a destroyed run ended as an excursion; the run did not recover), so the run's recovery is judged by
+its reward (:func:`recovered_incidents`): a critical excursion after which the reward fell from the level it had
+before it and came back to that level is a recovered incident, reported with its own onset; the run's onset is
+the earliest onset of a critical excursion from the reward's last such recovery on. The level is the median of
+the ``rule.anchor`` rewards before the excursion; "fell" is a window of ``rule.peak_observations`` consecutive
+rewards whose median is below the level less the margin (at least 3 of 5: the rule's run count), "came back" a
+later window whose median is at least the level less the margin and the median of the rewards since the fall
+plus the margin (back at the level, and clearly out of the fall). The margin
+(:func:`~rlguard.guards.consequence.rule.level_margin`) is 3 standard errors of the difference between a window's
+median and the level, or a tenth of the reward's range. A reward whose noise is as wide as its level (one
+prompt's 8 samples per step, 0 or 1 each) cannot fall below it: nothing is a recovered incident. What would make
+it fail: a
+failure that inflates the reward (it rises as the failure grows) or returns it to its level for 3 of 5 records
+mid-collapse reads as a recovery (a reward that fell by about the margin and stayed down does so in about 1% of
+Gaussian or binomial runs, ``tests/guards/consequence/test_excursions.py``); a return shorter than 3 records
+cannot be seen.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.guards.consequence.rule import ConsequenceRule
+from rlguard.guards.consequence.rule import ConsequenceRule, level_margin, reward_span
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
 if TYPE_CHECKING:
     from rlguard.guards.consequence.offline import Timeline
     from rlguard.guards.detectors.base import Detector
 
-__all__ = ["Excursion", "Outcome", "excursions"]
+__all__ = ["Excursion", "Incident", "Outcome", "excursions", "recovered_incidents"]
 
 #: how an excursion ended: ``recovered`` (``rule.recovered`` clean observations of its detector followed it),
 #: ``relapsed`` (the detector found again first), ``unresolved`` (the log ended first: no chance to recover)
@@ -209,3 +229,97 @@ def _critical_onset(
         if p == reached:
             break
     return onset if onset >= 0 else reached
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A critical excursion the run recovered from: after its onset the reward fell from its level and came back
+    to it, and a critical excursion began after that (:func:`recovered_incidents`).
+
+    Attributes:
+        excursion: the critical excursion.
+        level: the reward's level before the first excursion of the incident (the median of the ``rule.anchor``
+            rewards before its onset).
+        fell: step from which the reward had fallen below the level (less the margin): the first reward below it in
+            the first window of ``rule.peak_observations`` rewards after the onset whose median was.
+        recovered: step from which the reward was back at the level: the first reward at it in the first later
+            window of ``rule.peak_observations`` rewards whose median was.
+    """
+
+    excursion: Excursion
+    level: float
+    fell: int
+    recovered: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: the excursion's detector, onset, end and severity step, and the reward's recovery."""
+        x = self.excursion
+        return {
+            "detector": x.detector,
+            "onset": x.onset,
+            "end": x.end,
+            "severity_step": x.severity_step,
+            "reward_level": self.level,
+            "reward_fell": self.fell,
+            "reward_recovered": self.recovered,
+        }
+
+
+def _reward_recovery(
+    steps: Sequence[int], rewards: Sequence[float], onset: int, rule: ConsequenceRule
+) -> tuple[float, int, int] | None:
+    """(level, step it fell, step it was back) for the reward after ``onset``, or None where it did not fall and
+    come back (or had no level before: fewer than ``rule.anchor`` rewards)."""
+    finite = [(s, float(r)) for s, r in zip(steps, rewards, strict=True) if math.isfinite(r)]
+    values = [r for _, r in finite]
+    k0 = bisect.bisect_left([s for s, _ in finite], onset)
+    n = rule.peak_observations
+    if k0 < rule.anchor:
+        return None
+    level = statistics.median(values[k0 - rule.anchor : k0])
+    margin = level_margin(values[:k0], reward_span(values), n, rule.anchor, rule)
+    bound = level - margin
+    start = next((k for k in range(k0, len(values) - n + 1) if statistics.median(values[k : k + n]) < bound), None)
+    if start is None:
+        return None
+    # back: a window whose median is at the level and clearly above the rewards since the fall (their median,
+    # by the same margin); the reward is back from the first of the window's rewards that is (3 of its 5 are)
+    since, back = sorted(values[start : start + n]), None  # the rewards since the fall, sorted
+    for k in range(start + n, len(values) - n + 1):
+        mid = len(since) // 2
+        above = max(bound, (since[mid] if len(since) % 2 else (since[mid - 1] + since[mid]) / 2) + margin)
+        if statistics.median(values[k : k + n]) >= above:
+            back = next(j for j in range(k, k + n) if values[j] >= above)
+            break
+        bisect.insort(since, values[k])
+    if back is None:
+        return None
+    # the first reward below the bound in the window whose median is: at least 3 of its 5 are
+    low = next(k for k in range(start, start + n) if values[k] < bound)
+    return level, finite[low][0], finite[back][0]
+
+
+def recovered_incidents(
+    steps: Sequence[int], rewards: Sequence[float], critical: Sequence[Excursion], rule: ConsequenceRule | None = None
+) -> list[Incident]:
+    """The critical excursions the run recovered from, in order: from the earliest critical excursion, while the
+    reward fell after its onset and came back to its level (:func:`_reward_recovery`) and a critical excursion
+    began after that, each critical excursion that began before the recovery is an incident, and the judgement
+    starts again from the first one after it. The run's onset is the earliest onset of a critical excursion from
+    the last incident's recovery on (the earliest of all without incidents). ``steps``, ``rewards``: the log's
+    steps and ``reward_mean`` at each (NaN where absent); ``critical``: the critical excursions of every
+    detector."""
+    rule = rule or ConsequenceRule()
+    pending = sorted(critical, key=lambda x: (x.onset, x.detector))
+    out: list[Incident] = []
+    while pending:
+        found = _reward_recovery(steps, rewards, pending[0].onset, rule)
+        if found is None:
+            break
+        level, fell, back = found
+        later = [x for x in pending if x.onset >= back]
+        if not later:  # nothing critical after the reward came back: the run's failure is this excursion's
+            break
+        out.extend(Incident(x, level, fell, back) for x in pending if x.onset < back)
+        pending = later
+    return out

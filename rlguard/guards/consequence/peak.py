@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlguard.guards.consequence.rule import ConsequenceRule, ewma_path, margin_from_noise
+from rlguard.guards.consequence.rule import ConsequenceRule, ewma_path, margin_from_noise, reward_span
 from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA
 
 __all__ = ["PeakHistory"]
@@ -50,11 +50,7 @@ class PeakHistory:
         values = [float(rewards[i]) for i in finite]
         self.every = len(values)
         self.start = statistics.median(values[: rule.anchor]) if len(values) >= rule.anchor else math.nan
-        self.span = 0.0
-        if values:
-            every = sorted(values)
-            top, bottom = every[int(0.95 * (len(every) - 1))], every[int(0.05 * (len(every) - 1))]
-            self.span = max(top, 1.0) - min(bottom, 0.0)
+        self.span = reward_span(values)
         self.path = np.asarray(ewma_path(values, rule.alpha), dtype=np.float64)  # (m,)
         diffs = [b - a for a, b in itertools.pairwise(values)]
         self.diffs = np.asarray(diffs, dtype=np.float64)  # (m - 1,) in log order

@@ -59,9 +59,11 @@ __all__ = [
     "established_peak",
     "ewma_margin",
     "ewma_path",
+    "level_margin",
     "margin_from_noise",
     "normalized_reward",
     "reward_rises",
+    "reward_span",
     "sustained_count",
 ]
 
@@ -156,11 +158,41 @@ def ewma_margin(rewards: Sequence[float], span: float, rule: ConsequenceRule) ->
 def margin_from_noise(robust: float, squares: float, count: int, span: float, rule: ConsequenceRule) -> float:
     """:func:`ewma_margin` from the reward's ``count`` successive differences summarised: their robust sigma
     (``robust``) and the sum of their squares (``squares``)."""
-    noise = 0.0
-    if count:
-        std = math.sqrt(squares / count)
-        noise = max(robust, std) / math.sqrt(2)
+    noise = _noise(robust, squares, count)
     return max(rule.peak_sigmas * noise * math.sqrt(rule.alpha / (2 - rule.alpha)), rule.peak_share * span)
+
+
+def _noise(robust: float, squares: float, count: int) -> float:
+    """The reward's noise sigma from its ``count`` successive differences: their robust sigma or root mean square,
+    whichever is larger, over ``sqrt(2)`` (``sd(x_t - x_t-1) = sqrt(2) sigma``); 0 without differences."""
+    if not count:
+        return 0.0
+    return max(robust, math.sqrt(squares / count)) / math.sqrt(2)
+
+
+def level_margin(rewards: Sequence[float], span: float, window: int, level: int, rule: ConsequenceRule) -> float:
+    """How far the median of ``window`` rewards must be below the median of ``level`` earlier ones (the level) to
+    be off it, where the reward's noise is that of ``rewards`` (finite, in log order): ``rule.peak_sigmas``
+    standard errors of the difference of the two medians (``sqrt(pi / 2) * sigma * sqrt(1 / window + 1 / level)``:
+    a sample median's standard error is ``sqrt(pi / 2) * sigma / sqrt(n)`` for Gaussian noise, its efficiency
+    ``2 / pi``; sigma from the successive differences, as :func:`ewma_margin`), and ``rule.peak_share`` of the
+    reward's range ``span`` (:func:`reward_span`), whichever is larger: the two parts of :func:`ewma_margin`, for
+    medians instead of an EWMA."""
+    diffs = [b - a for a, b in itertools.pairwise(rewards)]
+    robust = RollingWindow(len(diffs), diffs).sigma() if diffs else 0.0
+    noise = _noise(robust, functools.reduce(operator.add, (d * d for d in diffs), 0.0), len(diffs))
+    error = math.sqrt(math.pi / 2) * noise * math.sqrt(1 / window + 1 / level)
+    return max(rule.peak_sigmas * error, rule.peak_share * span)
+
+
+def reward_span(rewards: Sequence[float]) -> float:
+    """The reward's range over a log: its 5th to 95th percentile (nearest rank below) widened to ``[0, 1]`` (a
+    blip of a reward at zero spans no range); 0 without rewards. ``rewards``: the finite ones."""
+    if not rewards:
+        return 0.0
+    every = sorted(rewards)
+    top, bottom = every[int(0.95 * (len(every) - 1))], every[int(0.05 * (len(every) - 1))]
+    return max(top, 1.0) - min(bottom, 0.0)
 
 
 def ewma_path(rewards: Sequence[float], alpha: float) -> list[float]:

@@ -4,7 +4,8 @@ over a whole log with hindsight by the doctor (:mod:`.offline`) and as findings 
 
 from __future__ import annotations
 
-from rlguard.guards.consequence.live import OnlineConsequence, OnlineVerdict, RewardLevel
+from rlguard.guards.consequence.level import RewardLevel
+from rlguard.guards.consequence.live import OnlineConsequence, OnlineVerdict
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 

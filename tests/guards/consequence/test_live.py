@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.consequence.live import RewardLevel
+from rlguard.guards.consequence.level import RewardLevel
 from rlguard.guards.consequence.offline import Timeline, judge_log
 from rlguard.guards.consequence.rule import ConsequenceRule, RecoveryWatch, established_peak
 from rlguard.guards.decision import Decision

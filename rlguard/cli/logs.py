@@ -304,6 +304,7 @@ def watch(
                 row_steps=row_steps,
                 run=run,
                 on_diagnosis=None if sender is None else sender.observe,
+                on_events=None if sender is None else sender.observe_events,
             )
         except ValueError as err:  # --interval inf or nan, --idle nan (typer's range lets them through)
             raise bad_input("watch", err) from None

@@ -265,6 +265,15 @@ def test_an_integer_of_over_4300_digits_is_bad_input_naming_the_line(tmp_path: P
     assert str(path) in line and "line 6" in line
 
 
+def test_an_integer_of_over_4300_digits_in_a_trainer_state_names_its_line(tmp_path: Path) -> None:
+    history = [{"step": r["step"], "loss": 1} for r in rows(5)]
+    text = json.dumps({"log_history": history}, indent=2).replace('"loss": 1', '"loss": ' + "9" * 5000, 3)
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text, encoding="utf-8")
+    line = _bad_input(["doctor", str(path)])
+    assert f"{path}, line {text[: text.index('9' * 5000)].count(chr(10)) + 1} column" in line, line
+
+
 def test_a_401_digit_integer_in_events_jsonl_is_bad_input_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "log.jsonl"
     path.write_text(jsonl_text(rows(40)), encoding="utf-8")

@@ -200,6 +200,29 @@ def test_a_negative_tensorboard_step_is_refused(tmp_path: Path) -> None:
     assert "-5" in line and "record 12" in line
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tensorboard", "trl"])
+@pytest.mark.parametrize("step", [2**53 + 1, 10**30])
+def test_a_step_beyond_2_53_is_bad_input_naming_the_record(tmp_path: Path, fmt: str, step: int) -> None:
+    """A step no trainer counts (an int64 overflows at 10**30; beyond 2**53 a float step is no longer exact): exit 2
+    naming the record, not an internal error."""
+    records = rows(40)
+    records[10]["step"] = step
+    if fmt == "tensorboard":
+        pytest.importorskip("tensorboard")
+        if step > 2**63 - 1:
+            pytest.skip("an event's step is an int64")
+        path = tmp_path / "tb"
+        write_events(path / "events.out.tfevents.1.host", [(int(r.pop("step")), r) for r in records[:11]])
+    elif fmt == "trl":
+        path = tmp_path / "trainer_state.json"
+        path.write_text(json.dumps({"log_history": records}), encoding="utf-8")
+    else:
+        path = tmp_path / f"log.{fmt}"
+        path.write_text(jsonl_text(records) if fmt == "jsonl" else csv_text(records), encoding="utf-8")
+    line = _bad_input(["doctor", str(path)])
+    assert "2**53" in line and ("record" in line or "line" in line or "log_history" in line), line
+
+
 def test_ragged_csv_rows_are_reported(tmp_path: Path) -> None:
     lines = csv_text(rows(80)).splitlines()
     lines[20] += ",0.5"  # one cell more than the header: its values may have shifted

@@ -264,3 +264,60 @@ def test_the_watch_of_a_growing_real_log_ends_with_the_doctor_s_verdict(
     assert result.exit_code == _exit(path), (kind, left, result.ended, result.error)
     if result.exit_code == EXIT_OK:
         assert _whole_at(data, left, kind), (kind, left)
+
+
+#: any value a JSON record or a CSV cell can hold, huge integers (beyond int64 and float range) included
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(10**400), 10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def _with_value(data: bytes, kind: str, at: float, pick: float, value: Any) -> bytes:
+    """``data`` (a real log of ``kind``) with one value of one record replaced by ``value``: that of the key at
+    ``pick`` (0 to 1) of the record's, or its step (``pick`` < 0)."""
+    if kind == "csv":
+        table = list(csv.reader(data.decode().splitlines()))
+        row = table[1 + int(at * (len(table) - 2))]
+        row[0 if pick < 0 else int(pick * (len(row) - 1))] = "" if value is None else str(value)
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(table)
+        return out.getvalue().encode()
+    if kind == "trl":
+        state: dict[str, Any] = json.loads(data)
+        records: list[dict[str, Any]] = state["log_history"]
+    else:
+        records = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    record = records[int(at * (len(records) - 1))]
+    keys = sorted(record)
+    record["step" if pick < 0 else keys[int(pick * (len(keys) - 1))]] = value
+    if kind == "trl":
+        return json.dumps(state).encode()
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+@examples(quick=12, long=500)
+@given(
+    kind=st.sampled_from(["verl", "trl", "csv"]),
+    at=st.floats(0, 1),
+    pick=st.one_of(st.just(-1.0), st.floats(0, 1)),
+    value=ANY_VALUE,
+)
+def test_any_value_put_anywhere_in_a_real_log_is_read_or_refused(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, at: float, pick: float, value: Any
+) -> None:
+    """A mutation of a real log (any value, at any record and key, the step included): read, or refused as bad
+    input in one line (``LogInputError``), never another exception (an internal error, exit 4)."""
+    path = tmp_path_factory.mktemp("mutated") / f"log{SUFFIX[kind]}"
+    path.write_bytes(_with_value(_real(kind), kind, at, pick, value))
+    try:
+        d = diagnose(path)
+    except LogInputError as err:
+        assert "\n" not in str(err).strip()
+        return
+    assert d.exit_code in (0, 1, 3)

@@ -264,7 +264,14 @@ def watch(
     interval: Annotated[
         float, typer.Option(help="Seconds between looks at the run's files (finite, at least 0.05).", min=0.05)
     ] = 2.0,
-    pid: Annotated[int | None, typer.Option(help="End the watch when this process (the training job) exits.")] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option(
+            help="End the watch when this process (the training job) exits (a process id: 1 to 2**31 - 1).",
+            min=1,
+            max=2**31 - 1,  # pid_t: a larger number is no process (and os.kill overflows on it)
+        ),
+    ] = None,
     idle: Annotated[
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
     ] = None,

@@ -297,6 +297,11 @@ def watch(
     sender = _log_alerts("watch", alerts, run_dir)
     with _internal_errors("watch", debug):
         from rlguard import watch as watching
+        from rlguard.doctor.inputs import is_stream
+
+        if not once and is_stream(run_dir):  # a second read would wait for another writer, for ever
+            console.print(f"rlguard watch: {safe_text(run_dir)} is a stream (a pipe or FIFO): read once and whole")
+            once = True
 
         try:
             result = watching.watch(

@@ -96,6 +96,25 @@ def test_a_fifo_is_read_as_a_pipe(nan_log: Path, tmp_path: Path) -> None:
     assert "nonfinite" in result.stdout
 
 
+def test_watch_reads_a_fifo_or_stdin_once_instead_of_waiting_for_another_writer(nan_log: Path, tmp_path: Path) -> None:
+    """Read once, a stream holds nothing more: a second read of a FIFO waits for a writer that never comes."""
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with fifo.open("wb") as fh:
+            fh.write(nan_log.read_bytes())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    result = _cli("watch", str(fifo), "--interval", "0.05", "--idle", "0.5", timeout=60)
+    writer.join(5)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "is a stream (a pipe or FIFO): read once and whole" in result.stdout and "nonfinite" in result.stdout
+    piped = runner.invoke(app, ["watch", "-", "--idle", "0.5"], input=nan_log.read_bytes())
+    assert piped.exit_code == 1, piped.output
+
+
 def test_a_device_file_is_refused_naming_it() -> None:
     result = _cli("doctor", "/dev/zero", timeout=60)
     assert result.returncode == 2, result.stderr

@@ -19,6 +19,11 @@ or on Ctrl-C. It returns the doctor's exit code for the log at that moment: 0 no
 finding, 2 no readable log (a log that could not be read at the end is never judged from the last good read), 3 too
 little to judge.
 
+A run folder with the guard's ``events.jsonl`` and no training log yet (a TRL run before its first checkpoint, a
+job whose logger writes elsewhere) is followed by its events, as ``rlguard doctor`` reports them
+(:mod:`rlguard.doctor.events_only`): shown and sent (``on_events``) as they are recorded, a halt ends the watch, and
+the log is judged once it appears; without a log at the end the exit code is 1 with a critical event, else 2.
+
 TRL writes ``trainer_state.json`` only when it saves a checkpoint (``save_steps``); verl's file logger and
 ``events.jsonl`` are written at every step.
 """
@@ -47,6 +52,7 @@ from rlguard.doctor import (
     find_log,
 )
 from rlguard.doctor.diagnose import diagnose_log
+from rlguard.doctor.events_only import EventsOnly, events_only
 from rlguard.doctor.readers import detect_format, events_file
 from rlguard.doctor.steps import StepRule
 from rlguard.doctor.stream import JsonlFollower
@@ -78,6 +84,7 @@ class WatchResult:
         bytes_read: bytes of a JSONL log read in all (each appended byte once, but after a truncation or a
             rotation); None for logs read whole.
         restarts: each time a JSONL log was read again from the start (truncated, or rotated), and why.
+        events_only: the guard's events of a run folder that held no training log at the last read, or None.
     """
 
     exit_code: int
@@ -87,6 +94,7 @@ class WatchResult:
     refreshes: list[int] = field(default_factory=list)
     bytes_read: int | None = None
     restarts: list[str] = field(default_factory=list)
+    events_only: EventsOnly | None = None
 
 
 def files_signature(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
@@ -183,6 +191,8 @@ class _Reader:
         self.key_map = key_map
         self.steps, self.run = steps, run
         self.follower: JsonlFollower | None = None
+        #: the guard's events while the run folder holds no training log (module docstring), else None
+        self.events_only: EventsOnly | None = None
         self._judged_steps = 0
         self._judged_at = 0.0
         self._cost = 0.0
@@ -194,9 +204,11 @@ class _Reader:
 
     def read(self, *, final: bool = False) -> tuple[Diagnosis | None, str | None]:
         """A new diagnosis (None when not due, or on an error) and the reading error, if any."""
+        self.events_only = None
         try:
             return self._read(final), None
         except (LogInputError, ValueError) as err:  # a log not there yet, or caught mid-write
+            self.events_only = events_only(self.run_dir)
             return None, str(err)
         except OSError as err:  # made unreadable, or removed between the listing and the read
             return None, f"{err.filename or self.run_dir}: cannot be read ({err.strerror or err})"
@@ -228,12 +240,21 @@ class _Reader:
         return d
 
 
-def live_view(run_dir: Path, d: Diagnosis | None, error: str | None, status: str) -> RenderableType:
-    """The live display: the state of the watch, the latest stats, the findings and the last live events."""
+def live_view(
+    run_dir: Path, d: Diagnosis | None, error: str | None, status: str, found: EventsOnly | None = None
+) -> RenderableType:
+    """The live display: the state of the watch, the latest stats, the findings and the last live events (or,
+    before the run has a log, the events it recorded: ``found``)."""
     parts: list[RenderableType] = [f"[bold]rlguard watch[/bold] {safe_text(run_dir)}: {safe_text(status)}"]
     if error is not None:
         parts.append(f"[yellow]{safe_text(error)}[/yellow]" + ("" if d is None else " (showing the last good read)"))
     if d is None:
+        if found is not None:
+            shown = found.events[-LIVE_EVENTS_SHOWN:]
+            parts += [
+                safe_text(found.summary),
+                events_table(shown, f"the live guard's last {len(shown)} of {len(found.events)} events"),
+            ]
         return Group(*parts)
     parts += [summary_line(d), latest_stats_table(d)]
     findings = findings_table(d)
@@ -258,13 +279,15 @@ def watch(
     row_steps: bool = False,
     run: str | None = None,
     on_diagnosis: Callable[[Diagnosis], object] | None = None,
+    on_events: Callable[[EventsOnly], object] | None = None,
 ) -> WatchResult:
     """Follow ``run_dir`` (module docstring) until the job ends or Ctrl-C; with ``once``, judge it once.
 
     ``interval``: seconds between polls; ``pid``: end when this process exits; ``idle``: end after this many
     seconds without a change to the run's files; ``key_map``, ``step_key``, ``row_steps``, ``run``: as
     :func:`~rlguard.doctor.diagnose`'s; ``on_diagnosis``: called with each new diagnosis, the last included
-    (``--alerts``: :class:`rlguard.doctor.alerts.LogAlerts`). The final diagnosis is printed as ``rlguard doctor``
+    (``--alerts``: :class:`rlguard.doctor.alerts.LogAlerts`); ``on_events``: called with the guard's events while
+    the run folder has no training log (module docstring). The final diagnosis is printed as ``rlguard doctor``
     prints it.
     """
     _check_period("interval", interval, allow_inf=False)
@@ -273,19 +296,27 @@ def watch(
     run_dir = Path(run_dir)
     reader = _Reader(run_dir, dict(key_map or {}), StepRule(step_key, row_steps), run)
     signature = files_signature(run_dir)  # before the read: a write during it shows as a change
-    notify = on_diagnosis or (lambda d: None)
+    tell = on_diagnosis or (lambda d: None)
+
+    def notify(d: Diagnosis | None) -> None:
+        if d is not None:
+            tell(d)
+        elif reader.events_only is not None and on_events is not None:
+            on_events(reader.events_only)
+
     d, error = reader.read(final=True)
-    if d is not None:
-        notify(d)
+    notify(d)
     result = WatchResult(EXIT_BAD_INPUT, "once", d, error, [len(d.steps)] if d is not None else [])
+    result.events_only = reader.events_only
     if not once:
         if not console.is_terminal:  # no live display on a pipe or a file: say that the watch runs
             console.print(f"rlguard watch {safe_text(run_dir)}: following its files (Ctrl-C to stop)")
         result.ended = _follow(run_dir, result, signature, console, interval, pid, idle, reader, sleep, notify)
         d, result.error = reader.read(final=True)  # the files as the job left them
+        result.events_only = reader.events_only
+        notify(d)
         if d is not None:
             result.diagnosis = d
-            notify(d)
             if result.refreshes[-1:] != [len(d.steps)]:
                 result.refreshes.append(len(d.steps))
     if reader.follower is not None:
@@ -311,16 +342,18 @@ def _follow(
     idle: float | None,
     reader: _Reader,
     sleep: Callable[[float], None],
-    notify: Callable[[Diagnosis], object],
+    notify: Callable[[Diagnosis | None], object],
 ) -> str:
     """Poll until the job ends; keep ``result`` up to date; return why it ended."""
     changed_at = time.monotonic()
     polled = False  # idle counts only once a poll has seen the files unchanged (not a slow start)
-    view = live_view(run_dir, result.diagnosis, result.error, "watching (Ctrl-C to stop)")
+    view = live_view(run_dir, result.diagnosis, result.error, "watching (Ctrl-C to stop)", reader.events_only)
     with Live(view, console=console, refresh_per_second=4, transient=True) as live:
         try:
             while True:
                 ended = job_ended(result.diagnosis, pid)
+                if result.diagnosis is None and _halted(reader.events_only):
+                    ended = "the guard halted the run (no training log yet)"
                 if ended is None and idle is not None and polled and time.monotonic() - changed_at >= idle:
                     ended = f"no change for {idle:g} s"
                 if ended is not None:
@@ -335,16 +368,20 @@ def _follow(
                 events = _events_entries(now) != _events_entries(signature)
                 signature, changed_at = now, time.monotonic()
                 d, result.error = reader.read(final=events)
+                notify(d)
                 if d is not None:
                     result.diagnosis = d
-                    notify(d)
                     result.refreshes.append(len(d.steps))
                 status = f"watching (Ctrl-C to stop); updated {time.strftime('%H:%M:%S')}"
                 if reader.follower is not None and reader.follower.restarts:
                     status += f"; {reader.follower.restarts[-1]}"
-                live.update(live_view(run_dir, result.diagnosis, result.error, status))
+                live.update(live_view(run_dir, result.diagnosis, result.error, status, reader.events_only))
         except KeyboardInterrupt:
             return "interrupted"
+
+
+def _halted(found: EventsOnly | None) -> bool:
+    return found is not None and any(e.detector == "action:halt" for e in found.events)
 
 
 def _events_entries(signature: tuple[tuple[str, int, int], ...]) -> set[tuple[str, int, int]]:
@@ -366,6 +403,13 @@ def _finish(result: WatchResult, console: Console) -> None:
     if result.error is not None and d is None:
         console.print(f"rlguard watch: {safe_text(result.error)}")
         result.exit_code = EXIT_BAD_INPUT
+        if (found := result.events_only) is not None:  # no log, but the guard's events: as the doctor reports them
+            console.print(f"rlguard watch: {safe_text(found.summary)}")
+            console.print(events_table(found.events, "the live guard's events"))
+            result.exit_code = found.exit_code
+        if result.ended != "once":
+            meaning = _EXIT_MEANINGS.get(result.exit_code, "")
+            console.print(f"watch ended: {safe_text(result.ended)}; rlguard watch exits {result.exit_code} ({meaning})")
         return
     assert d is not None
     if result.error is not None:

@@ -42,8 +42,12 @@ def _root(
 
 
 def bad_input(command: str, err: Exception) -> typer.Exit:
-    """One line on stderr, exit code 2."""
-    typer.echo(f"rlguard {command}: {err}", err=True)
+    """One line on stderr, exit code 2; its text (file names, keys and values read from the log) with every
+    control character shown as an escape (:func:`rlguard.terminal.safe_text`): a name cannot clear the screen or
+    plant a link."""
+    from rlguard.terminal import safe_text
+
+    typer.echo(f"rlguard {command}: {safe_text(err, markup=False)}", err=True)
     return typer.Exit(2)
 
 

@@ -40,8 +40,8 @@ def _internal_errors(command: str, debug: bool) -> Iterator[None]:
             traceback.print_exc(file=sys.stderr)
         else:
             typer.echo(
-                f"rlguard {command}: internal error ({type(err).__name__}: {err}); rerun with --debug for the "
-                "traceback, and report it",
+                f"rlguard {command}: internal error ({type(err).__name__}: {safe_text(err, markup=False)}); rerun "
+                "with --debug for the traceback, and report it",
                 err=True,
             )
         raise typer.Exit(EXIT_INTERNAL) from None
@@ -92,12 +92,11 @@ def _log_alerts(command: str, spec: str | None, source: Path) -> LogAlerts | Non
     if spec is None:
         return None
     from rlguard.doctor.alerts import log_alerts, parse_alert_spec
-    from rlguard.terminal import safe_text
 
     try:
         return log_alerts(parse_alert_spec(spec), str(source))
     except (ValueError, OSError) as err:
-        raise bad_input(command, ValueError(safe_text(err, markup=False))) from None
+        raise bad_input(command, err) from None
 
 
 @app.command()
@@ -180,7 +179,7 @@ def _doctor(
         raise bad_input("doctor", err) from None
     if alerts is not None:
         alerts.observe(diagnosis)
-        typer.echo(alerts.close(), err=True)
+        typer.echo(safe_text(alerts.close(), markup=False), err=True)
     if html is not None:
         from rlguard.doctor.html import doctor_html
         from rlguard.doctor.plots import plots_missing
@@ -214,7 +213,7 @@ def _events_without_log(path: Path, as_json: bool, alerts: LogAlerts | None) -> 
         return
     if alerts is not None:
         alerts.observe_events(found)
-        typer.echo(alerts.close(), err=True)
+        typer.echo(safe_text(alerts.close(), markup=False), err=True)
     if as_json:
         typer.echo(json.dumps(found.to_dict(), indent=2))
     else:
@@ -265,7 +264,14 @@ def watch(
     interval: Annotated[
         float, typer.Option(help="Seconds between looks at the run's files (finite, at least 0.05).", min=0.05)
     ] = 2.0,
-    pid: Annotated[int | None, typer.Option(help="End the watch when this process (the training job) exits.")] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option(
+            help="End the watch when this process (the training job) exits (a process id: 1 to 2**31 - 1).",
+            min=1,
+            max=2**31 - 1,  # pid_t: a larger number is no process (and os.kill overflows on it)
+        ),
+    ] = None,
     idle: Annotated[
         float | None, typer.Option(help="End the watch after this many seconds without a change to the files.")
     ] = None,
@@ -283,15 +289,19 @@ def watch(
     2 no readable log, 3 could not judge, 4 an internal error (--debug prints its traceback).
     """
     from rlguard.doctor.keys import parse_key_map
-    from rlguard.terminal import safe_text
 
     try:
         mapping = parse_key_map(key_map or [])
     except ValueError as err:
-        raise bad_input("watch", ValueError(safe_text(err, markup=False))) from None
+        raise bad_input("watch", err) from None
     sender = _log_alerts("watch", alerts, run_dir)
     with _internal_errors("watch", debug):
         from rlguard import watch as watching
+        from rlguard.doctor.inputs import is_stream
+
+        if not once and is_stream(run_dir):  # a second read would wait for another writer, for ever
+            console.print(f"rlguard watch: {safe_text(run_dir)} is a stream (a pipe or FIFO): read once and whole")
+            once = True
 
         try:
             result = watching.watch(
@@ -306,12 +316,13 @@ def watch(
                 row_steps=row_steps,
                 run=run,
                 on_diagnosis=None if sender is None else sender.observe,
+                on_events=None if sender is None else sender.observe_events,
             )
         except ValueError as err:  # --interval inf or nan, --idle nan (typer's range lets them through)
-            raise bad_input("watch", ValueError(safe_text(err, markup=False))) from None
+            raise bad_input("watch", err) from None
         finally:
             if sender is not None:
-                typer.echo(sender.close(), err=True)
+                typer.echo(safe_text(sender.close(), markup=False), err=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
@@ -343,8 +354,11 @@ def report(
 
         try:
             result = doctor.write_report(run_dir, out, step_key=step_key, row_steps=row_steps, run=run)
-        except (doctor.LogInputError, OSError) as err:  # OSError: --out not writable
+        except doctor.LogInputError as err:
             raise bad_input("report", err) from None
+        except OSError as err:  # the report's folder: not writable, or the disk full
+            why = f"{err.filename or out or run_dir}: cannot write the report there ({err.strerror or err})"
+            raise bad_input("report", OSError(why)) from None
         console.print(
             f"wrote {safe_text(result.html)}: {len(result.images)} plots from {safe_text(result.log_path)}, "
             f"{len(result.events)} guard events"

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from rlguard.doctor.readreport import LogInputError
 
-__all__ = ["STDIN", "STREAM_LIMIT_BYTES", "LogInput", "open_input"]
+__all__ = ["STDIN", "STREAM_LIMIT_BYTES", "LogInput", "is_stream", "open_input"]
 
 #: the path that names stdin
 STDIN = "-"
@@ -45,6 +45,14 @@ class LogInput:
     path: Path
     shown: Path
     streamed: bool = False
+
+
+def is_stream(given: str | Path) -> bool:
+    """Whether ``given`` names a stream (``-``, a pipe or a FIFO): read once, it holds nothing more to follow."""
+    try:
+        return str(given) == STDIN or stat.S_ISFIFO(Path(given).stat().st_mode)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlguard.doctor.readreport import LogInputError, ReadReport
 from rlguard.doctor.steps import Row, StepRule, run_name
+from rlguard.guards.state import long_integer_at
 
 __all__ = ["TOO_MANY_DIGITS", "NotJson", "jsonl_record", "jsonl_row", "load_json", "read_jsonl", "read_trainer_state"]
 
@@ -52,7 +53,9 @@ def load_json(text: str, path: Path, where: str) -> Any:
     except RecursionError:
         raise LogInputError(f"{path}, {where}: JSON nested too deeply to read; log flat records") from None
     except ValueError:  # an integer of more digits than Python converts (sys.set_int_max_str_digits)
-        raise LogInputError(f"{path}, {where}: {TOO_MANY_DIGITS}") from None
+        at = long_integer_at(text)
+        place = f"{where} line {at[0]} column {at[1]}" if at is not None else where or "a value"
+        raise LogInputError(f"{path}, {place.strip()}: {TOO_MANY_DIGITS}") from None
 
 
 def read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Iterator[Row]:

@@ -58,13 +58,15 @@ class ReadReport:
         """Whether data of the log could not be read (damage): its judgement covers only part of the run."""
         return bool(self.damage)
 
-    def torn(self, where: str) -> None:
+    def torn(self, where: str, evidence: str = "") -> None:
         """A last record cut short (a writer stopped mid-line, or a log read while it is written): not read, so
-        the read is partial (damage), not a clean bill for the whole run."""
+        the read is partial (damage), not a clean bill for the whole run. ``evidence``: how the cut shows, where
+        the record itself does not say (a CSV row keeps its cells)."""
         self.drop("torn last line")
+        why = f": {evidence}" if evidence else ""
         self.damage.append(
-            f"{where}: a torn last line (the writer was stopped mid-line, or is writing it), not read; judge the log "
-            "again once the line is whole"
+            f"{where}: a torn last line{why} (the writer was stopped mid-line, or is writing it), not read; judge "
+            "the log again once the line is whole"
         )
 
     def drop(self, why: str, n: int = 1) -> None:

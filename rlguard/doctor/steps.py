@@ -33,6 +33,9 @@ from rlguard.doctor.readreport import LogInputError, ReadReport
 
 __all__ = ["RUN_KEYS", "STEP_KEYS", "MergedRows", "Row", "RunMerger", "StepRule", "merge_runs", "run_name"]
 
+#: the largest step read: a float step is exact below 2**53, where 2**53 + 1 reads as 2**53 (and no trainer counts
+#: that many optimizer steps)
+MAX_STEP = 2**53 - 1
 #: step columns, most trusted first (TRL's ``train/global_step`` is the optimizer step; wandb's ``_step`` counts logs)
 STEP_KEYS: tuple[str, ...] = ("step", "train/global_step", "global_step", "_step", "Step", "training/global_step")
 #: columns that name the run a row belongs to (a wandb export of several runs' histories)
@@ -63,11 +66,16 @@ class StepRule:
         for key in self.keys:
             if key in raw and raw[key] is not None:
                 value = row.get(key)
-                if value is None or not math.isfinite(value) or not float(value).is_integer() or value < 0:
+                if (
+                    value is None
+                    or not math.isfinite(value)
+                    or not float(value).is_integer()
+                    or not 0 <= value <= MAX_STEP
+                ):
                     raise LogInputError(
-                        f"{path}, {where}: {key} {raw[key]!r} is not a whole number of steps >= 0; the step column "
-                        "must count optimizer steps (fix the record, or rename the column if it holds something else, "
-                        "e.g. epochs)"
+                        f"{path}, {where}: {key} {raw[key]!r} is not a whole number of steps from 0 to 2**53 - 1; "
+                        "the step column must count optimizer steps (fix the record, or rename the column if it holds "
+                        "something else, e.g. epochs)"
                     )
                 return int(value)
         if not any(k not in STEP_KEYS for k in row):

@@ -5,8 +5,9 @@ An event file is a sequence of TFRecords: ``uint64 length``, ``uint32 masked CRC
 ``uint32 masked CRC-32C of data`` (TensorFlow's ``tf_record`` format). Reading stops at the first record whose
 checksum fails (nothing after it can be framed reliably): the bytes after it are reported as damage, and so is a
 last record cut short at the end of the file (a writer that was stopped, or a partial copy): the record is lost,
-so the log cannot be judged whole. A negative step is refused, as the other readers refuse it. A folder is one run per
-directory (TensorBoard's own notion of a run); a folder holding several runs that log the same tags is refused.
+so the log cannot be judged whole. A negative step, or one of 2**53 or more, is refused, as the other readers refuse
+it. A folder is one run per directory (TensorBoard's own notion of a run); a folder holding several runs that log
+the same tags is refused.
 The ``tensorboard`` package is needed only for its protobuf classes and CRC, imported when a file is read.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlguard.doctor.readreport import LogInputError, ReadReport
+from rlguard.doctor.steps import MAX_STEP
 
 TB_GLOB = "events.out.tfevents.*"
 
@@ -113,10 +115,10 @@ def _read_file(
                     row[value.tag] = float(array.reshape(()))
                 else:
                     report.non_numeric[value.tag] += 1
-        if event.step < 0:
+        if not 0 <= event.step <= MAX_STEP:
             raise LogInputError(
-                f"{file.parent / where}: step {event.step} is not a whole number of steps >= 0; the writer's "
-                "global_step must count optimizer steps"
+                f"{file.parent / where}: step {event.step} is not a whole number of steps from 0 to 2**53 - 1; the "
+                "writer's global_step must count optimizer steps"
             )
         if row:
             yield int(event.step), row, where

@@ -17,6 +17,8 @@ import json
 import math
 import numbers
 import os
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -29,6 +31,7 @@ __all__ = [
     "STATE_VERSION",
     "GuardStateError",
     "PrivateState",
+    "long_integer_at",
     "missing_state_message",
     "read_state_file",
     "write_state_file",
@@ -206,8 +209,26 @@ def read_state_file(path: str | Path) -> Any:
             "file cut short by a crash? Resume from an earlier checkpoint, or delete the file to start the guard "
             "afresh (its baselines and history are then lost)"
         ) from None
-    except ValueError as err:  # an integer of more than 4,300 digits (Python's limit on converting them)
-        raise GuardStateError(f"{path}: not the guard's state: {err}") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's limit on converting them)
+        at = long_integer_at(text)
+        where = "" if at is None else f", line {at[0]} column {at[1]}"
+        raise GuardStateError(
+            f"{path}{where}: not the guard's state: an integer of more digits than Python reads "
+            f"({sys.get_int_max_str_digits()}), no count or baseline the guard writes; resume from an earlier "
+            "checkpoint, or delete the file to start the guard afresh"
+        ) from None
+
+
+def long_integer_at(text: str) -> tuple[int, int] | None:
+    """``(line, column)`` (from 1) of the first integer in JSON ``text`` of more digits than Python converts
+    (``sys.get_int_max_str_digits()``, 4,300 by default): where ``json.loads``'s ValueError does not say; None if
+    there is none."""
+    limit = sys.get_int_max_str_digits()
+    found = re.search(rf"(?<![\d.eE+-])-?\d{{{limit + 1},}}(?![\d.eE])", text) if limit else None
+    if found is None:
+        return None
+    start = found.start()
+    return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
 
 
 def missing_state_message(path: str | Path, step: int) -> str:

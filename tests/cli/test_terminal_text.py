@@ -3,8 +3,10 @@ file names reach ``rlguard doctor`` and ``rlguard watch`` as visible escapes (``
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,12 @@ def _hostile_run(folder: Path) -> Path:
     return folder
 
 
+def _healthy_jsonl(path: Path) -> Path:
+    lines = [json.dumps({"step": s, **stats}) + "\n" for s, stats in enumerate(healthy_stream(30, 0), 1)]
+    path.write_text("".join(lines))
+    return path
+
+
 def _no_control(out: str) -> None:
     assert "\x1b" not in out and "\r" not in out and "\x9b" not in out, repr(out)
     assert "\\x1b[2J" in out  # shown, not obeyed
@@ -65,3 +73,51 @@ def test_watch_shows_hostile_names_and_file_names_escaped(tmp_path: Path) -> Non
     watch(run, console=console, once=True)
     _no_control(buffer.getvalue())
     assert "run\\x1b[2J" in buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["doctor", "{bad}"],
+        ["watch", "--once", "{bad}"],
+        ["report", "{bad}"],
+        ["doctor", "{good}", "--map", f"no{CLEAR}key=entropy"],
+        ["doctor", "{good}", "--step-key", f"it{OSC8}"],
+        ["doctor", "{good}", "--run", f"r{CLEAR}"],
+        ["doctor", "{runs}"],
+    ],
+    ids=["doctor-file-name", "watch-file-name", "report-file-name", "map", "step-key", "run", "run-names"],
+)
+def test_bad_input_messages_reach_a_terminal_escaped(tmp_path: Path, args: list[str]) -> None:
+    """The one line of a refusal quotes file names, keys and run names read from the log: on a terminal (click
+    strips nothing there, and never strips an OSC-8 link) each control character is shown, not obeyed."""
+    bad = tmp_path / f"log{CLEAR}{OSC8.replace('/', '')}.jsonl"
+    bad.write_text("not json\n{}\n")
+    good = _healthy_jsonl(tmp_path / f"good{CLEAR}.jsonl")
+    runs = tmp_path / "runs.csv"
+    runs.write_text("step,loss,run\n" + "".join(f"{s},0.1,{name}\n" for name in (f"a{CLEAR}", "b\x07") for s in (1, 2)))
+    named = [a.format(bad=bad, good=good, runs=runs) for a in args]
+    result = CliRunner().invoke(app, named, color=True)  # as on a terminal: click strips no escape sequence
+    assert result.exit_code == 2, result.output
+    said = result.stderr.strip() if args[0] != "watch" else result.stdout  # the watch says it on its console
+    assert "\x1b" not in said and "\x07" not in said, repr(said)
+    assert "\\x1b" in said or "\\x07" in said, said
+    assert args[0] == "watch" or "\n" not in said
+
+
+def test_a_report_folder_on_a_full_disk_is_named_in_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails on a full disk raises an OSError without a file name: the refusal still names the
+    folder."""
+    log = _healthy_jsonl(tmp_path / "log.jsonl")
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(Path, "write_bytes", full)
+    result = CliRunner().invoke(app, ["report", str(log), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'out'}: cannot write the report there (No space left on device)" in result.stderr
+    assert "Traceback" not in result.output

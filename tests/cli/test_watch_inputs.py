@@ -131,3 +131,12 @@ def test_watch_refuses_a_bad_interval_from_python(tmp_path: Path, interval: floa
 def test_watch_refuses_a_bad_idle(tmp_path: Path, idle: float) -> None:
     with pytest.raises(ValueError, match="idle"):
         watch(tmp_path, console=_capture()[0], idle=idle)
+
+
+@pytest.mark.parametrize("pid", ["0", "-1", str(2**31), "999999999999999999999"])
+def test_watch_refuses_a_pid_that_names_no_process(tmp_path: Path, pid: str) -> None:
+    """0 and -1 name a process group and every process (always "alive"); 2**31 and more overflow os.kill."""
+    _healthy_log(tmp_path / "metrics.jsonl")
+    result = CliRunner().invoke(app, ["watch", "--once", "--pid", pid, str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "--pid" in result.output and "Traceback" not in result.output

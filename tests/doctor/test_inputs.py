@@ -140,8 +140,8 @@ def test_a_tensorboard_file_damaged_in_the_middle_is_a_partial_read(tmp_path: Pa
     assert json.loads(runner.invoke(app, ["doctor", str(folder), "--json"]).stdout)["read"]["partial"] is True
 
 
-def test_a_tensorboard_file_cut_short_at_its_end_is_a_warning(tmp_path: Path) -> None:
-    """Issue 37: a record cut short is lost, so the log is not read whole (exit 3), no longer a warning."""
+def test_a_tensorboard_file_cut_short_at_its_end_is_a_partial_read(tmp_path: Path) -> None:
+    """A last record cut short is lost, so the log is not read whole: damage, exit 3."""
     pytest.importorskip("tensorboard")
     folder = write_log("tensorboard", healthy_stream(60, 0, "plateau"), tmp_path / "tb")
     file = _tb_file(folder)

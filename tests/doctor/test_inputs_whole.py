@@ -96,6 +96,25 @@ def test_a_fifo_is_read_as_a_pipe(nan_log: Path, tmp_path: Path) -> None:
     assert "nonfinite" in result.stdout
 
 
+def test_watch_reads_a_fifo_or_stdin_once_instead_of_waiting_for_another_writer(nan_log: Path, tmp_path: Path) -> None:
+    """Read once, a stream holds nothing more: a second read of a FIFO waits for a writer that never comes."""
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with fifo.open("wb") as fh:
+            fh.write(nan_log.read_bytes())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    result = _cli("watch", str(fifo), "--interval", "0.05", "--idle", "0.5", timeout=60)
+    writer.join(5)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "is a stream (a pipe or FIFO): read once and whole" in result.stdout and "nonfinite" in result.stdout
+    piped = runner.invoke(app, ["watch", "-", "--idle", "0.5"], input=nan_log.read_bytes())
+    assert piped.exit_code == 1, piped.output
+
+
 def test_a_device_file_is_refused_naming_it() -> None:
     result = _cli("doctor", "/dev/zero", timeout=60)
     assert result.returncode == 2, result.stderr
@@ -200,6 +219,29 @@ def test_a_negative_tensorboard_step_is_refused(tmp_path: Path) -> None:
     assert "-5" in line and "record 12" in line
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tensorboard", "trl"])
+@pytest.mark.parametrize("step", [2**53 + 1, 10**30])
+def test_a_step_beyond_2_53_is_bad_input_naming_the_record(tmp_path: Path, fmt: str, step: int) -> None:
+    """A step no trainer counts (an int64 overflows at 10**30; beyond 2**53 a float step is no longer exact): exit 2
+    naming the record, not an internal error."""
+    records = rows(40)
+    records[10]["step"] = step
+    if fmt == "tensorboard":
+        pytest.importorskip("tensorboard")
+        if step > 2**63 - 1:
+            pytest.skip("an event's step is an int64")
+        path = tmp_path / "tb"
+        write_events(path / "events.out.tfevents.1.host", [(int(r.pop("step")), r) for r in records[:11]])
+    elif fmt == "trl":
+        path = tmp_path / "trainer_state.json"
+        path.write_text(json.dumps({"log_history": records}), encoding="utf-8")
+    else:
+        path = tmp_path / f"log.{fmt}"
+        path.write_text(jsonl_text(records) if fmt == "jsonl" else csv_text(records), encoding="utf-8")
+    line = _bad_input(["doctor", str(path)])
+    assert "2**53" in line and ("record" in line or "line" in line or "log_history" in line), line
+
+
 def test_ragged_csv_rows_are_reported(tmp_path: Path) -> None:
     lines = csv_text(rows(80)).splitlines()
     lines[20] += ",0.5"  # one cell more than the header: its values may have shifted
@@ -263,6 +305,15 @@ def test_an_integer_of_over_4300_digits_is_bad_input_naming_the_line(tmp_path: P
     path.write_text(jsonl_text(rows(5)) + '{"step": 6, "loss": ' + "9" * 5000 + "}\n", encoding="utf-8")
     line = _bad_input(["doctor", str(path)])
     assert str(path) in line and "line 6" in line
+
+
+def test_an_integer_of_over_4300_digits_in_a_trainer_state_names_its_line(tmp_path: Path) -> None:
+    history = [{"step": r["step"], "loss": 1} for r in rows(5)]
+    text = json.dumps({"log_history": history}, indent=2).replace('"loss": 1', '"loss": ' + "9" * 5000, 3)
+    path = tmp_path / "trainer_state.json"
+    path.write_text(text, encoding="utf-8")
+    line = _bad_input(["doctor", str(path)])
+    assert f"{path}, line {text[: text.index('9' * 5000)].count(chr(10)) + 1} column" in line, line
 
 
 def test_a_401_digit_integer_in_events_jsonl_is_bad_input_naming_the_line(tmp_path: Path) -> None:

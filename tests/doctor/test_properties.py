@@ -1,6 +1,7 @@
-"""Properties of every reader (JSONL, verl JSONL, TRL's trainer_state.json, a wandb CSV, TensorBoard) under
-random bytes, truncation and mutation: the doctor never raises anything but its own ``LogInputError`` (exit 2),
-never exits 0 unless it read every record, and a judged value made NaN is found.
+"""Properties of every reader (JSONL, verl JSONL, TRL's trainer_state.json, a wandb CSV, TensorBoard) and of the
+watch under random bytes, truncation and mutation: the doctor never raises anything but its own ``LogInputError``
+(exit 2), never exits 0 unless it read every record, and a judged value made NaN is found; the watch of a log
+written in pieces ends with the doctor's verdict on the file as it was left.
 
 Truncations and mutations are of small real logs read from ``../shared/doctor_foreign`` at test time (skipped where
 absent, never copied into the repository). The number of examples is bounded in ``make test`` and larger in ``make
@@ -9,17 +10,24 @@ test-integration`` (:mod:`tests.helpers.profiles`).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from rlguard.doctor import EXIT_OK, LogInputError, diagnose, read_log
+from rlguard.metrics import METRICS
+from rlguard.watch import watch
 from tests.helpers.doctor_logs import WRITERS
-from tests.helpers.logs_extra import jsonl_text, rows
+from tests.helpers.logs_extra import jsonl_text, rows, write_events
 from tests.helpers.profiles import examples
 
 #: ``shared/`` beside the checkout or an ancestor of it (``../shared`` from the main checkout, ``../../shared`` from
@@ -100,29 +108,54 @@ def test_a_truncated_real_log_exits_0_only_when_cut_between_records(
     path.write_bytes(data[:cut])
     code = _exit(path)
     assert code in (0, 1, 2, 3)
-    if code == EXIT_OK and kind != "csv":  # a CSV row cut inside its last cell keeps its cells: see the module
+    if code == EXIT_OK:  # a CSV row cut inside its last cell keeps its cells: its fixed format shows the cut
         assert _whole_at(data, cut, kind), (kind, cut)
 
 
-@examples(quick=6, long=200)
-@given(fraction=st.floats(0.2, 0.95), key=st.sampled_from(["actor/grad_norm", "actor/pg_loss", "critic/score/mean"]))
-def test_a_judged_value_made_nan_in_a_real_log_is_critical(
-    tmp_path_factory: pytest.TempPathFactory, fraction: float, key: str
-) -> None:
-    """A NaN written into a judged stat of a real verl log (its logger would write null; a flat JSONL writes NaN):
-    the doctor must find it (``nonfinite``)."""
-    lines = _real("verl").decode().splitlines()
-    carrying = [i for i, line in enumerate(lines) if f'"{key}"' in line]
-    if not carrying:
-        pytest.skip(f"no {key} in the log")
-    i = carrying[int(fraction * (len(carrying) - 1))]
-    record = json.loads(lines[i])
+def _judged_keys(path: Path) -> list[str]:
+    """The raw keys of a log that the doctor maps onto a judged stat (the metric table's, ``rlguard.metrics``)."""
+    judged = {m.name for m in METRICS if m.judged}
+    return sorted(raw for raw, canonical in diagnose(path).keys.mapped.items() if canonical in judged)
+
+
+def _with_nan(data: bytes, kind: str, key: str, fraction: float) -> bytes:
+    """``data`` (a real log of ``kind``) with the value of ``key`` in one of the records holding it made NaN (as a
+    flat JSONL, TRL's json or a CSV writes NaN)."""
+    if kind == "csv":
+        lines = data.decode().splitlines()
+        column = next(csv.reader([lines[0]])).index(key)
+        rows_holding = [i for i, line in enumerate(lines[1:], 1) if next(csv.reader([line]))[column].strip()]
+        i = rows_holding[int(fraction * (len(rows_holding) - 1))]
+        cells = next(csv.reader([lines[i]]))
+        cells[column] = "nan"
+        lines[i] = ",".join(cells)
+        return ("\n".join(lines) + "\n").encode()
+    if kind == "trl":
+        state: dict[str, Any] = json.loads(data)
+        entries: list[dict[str, Any]] = [r for r in state["log_history"] if key in r]
+        entries[int(fraction * (len(entries) - 1))][key] = math.nan
+        return json.dumps(state).encode()
+    records: list[dict[str, Any]] = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    carrying = [r for r in records if key in (r["data"] if isinstance(r.get("data"), dict) else r)]
+    record = carrying[int(fraction * (len(carrying) - 1))]
     (record["data"] if isinstance(record.get("data"), dict) else record)[key] = math.nan
-    lines[i] = json.dumps(record)
-    path = tmp_path_factory.mktemp("nan") / "log.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+@examples(quick=8, long=300)
+@given(kind=st.sampled_from(["verl", "trl", "csv"]), fraction=st.floats(0, 1), pick=st.floats(0, 1))
+def test_a_judged_value_made_nan_in_a_real_log_is_critical(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, fraction: float, pick: float
+) -> None:
+    """A NaN written into any judged stat of a real log of each text format, at any record that holds it: the
+    doctor must find it (``nonfinite``, critical): a changed judged value changes the verdict."""
+    data = _real(kind)
+    keys = _judged_keys(REAL[kind])
+    key = keys[int(pick * (len(keys) - 1))]
+    path = tmp_path_factory.mktemp("nan") / f"log{SUFFIX[kind]}"
+    path.write_bytes(_with_nan(data, kind, key, fraction))
     d = diagnose(path)
-    assert d.exit_code == 1 and any(f.detector == "nonfinite" for f in d.findings)
+    assert d.exit_code == 1 and any(f.detector == "nonfinite" for f in d.findings), (kind, key, d.read.lines())
 
 
 @examples(quick=6, long=200)
@@ -165,3 +198,126 @@ def test_the_interleaved_refusal_holds_for_any_pairing(tmp_path: Path) -> None:
     path.write_text(jsonl_text(merged), encoding="utf-8")
     with pytest.raises(LogInputError, match="two runs written into one file"):
         read_log(path)
+
+
+def _record_ends(data: bytes) -> set[int]:
+    """The offsets at which the records of a TensorBoard event file end (TFRecord framing: an 8-byte length, its
+    4-byte CRC, the data, the data's 4-byte CRC)."""
+    ends, at = {0}, 0
+    while at + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[at : at + 8])
+        at += 12 + length + 4
+        ends.add(at)
+    return ends
+
+
+@examples(quick=8, long=300)
+@given(share=st.floats(0, 1))
+def test_a_truncated_tensorboard_file_exits_0_only_when_cut_between_records(
+    tmp_path_factory: pytest.TempPathFactory, share: float
+) -> None:
+    """A TensorBoard event file with a NaN loss at step 70, cut anywhere: exit 0 only at a record's end (before
+    the NaN), and never a clean bill of a file cut inside a record."""
+    pytest.importorskip("tensorboard")
+    folder = tmp_path_factory.mktemp("tbcut")
+    path = folder / "tb" / "events.out.tfevents.1.host"
+    records = [(int(r["step"]), {k: v for k, v in r.items() if k != "step"}) for r in rows(80, nan_at=70)]
+    data = write_events(path, records).read_bytes()
+    cut = round(share * len(data))
+    path.write_bytes(data[:cut])
+    code = _exit(path.parent)
+    assert code in (0, 1, 2, 3)
+    if code == EXIT_OK:
+        assert cut in _record_ends(data), cut
+
+
+@examples(quick=4, long=80)
+@given(
+    kind=st.sampled_from(["verl", "trl", "csv"]),
+    pieces=st.lists(st.floats(0, 1), min_size=1, max_size=4),
+    end=st.one_of(st.just(1.0), st.floats(0, 1)),
+    last=st.integers(0, 400),
+    nan=st.booleans(),
+)
+def test_the_watch_of_a_growing_real_log_ends_with_the_doctor_s_verdict(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, pieces: list[float], end: float, last: int, nan: bool
+) -> None:
+    """A real log (with a NaN in a judged stat, or not) written while ``rlguard watch`` follows it, in pieces cut
+    anywhere (the last piece ``last`` bytes: too little growth for the watch's schedule to judge at once), and left
+    whole or cut: the watch ends with the doctor's exit code for the file as it was left, and exits 0 only when
+    that file holds whole records."""
+    data = _real(kind)
+    if nan:
+        data = _with_nan(data, kind, _judged_keys(REAL[kind])[0], 0.5)
+    left = round(end * len(data))
+    offsets = sorted({round(p * left) for p in pieces} | {max(0, left - last), left})
+    path = tmp_path_factory.mktemp("watched") / f"log{SUFFIX[kind]}"
+    path.write_bytes(b"")
+
+    def write_next(_: float) -> None:  # the watch's sleep: the job writes on between two polls
+        if offsets:
+            path.write_bytes(data[: offsets.pop(0)])  # TRL rewrites its state whole; the others only grow
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    result = watch(path, console=console, interval=0.001, idle=0.001, sleep=write_next)
+    left = path.stat().st_size  # the watch may end first: TRL's state can say that training ended
+    assert result.exit_code == _exit(path), (kind, left, result.ended, result.error)
+    if result.exit_code == EXIT_OK:
+        assert _whole_at(data, left, kind), (kind, left)
+
+
+#: any value a JSON record or a CSV cell can hold, huge integers (beyond int64 and float range) included
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(10**400), 10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+def _with_value(data: bytes, kind: str, at: float, pick: float, value: Any) -> bytes:
+    """``data`` (a real log of ``kind``) with one value of one record replaced by ``value``: that of the key at
+    ``pick`` (0 to 1) of the record's, or its step (``pick`` < 0)."""
+    if kind == "csv":
+        table = list(csv.reader(data.decode().splitlines()))
+        row = table[1 + int(at * (len(table) - 2))]
+        row[0 if pick < 0 else int(pick * (len(row) - 1))] = "" if value is None else str(value)
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(table)
+        return out.getvalue().encode()
+    if kind == "trl":
+        state: dict[str, Any] = json.loads(data)
+        records: list[dict[str, Any]] = state["log_history"]
+    else:
+        records = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    record = records[int(at * (len(records) - 1))]
+    keys = sorted(record)
+    record["step" if pick < 0 else keys[int(pick * (len(keys) - 1))]] = value
+    if kind == "trl":
+        return json.dumps(state).encode()
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+@examples(quick=12, long=500)
+@given(
+    kind=st.sampled_from(["verl", "trl", "csv"]),
+    at=st.floats(0, 1),
+    pick=st.one_of(st.just(-1.0), st.floats(0, 1)),
+    value=ANY_VALUE,
+)
+def test_any_value_put_anywhere_in_a_real_log_is_read_or_refused(
+    tmp_path_factory: pytest.TempPathFactory, kind: str, at: float, pick: float, value: Any
+) -> None:
+    """A mutation of a real log (any value, at any record and key, the step included): read, or refused as bad
+    input in one line (``LogInputError``), never another exception (an internal error, exit 4)."""
+    path = tmp_path_factory.mktemp("mutated") / f"log{SUFFIX[kind]}"
+    path.write_bytes(_with_value(_real(kind), kind, at, pick, value))
+    try:
+        d = diagnose(path)
+    except LogInputError as err:
+        assert "\n" not in str(err).strip()
+        return
+    assert d.exit_code in (0, 1, 3)

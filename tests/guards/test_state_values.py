@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.state import GuardStateError, read_state_file
+from rlguard.guards.state import GuardStateError, long_integer_at, read_state_file
 from tests.helpers.synthetic import failing_stream, healthy_stream
 
 SOURCE = "ckpt/rlguard_guard.json"
@@ -97,9 +97,21 @@ def test_infinite_sentinels_of_a_fresh_detector_still_round_trip() -> None:
     assert _load(fresh).state_dict() == fresh
 
 
-def test_an_integer_of_5000_digits_in_the_file_is_a_state_error(tmp_path: Path, saved: dict[str, Any]) -> None:
+def test_an_integer_of_5000_digits_in_the_file_is_a_state_error_naming_its_line(
+    tmp_path: Path, saved: dict[str, Any]
+) -> None:
+    """Python's own message ("Exceeds the limit (4300 digits) for integer string conversion") names no place."""
     path = tmp_path / "rlguard_guard.json"
-    text = json.dumps(saved).replace('"last_step": ', '"last_step": ' + "9" * 5000 + ', "x": ', 1)
+    text = json.dumps(saved, indent=1).replace('"last_step": ', '"last_step": ' + "9" * 5000 + ', "x": ', 1)
     path.write_text(text)
-    with pytest.raises(GuardStateError, match=str(path)):
+    line = text[: text.index("9" * 5000)].count("\n") + 1
+    with pytest.raises(GuardStateError) as err:
         read_state_file(path)
+    assert f"{path}, line {line} column " in str(err.value) and "4300" in str(err.value)
+    assert "set_int_max_str_digits" not in str(err.value)  # Python's advice to raise its limit is not ours
+
+
+def test_long_integer_at_finds_the_integer_not_a_long_fraction() -> None:
+    text = '{\n "a": 0.' + "1" * 5000 + ',\n  "b": -' + "7" * 4301 + "\n}"
+    assert long_integer_at(text) == (3, 8)
+    assert long_integer_at('{"a": ' + "7" * 4300 + "}") is None

@@ -5,7 +5,8 @@ The training thread only puts a message on the queue (``put_nowait``: it never w
 and counts it, with a warning). The worker sends at most one request per ``min_interval_s``; messages that arrive in
 between are combined into the next request, so nothing is lost to the rate limit. A request that fails or times out is a
 logged warning naming the webhook by scheme and host only (its path is a secret, and so are the values of its request
-headers, never quoted), never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send
+headers, never quoted), with the server's reason phrase escaped (no control character reaches a terminal or a log),
+never an exception in training. At interpreter exit the worker is given ``timeout_s`` to send
 what is still queued (the alert of a halt is often the last thing a run does); what it could not send then is a last
 warning.
 """
@@ -303,6 +304,8 @@ class AlertSender:
                 secrets = {part for v in self._headers.values() for part in (v, *v.split()) if len(part) > 1}
                 for secret in sorted(secrets, key=len, reverse=True):  # a header's value, and each word of it
                     reason = reason.replace(secret, "...")
+                # the server writes the reason phrase: its control characters (a screen clear, an OSC-8 link) shown
+                reason = reason.encode("unicode_escape").decode("ascii")
                 logger.warning(
                     "rlguard alerts: the webhook (%s) did not take %d alert(s): %s: %s (training goes on)",
                     redacted(self._url),

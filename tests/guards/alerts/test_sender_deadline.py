@@ -139,6 +139,36 @@ def test_an_error_that_echoes_the_url_is_scrubbed_in_the_warning(caplog: pytest.
     assert "https://hooks.slack.com" in caplog.text
 
 
+def test_a_server_s_reason_phrase_reaches_the_warning_with_its_control_characters_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A webhook server writes the reason phrase of its status line: a screen clear or an OSC-8 link in it must not
+    reach the terminal (or the training log) that shows the warning."""
+    server = socket.create_server(("127.0.0.1", 0))
+    hostile = b"Bad\x1b[2J\x1b]8;;http://evil.example/\x07here"
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 500 " + hostile + b"\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/services/{SECRET}"
+    sender = AlertSender(
+        url=url, make_payload=lambda b, d: {}, wandb=False, min_interval_s=0, timeout_s=5, queue_size=4
+    )
+    with caplog.at_level(logging.WARNING, logger="rlguard.alerts"):
+        sender.send(("x", "critical", {}))
+        assert sender.flush(8.0)
+    sender.close()
+    thread.join(5)
+    server.close()
+    assert "HTTPError: Bad\\x1b[2J\\x1b]8;;http://evil.example/\\x07here" in caplog.text, caplog.text
+    assert "\x1b" not in caplog.text and "\x07" not in caplog.text
+
+
 def test_redacted_and_scrub() -> None:
     url = "https://user:pw@hooks.slack.com:8443/services/T0/B0/S%20ECRET?token=t0k#frag"
     assert redacted(url) == "https://hooks.slack.com"

@@ -120,7 +120,7 @@ def excursions(
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
         at = _Observed([timeline.steps[p] for p in obs], groups)
-        out[name] = [_backdate(ex, name, timeline, obs, at) for ex in out[name]]
+        out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
 
 
@@ -132,15 +132,25 @@ class _Observed:
         self.ends = [steps[g[-1]] for g in groups]
 
 
-def _backdate(ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed) -> Excursion:
-    """``ex`` with its onset moved back to its detector's change-point estimate at the onset
-    (``Timeline.change_points``: a CUSUM's alarm dates the shift to the first observation since its statistic was
-    last 0, Page 1954), where that is earlier; never back into the detector's previous excursion."""
+def _backdate(
+    ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed, horizon: int
+) -> Excursion:
+    """``ex`` with its onset moved back to its detector's change-point estimate (``Timeline.change_points``: a CUSUM
+    alarm's Page 1954 estimate, the first observation since its statistic was last 0; a shift of level's
+    least-squares change point), where that is earlier; never back into the detector's previous excursion. The
+    estimate is read with the hindsight the consequence rule judges with: at the excursion's last finding within
+    ``horizon`` logged steps of its onset, where the shift has up to that many observations after it (at the onset
+    itself a shift's few observations weigh less than a longer, smaller elevation before it)."""
     points, steps = timeline.change_points, observed.steps
     k = bisect.bisect_left(steps, ex.onset)
-    if not points or k == len(steps) or steps[k] != ex.onset or (cp := points[obs[k]].get(name)) is None:
+    if not points or k == len(steps) or steps[k] != ex.onset:
         return ex
-    if cp >= ex.onset:
+    cp = None
+    for j in range(k, len(steps)):
+        if obs[j] > obs[k] + horizon or steps[j] > ex.end:
+            break
+        cp = points[obs[j]].get(name, cp)
+    if cp is None or cp >= ex.onset:
         return ex
     # the previous episode ends at the last episode end before the onset (an episode that ends before it starts
     # before it); the new onset is the first observed step at or after the estimate and after that end

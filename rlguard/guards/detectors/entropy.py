@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _anchor_median, _finite, _metric
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _finite, _metric
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow, mann_kendall_z
 
@@ -143,11 +143,25 @@ class EntropyBlowup(Detector):
                 f"{self.warn_ratio}, {self.critical_ratio}, {self.warn_nats}, {self.critical_nats}."
             )
         self._s_anchor: list[float] = []
+        self._shift = LevelShift(1.0)  # log entropy since it was last at or below its early baseline
+
+    def change_point(self) -> int | None:
+        """Where the blow-up began: the least-squares change of level of the log entropy since it was last at or
+        below its early baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         entropy = _metric(stats, self.metric)
         if entropy is None or not math.isfinite(entropy):
             return None
+        if entropy > 0:
+            anchor = _anchor_median(self._s_anchor)
+            self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
+        finding = self._judge(entropy, armed)
+        self._shift.judged(finding is not None, self.clear_after)
+        return finding
+
+    def _judge(self, entropy: float, armed: bool) -> Finding | None:
         anchor = _anchor_median(self._s_anchor)
         if armed and anchor is not None and anchor > 0:
             ratio = entropy / anchor

@@ -11,13 +11,16 @@ findings before it are what patience rejects). For a critical excursion it is th
 critical observations in the run of them that became critical (critical observations separated by fewer than
 ``clear_after`` others, the hysteresis of the alarm's critical level): a stretch of warnings before it (groups
 solved, then groups failed) is the excursion's precursor (``Excursion.alarm``), not its onset. A detector that
-estimates where its condition began (``Detector.change_point``: a CUSUM alarm dates the shift to the first
-observation since the statistic was last 0, the standard CUSUM change-point estimate; Page 1954, Montgomery,
-*Introduction to Statistical Quality Control*, sec. 9.1) moves the onset back to that estimate, never into its
-previous excursion: a CUSUM accumulates for several observations before it crosses a bound, and the shift began
-where the accumulation did. What would make it fail: a small elevation that a CUSUM starts accumulating some
-observations before the real failure dates the onset early; a detector without an estimate whose critical level is
-reached late in a slow drift reports the onset where the drift became critical, after the labelled onset.
+estimates where its condition began (``Detector.change_point``) moves the onset back to that estimate, never into
+its previous excursion, read with the rule's hindsight (at the excursion's last finding within ``rule.horizon``
+logged steps of its onset). A CUSUM alarm dates the shift to the first observation since the statistic was last 0,
+the standard CUSUM change-point estimate (Page 1954; Montgomery, *Introduction to Statistical Quality Control*,
+sec. 9.1): a CUSUM accumulates for several observations before it crosses a bound. A finding that judges a shift
+of level (a drawdown from the best level, a ratio to the early baseline) dates it by the least-squares change point
+of the level since the stat was last at the detector's baseline, refined by binary segmentation
+(:func:`~rlguard.guards.detectors.base.level_shift`). What would make it fail: a small elevation that a CUSUM
+starts accumulating some observations before the real failure dates the onset early; a steady ramp is split into
+significant steps and dated late in it; a noisy gradual decline is dated to its largest shift.
 
 The run's onset is a property of the run, not of a detector's statistic (an entropy blow-up that subsides after
 230 steps of a destroyed run ended as an excursion; the run did not recover), so the run's recovery is judged by

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlguard.guards.consequence.rule import converged, normalized_reward
+from rlguard.guards.consequence.rule import ConsequenceRule, converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import RollingWindow, median_of
@@ -29,6 +29,10 @@ MIN_BASELINE = 5
 #: the most observations a level-shift window holds (:class:`LevelShift`): the doctor's change-point estimate looks
 #: back at most this far from a finding
 SHIFT_WINDOW = 200
+#: observations after an excursion's possible onset at which :class:`LevelShift` gives its estimate: the doctor reads
+#: it within the consequence rule's horizon of the onset (``ConsequenceRule.horizon`` logged steps, at least as many
+#: as the detector's observations), and a sustained finding need not pay for it at every step
+SHIFT_READ = ConsequenceRule.horizon
 
 
 def step_noise(values: Sequence[float]) -> float:
@@ -96,8 +100,10 @@ class LevelShift:
         self.sign = sign
         self.steps: deque[int] = deque(maxlen=SHIFT_WINDOW)
         self.values: deque[float] = deque(maxlen=SHIFT_WINDOW)
-        self._clean = 0  # observations since the detector's last finding
+        self._clean = 1  # observations since the detector's last finding (none yet: as after a clean one)
         self._found = False  # a finding is in the window
+        self._calm = SHIFT_WINDOW  # observations since the detector's last critical finding
+        self._since = SHIFT_READ + 1  # observations since an excursion could last have begun
 
     def see(self, step: int, value: float, at_baseline: bool) -> None:
         """One observation (in the space the detector judges: log for a ratio); ``at_baseline``: the stat is at the
@@ -109,10 +115,16 @@ class LevelShift:
         self.steps.append(step)
         self.values.append(value)
 
-    def judged(self, found: bool, clear_after: int) -> None:
-        """After :meth:`see`'s observation was judged: ``found``, whether it was a finding. Once ``clear_after``
-        clean observations follow a finding, the excursion has ended and the window keeps only them."""
-        if found:
+    def judged(self, finding: Finding | None, clear_after: int) -> None:
+        """After :meth:`see`'s observation was judged: ``finding``, the detector's finding there. Once
+        ``clear_after`` clean observations follow a finding, the excursion has ended and the window keeps only them.
+        An excursion can begin at a finding after a clean observation, or at a critical one after ``clear_after``
+        observations without one (its critical onset)."""
+        critical = finding is not None and finding.severity == "critical"
+        began = finding is not None and (self._clean > 0 or (critical and self._calm >= max(clear_after, 1)))
+        self._since = 0 if began else self._since + 1
+        self._calm = 0 if critical else self._calm + 1
+        if finding is not None:
             self._clean, self._found = 0, True
             return
         self._clean += 1
@@ -123,7 +135,10 @@ class LevelShift:
             self._found = False
 
     def change_point(self) -> int | None:
-        """The step of the first observation after the least-squares change of level in the window (None: none)."""
+        """The step of the first observation after the least-squares change of level in the window (None: none, or
+        more than :data:`SHIFT_READ` observations after an excursion could last have begun: not read there)."""
+        if self._since > SHIFT_READ:
+            return None
         at = level_shift(list(self.values), self.sign)
         return None if at is None else self.steps[at]
 

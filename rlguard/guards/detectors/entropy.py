@@ -158,7 +158,7 @@ class EntropyBlowup(Detector):
             anchor = _anchor_median(self._s_anchor)
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
         finding = self._judge(entropy, armed)
-        self._shift.judged(finding is not None, self.clear_after)
+        self._shift.judged(finding, self.clear_after)
         return finding
 
     def _judge(self, entropy: float, armed: bool) -> Finding | None:

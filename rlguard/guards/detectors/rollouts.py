@@ -122,7 +122,7 @@ class RewardCollapse(Detector):
             self._s_best = max(self._s_best, ewma)
         self._s_worst = min(self._s_worst, ewma)
         self._shift.see(step, reward, ewma >= self._s_best)
-        self._shift.judged(finding is not None, self.clear_after)
+        self._shift.judged(finding, self.clear_after)
         return finding
 
 

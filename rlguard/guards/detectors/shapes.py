@@ -189,7 +189,7 @@ class CusumDetector(Detector):
         if value is None or not math.isfinite(value):
             return None
         finding = self._judge(step, value, stats, armed)
-        self._shift.judged(finding is not None, self.clear_after)
+        self._shift.judged(finding, self.clear_after)
         return finding
 
     def _judge(self, step: int, value: float, stats: Mapping[str, float], armed: bool) -> Finding | None:

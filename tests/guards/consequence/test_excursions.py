@@ -165,3 +165,20 @@ def test_a_level_that_recovers_between_two_reward_collapses_is_not_the_second_on
     first, second = critical
     assert 79 <= first.onset <= 82 and first.end < 120, critical
     assert 149 <= second.onset <= 152 < second.severity_step, critical
+
+
+def test_an_entropy_blow_up_after_a_drift_is_dated_to_the_blow_up(tmp_path: Path) -> None:
+    # entropy 0.6 nats, 1.2 from index 100 (a drift: 2x, below entropy_blowup's bounds), 4.0 from index 150 (step
+    # 151: a warning, 6.7x), critical once its noise reaches 8x (step 186), the reward lost with it: the onset is the
+    # jump into the level it ends at, not the drift before it nor where its noise first crossed the critical ratio
+    noise = np.random.default_rng(2).normal(0, 0.15, 220)
+    rows = shaped_stream(
+        220,
+        0,
+        entropy=lambda i: (0.6 if i < 100 else 1.2 if i < 150 else 4.0) * math.exp(float(noise[i])),
+        reward_mean=lambda i: 0.2 + 0.01 * min(i, 50) if i < 150 else 0.1,
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (blowup,) = [f for f in d.findings if f.detector == "entropy_blowup"]
+    (ex,) = [x for x in blowup.excursions if x.severity == "critical"]
+    assert 150 <= ex.onset <= 152 < ex.severity_step, blowup.excursions

@@ -258,11 +258,25 @@ class LengthCollapse(Detector):
                 f"{self.name}: need 0 < critical_ratio <= warn_ratio < 1; got {self.critical_ratio}, {self.warn_ratio}."
             )
         self._s_anchor: list[float] = []
+        self._shift = LevelShift(-1.0)  # log lengths since one was last at or above the early baseline
+
+    def change_point(self) -> int | None:
+        """Where the collapse began: the least-squares change of level of the log lengths since one was last at or
+        above the early baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         length = _metric(stats, self.metric)
         if length is None or not math.isfinite(length):
             return None
+        if length > 0:
+            anchor = _anchor_median(self._s_anchor)
+            self._shift.see(step, math.log(length), anchor is None or length >= anchor)
+        finding = self._judge(length, armed)
+        self._shift.judged(finding, self.clear_after)
+        return finding
+
+    def _judge(self, length: float, armed: bool) -> Finding | None:
         advice = (
             "Roll back to a healthy step and lower the LR; check the EOS handling and the reward for empty answers."
         )

@@ -11,13 +11,16 @@ findings before it are what patience rejects). For a critical excursion it is th
 critical observations in the run of them that became critical (critical observations separated by fewer than
 ``clear_after`` others, the hysteresis of the alarm's critical level): a stretch of warnings before it (groups
 solved, then groups failed) is the excursion's precursor (``Excursion.alarm``), not its onset. A detector that
-estimates where its condition began (``Detector.change_point``: a CUSUM alarm dates the shift to the first
-observation since the statistic was last 0, the standard CUSUM change-point estimate; Page 1954, Montgomery,
-*Introduction to Statistical Quality Control*, sec. 9.1) moves the onset back to that estimate, never into its
-previous excursion: a CUSUM accumulates for several observations before it crosses a bound, and the shift began
-where the accumulation did. What would make it fail: a small elevation that a CUSUM starts accumulating some
-observations before the real failure dates the onset early; a detector without an estimate whose critical level is
-reached late in a slow drift reports the onset where the drift became critical, after the labelled onset.
+estimates where its condition began (``Detector.change_point``) moves the onset back to that estimate, never into
+its previous excursion, read with the rule's hindsight (at the excursion's last finding within ``rule.horizon``
+logged steps of its onset). A CUSUM alarm dates the shift to the first observation since the statistic was last 0,
+the standard CUSUM change-point estimate (Page 1954; Montgomery, *Introduction to Statistical Quality Control*,
+sec. 9.1): a CUSUM accumulates for several observations before it crosses a bound. A finding that judges a shift
+of level (a drawdown from the best level, a ratio to the early baseline) dates it by the least-squares change point
+of the level since the stat was last at the detector's baseline, refined by binary segmentation
+(:func:`~rlguard.guards.detectors.base.level_shift`). What would make it fail: a small elevation that a CUSUM
+starts accumulating some observations before the real failure dates the onset early; a steady ramp is split into
+significant steps and dated late in it; a noisy gradual decline is dated to its largest shift.
 
 The run's onset is a property of the run, not of a detector's statistic (an entropy blow-up that subsides after
 230 steps of a destroyed run ended as an excursion; the run did not recover), so the run's recovery is judged by
@@ -120,7 +123,7 @@ def excursions(
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
         at = _Observed([timeline.steps[p] for p in obs], groups)
-        out[name] = [_backdate(ex, name, timeline, obs, at) for ex in out[name]]
+        out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
 
 
@@ -132,15 +135,25 @@ class _Observed:
         self.ends = [steps[g[-1]] for g in groups]
 
 
-def _backdate(ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed) -> Excursion:
-    """``ex`` with its onset moved back to its detector's change-point estimate at the onset
-    (``Timeline.change_points``: a CUSUM's alarm dates the shift to the first observation since its statistic was
-    last 0, Page 1954), where that is earlier; never back into the detector's previous excursion."""
+def _backdate(
+    ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed, horizon: int
+) -> Excursion:
+    """``ex`` with its onset moved back to its detector's change-point estimate (``Timeline.change_points``: a CUSUM
+    alarm's Page 1954 estimate, the first observation since its statistic was last 0; a shift of level's
+    least-squares change point), where that is earlier; never back into the detector's previous excursion. The
+    estimate is read with the hindsight the consequence rule judges with: at the excursion's last finding within
+    ``horizon`` logged steps of its onset, where the shift has up to that many observations after it (at the onset
+    itself a shift's few observations weigh less than a longer, smaller elevation before it)."""
     points, steps = timeline.change_points, observed.steps
     k = bisect.bisect_left(steps, ex.onset)
-    if not points or k == len(steps) or steps[k] != ex.onset or (cp := points[obs[k]].get(name)) is None:
+    if not points or k == len(steps) or steps[k] != ex.onset:
         return ex
-    if cp >= ex.onset:
+    cp = None
+    for j in range(k, len(steps)):
+        if obs[j] > obs[k] + horizon or steps[j] > ex.end:
+            break
+        cp = points[obs[j]].get(name, cp)
+    if cp is None or cp >= ex.onset:
         return ex
     # the previous episode ends at the last episode end before the onset (an episode that ends before it starts
     # before it); the new onset is the first observed step at or after the estimate and after that end

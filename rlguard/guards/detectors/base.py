@@ -6,13 +6,15 @@ Design: ``docs/design.md`` (the guard layer). The underscored helpers are privat
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlguard.guards.consequence.rule import converged, normalized_reward
+from rlguard.guards.consequence.rule import ConsequenceRule, converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import RollingWindow, median_of
@@ -22,6 +24,123 @@ from rlguard.guards.state import PrivateState
 #: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
 #: needs a window of 5
 MIN_BASELINE = 5
+
+
+#: the most observations a level-shift window holds (:class:`LevelShift`): the doctor's change-point estimate looks
+#: back at most this far from a finding
+SHIFT_WINDOW = 200
+#: observations after an excursion's possible onset at which :class:`LevelShift` gives its estimate: the doctor reads
+#: it within the consequence rule's horizon of the onset (``ConsequenceRule.horizon`` logged steps, at least as many
+#: as the detector's observations), and a sustained finding need not pay for it at every step
+SHIFT_READ = ConsequenceRule.horizon
+
+
+def step_noise(values: Sequence[float]) -> float:
+    """The per-observation noise of ``values`` (at least 2) from their successive differences (``sd(x_t - x_t-1) =
+    sqrt(2) sigma`` for independent noise), so that a trend or a shift in them does not inflate it: the differences'
+    robust sigma, or their root mean square where that is larger (rewards of a few prompts are bimodal: MAD near
+    0), over ``sqrt(2)``."""
+    diffs = [b - a for a, b in itertools.pairwise(values)]
+    rms = math.sqrt(sum(d * d for d in diffs) / len(diffs))
+    return max(RollingWindow(len(diffs), diffs).sigma(), rms) / math.sqrt(2)
+
+
+def _best_split(values: Sequence[float], sign: float) -> tuple[int, float] | None:
+    """The least-squares split of ``values`` into two segments of constant mean whose later mean lies on the
+    ``sign`` side of the earlier one: (index of the first observation after it, the sum of squares it removes,
+    ``t (n - t) / n (mean_after - mean_before)^2``), or None."""
+    n = len(values)
+    total, left = math.fsum(values), 0.0
+    best, at = 0.0, None
+    for t in range(1, n):
+        left += values[t - 1]
+        before, after = left / t, (total - left) / (n - t)
+        gain = t * (n - t) / n * (after - before) ** 2
+        if sign * (after - before) > 0 and gain > best:
+            best, at = gain, t
+    return None if at is None else (at, best)
+
+
+def level_shift(values: Sequence[float], sign: float) -> int | None:
+    """Where the level of ``values`` shifted to the level it ends at, by least squares: the split into two segments
+    of constant mean with the smallest residual sum of squares, the maximum-likelihood estimate of a single change
+    point in the mean of a Gaussian sequence (Hinkley 1970, Biometrika 57), refined by binary segmentation
+    (Vostrikova 1981) of the segment after it while a further split is significant by the Schwarz criterion (it
+    removes more than ``2 sigma^2 ln n``, Yao 1988; ``sigma`` the values' :func:`step_noise`): a stat that drifted
+    before it shifted (entropy creeping up, then blowing up) is dated to the shift into the level it ends at, not
+    to the drift. Only shifts whose later mean lies on the ``sign`` side of the earlier one (+1: above, -1: below)
+    count. Returns the index of the first observation after the shift; None for fewer than 2 values or no shift."""
+    n = len(values)
+    if n < 2:
+        return None
+    penalty = 2.0 * step_noise(values) ** 2 * math.log(n)
+    found: int | None = None
+    while (split := _best_split(values[found or 0 :], sign)) is not None:
+        at, gain = split
+        if found is not None and gain <= penalty:
+            break
+        found = (found or 0) + at
+    return found
+
+
+class LevelShift:
+    """The observations of a detector's stat since it was last at the detector's baseline, for the change-point
+    estimate of a finding that judges a shift of level (a drawdown from the best level, a ratio to the early
+    baseline): :func:`level_shift` over them, the window from the last observation at the baseline to the finding,
+    and never before the detector's previous excursion ended (``clear_after`` clean observations after a finding,
+    the alarm's hysteresis: the window then holds only those). Kept beside the detector's state, not in it (a
+    checkpoint does not save it: after a resume the window starts at the resume); at most :data:`SHIFT_WINDOW`
+    observations.
+
+    Attributes:
+        sign: the direction of the shift the detector finds (+1: up, -1: down).
+    """
+
+    def __init__(self, sign: float) -> None:
+        self.sign = sign
+        self.steps: deque[int] = deque(maxlen=SHIFT_WINDOW)
+        self.values: deque[float] = deque(maxlen=SHIFT_WINDOW)
+        self._clean = 1  # observations since the detector's last finding (none yet: as after a clean one)
+        self._found = False  # a finding is in the window
+        self._calm = SHIFT_WINDOW  # observations since the detector's last critical finding
+        self._since = SHIFT_READ + 1  # observations since an excursion could last have begun
+
+    def see(self, step: int, value: float, at_baseline: bool) -> None:
+        """One observation (in the space the detector judges: log for a ratio); ``at_baseline``: the stat is at the
+        detector's baseline there, so the window starts again from it."""
+        if at_baseline:
+            self.steps.clear()
+            self.values.clear()
+            self._found = False
+        self.steps.append(step)
+        self.values.append(value)
+
+    def judged(self, finding: Finding | None, clear_after: int) -> None:
+        """After :meth:`see`'s observation was judged: ``finding``, the detector's finding there. Once
+        ``clear_after`` clean observations follow a finding, the excursion has ended and the window keeps only them.
+        An excursion can begin at a finding after a clean observation, or at a critical one after ``clear_after``
+        observations without one (its critical onset)."""
+        critical = finding is not None and finding.severity == "critical"
+        began = finding is not None and (self._clean > 0 or (critical and self._calm >= max(clear_after, 1)))
+        self._since = 0 if began else self._since + 1
+        self._calm = 0 if critical else self._calm + 1
+        if finding is not None:
+            self._clean, self._found = 0, True
+            return
+        self._clean += 1
+        if self._found and self._clean >= max(clear_after, 1):
+            while len(self.steps) > self._clean:
+                self.steps.popleft()
+                self.values.popleft()
+            self._found = False
+
+    def change_point(self) -> int | None:
+        """The step of the first observation after the least-squares change of level in the window (None: none, or
+        more than :data:`SHIFT_READ` observations after an excursion could last have begun: not read there)."""
+        if self._since > SHIFT_READ:
+            return None
+        at = level_shift(list(self.values), self.sign)
+        return None if at is None else self.steps[at]
 
 
 def warmed_up(warmup: int, seen: int, span: int | None) -> bool:

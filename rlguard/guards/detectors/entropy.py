@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _anchor_median, _finite, _metric
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _finite, _metric
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow, mann_kendall_z
 
@@ -48,6 +48,7 @@ class EntropyCollapse(Detector):
         self._s_early: list[float] = []
         self._s_rewards = RollingWindow(self.trend_window)
         self._s_early_rewards: list[float] = []
+        self._shift = LevelShift(-1.0)  # log entropy since it was last at or above its baseline
 
     def reads(self) -> tuple[str, ...]:
         return ("entropy", "reward_mean")
@@ -55,7 +56,29 @@ class EntropyCollapse(Detector):
     def observes(self, stats: Mapping[str, float]) -> bool:
         return _finite(stats, "entropy")
 
+    def change_point(self) -> int | None:
+        """Where the collapse began: the least-squares change of level of the log entropy since it was last at or
+        above its baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        entropy = _metric(stats, "entropy")
+        if entropy is not None and entropy > 0 and math.isfinite(entropy):
+            baseline = self._baseline()
+            self._shift.see(step, math.log(entropy), baseline is None or entropy >= baseline)
+        finding = self._judge(stats, armed)
+        self._shift.judged(finding, self.clear_after)
+        return finding
+
+    def _baseline(self) -> float | None:
+        """The upper quartile of the warm-up (None before 3 observations): a collapse that starts inside the
+        warm-up does not drag it down."""
+        if len(self._s_early) < 3:
+            return None
+        early = sorted(self._s_early)
+        return early[(3 * (len(early) - 1)) // 4]
+
+    def _judge(self, stats: Mapping[str, float], armed: bool) -> Finding | None:
         entropy, reward = _metric(stats, "entropy"), _metric(stats, "reward_mean")
         if reward is not None and math.isfinite(reward):
             self._s_rewards.push(reward)
@@ -67,10 +90,8 @@ class EntropyCollapse(Detector):
             if len(self._s_early) < max(self.warmup, 3):
                 self._s_early.append(entropy)
             return None
-        # upper quartile of the warm-up: a collapse that starts inside the warm-up does not drag the baseline down
-        early = sorted(self._s_early)
-        baseline = early[(3 * (len(early) - 1)) // 4]
-        if baseline <= 0:
+        baseline = self._baseline()
+        if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
         z = mann_kendall_z(list(self._s_rewards.values)) if len(self._s_rewards) >= 5 else 0.0
@@ -143,11 +164,25 @@ class EntropyBlowup(Detector):
                 f"{self.warn_ratio}, {self.critical_ratio}, {self.warn_nats}, {self.critical_nats}."
             )
         self._s_anchor: list[float] = []
+        self._shift = LevelShift(1.0)  # log entropy since it was last at or below its early baseline
+
+    def change_point(self) -> int | None:
+        """Where the blow-up began: the least-squares change of level of the log entropy since it was last at or
+        below its early baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         entropy = _metric(stats, self.metric)
         if entropy is None or not math.isfinite(entropy):
             return None
+        if entropy > 0:
+            anchor = _anchor_median(self._s_anchor)
+            self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
+        finding = self._judge(entropy, armed)
+        self._shift.judged(finding, self.clear_after)
+        return finding
+
+    def _judge(self, entropy: float, armed: bool) -> Finding | None:
         anchor = _anchor_median(self._s_anchor)
         if armed and anchor is not None and anchor > 0:
             ratio = entropy / anchor

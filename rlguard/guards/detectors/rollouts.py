@@ -3,13 +3,12 @@ collapse), truncation and repetition loops."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, _anchor_median, _metric, _RewardLevel
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _metric, _RewardLevel, step_noise
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -63,9 +62,15 @@ class RewardCollapse(Detector):
         self._s_worst = math.inf
         self._s_window = RollingWindow(self.window)
         self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
+        self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
 
     def reads(self) -> tuple[str, ...]:
         return (self.metric,)
+
+    def change_point(self) -> int | None:
+        """Where the drawdown began: the least-squares change of level of the rewards since the EWMA was last at its
+        best (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
 
     def _what(self) -> str:
         """The stat's name in a message."""
@@ -84,12 +89,8 @@ class RewardCollapse(Detector):
         ewma = self._s_ewma
         finding, held = None, False
         if armed and len(self._s_window) >= 5:
-            # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
-            # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
-            # their standard deviation where that is larger (rewards of a few prompts are bimodal, MAD near 0)
-            diffs = [b - a for a, b in itertools.pairwise(self._s_window.values)]
-            std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
-            noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+            # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it
+            noise = step_noise(list(self._s_window.values))
             scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
             drop = (self._s_best - ewma) / scale
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
@@ -120,6 +121,8 @@ class RewardCollapse(Detector):
         if armed:
             self._s_best = max(self._s_best, ewma)
         self._s_worst = min(self._s_worst, ewma)
+        self._shift.see(step, reward, ewma >= self._s_best)
+        self._shift.judged(finding, self.clear_after)
         return finding
 
 
@@ -255,11 +258,25 @@ class LengthCollapse(Detector):
                 f"{self.name}: need 0 < critical_ratio <= warn_ratio < 1; got {self.critical_ratio}, {self.warn_ratio}."
             )
         self._s_anchor: list[float] = []
+        self._shift = LevelShift(-1.0)  # log lengths since one was last at or above the early baseline
+
+    def change_point(self) -> int | None:
+        """Where the collapse began: the least-squares change of level of the log lengths since one was last at or
+        above the early baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         length = _metric(stats, self.metric)
         if length is None or not math.isfinite(length):
             return None
+        if length > 0:
+            anchor = _anchor_median(self._s_anchor)
+            self._shift.see(step, math.log(length), anchor is None or length >= anchor)
+        finding = self._judge(length, armed)
+        self._shift.judged(finding, self.clear_after)
+        return finding
+
+    def _judge(self, length: float, armed: bool) -> Finding | None:
         advice = (
             "Roll back to a healthy step and lower the LR; check the EOS handling and the reward for empty answers."
         )

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _absolute, _anchor_median, _finite, _metric, _rank
+from rlguard.guards.detectors.base import Detector, LevelShift, _absolute, _anchor_median, _finite, _metric, _rank
 from rlguard.guards.events import Finding, Severity
 from rlguard.guards.robust import RollingWindow, cusum_step
 
@@ -152,6 +152,7 @@ class CusumDetector(Detector):
         self._s_cusum_start = -1  # step of the first observation since the CUSUM was last 0 (-1: it is 0)
         self._s_control_anchor: list[float] = []
         self._s_control = RollingWindow(self.control_window)
+        self._shift = LevelShift(1.0)  # log values since the last one at or below the anchored baseline
 
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
         """Track ``lost_control``; a description if its recent median is below its early median by more than a
@@ -174,19 +175,29 @@ class CusumDetector(Detector):
         return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
 
     def change_point(self) -> int | None:
-        """Page's (1954) estimate of where the shift began: the first observation since the CUSUM was last 0
-        (Montgomery, *Introduction to Statistical Quality Control*, sec. 9.1); None while it is 0 (a finding of the
-        absolute bounds or the drift check then has no estimate)."""
-        return self._s_cusum_start if self._s_cusum_start >= 0 else None
+        """Where the condition found began: while the CUSUM is above 0, Page's (1954) estimate, the first
+        observation since it was last 0 (Montgomery, *Introduction to Statistical Quality Control*, sec. 9.1); while
+        it is 0 (a finding of the drift check or the absolute bounds: a level, not a sum), the least-squares change
+        of level of the log values since the last one at or below the anchored baseline
+        (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        if self._s_cusum_start >= 0:
+            return self._s_cusum_start
+        return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = _metric(stats, self.metric)
         if value is None or not math.isfinite(value):
             return None
+        finding = self._judge(step, value, stats, armed)
+        self._shift.judged(finding, self.clear_after)
+        return finding
+
+    def _judge(self, step: int, value: float, stats: Mapping[str, float], armed: bool) -> Finding | None:
         finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         x = math.log(max(value, self.floor))
         lost = self._control_lost(stats)
         self._s_recent.push(x)
+        self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (_anchor_median(self._s_anchor) or 0.0))
         if len(self._s_window) < 3 or not armed:
             self._s_window.push(x)
             if finding is None and len(self._s_anchor) < self.anchor:

@@ -12,6 +12,7 @@ import numpy as np
 
 from rlguard.doctor import diagnose
 from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
+from rlguard.guards.detectors.base import level_shift
 from tests.helpers.doctor_logs import shaped_stream, write_trainer_state
 
 
@@ -115,3 +116,69 @@ def test_a_reward_that_fell_and_stayed_down_rarely_reads_as_recovered() -> None:
                 recovered_incidents(list(range(1, 201)), rewards, [_critical("x", 55, 90), _critical("y", 150, 200)])
             )
         assert false <= 2, (name, false)
+
+
+def test_the_least_squares_change_point_of_a_level() -> None:
+    rng = np.random.default_rng(0)
+    step = [float(v) for v in np.where(np.arange(60) >= 40, 0.2, 0.7) + rng.normal(0, 0.1, 60)]
+    assert 38 <= level_shift(step, -1.0) <= 42  # type: ignore[operator]
+    assert level_shift(step, 1.0) != 40  # only a shift in the direction asked
+    assert level_shift([1.0], -1.0) is None and level_shift([1.0, 2.0], -1.0) is None
+    assert level_shift([2.0, 1.0, 1.0], -1.0) == 1
+    # a drift to a plateau, then a larger shift: dated to the shift into the level the values end at (binary
+    # segmentation), not to the drift that a single change point of the whole window picks
+    staircase = np.concatenate([np.zeros(60), np.full(40, 1.0), np.full(12, 2.0)]) + rng.normal(0, 0.2, 112)
+    assert 99 <= level_shift([float(v) for v in staircase], 1.0) <= 101  # type: ignore[operator]
+
+
+def _reward_finding(tmp_path: Path, reward: Callable[[int], float], detector: str = "reward_collapse"):
+    """The critical excursions of ``detector`` on a 220-step run whose reward climbs from 0.2 to its level 0.7 over
+    the first 50 steps (a peak to collapse from), then is ``reward(i)``, plus noise (sd 0.1, a few prompts' pass
+    rate)."""
+    noise = np.random.default_rng(1).normal(0, 0.1, 220)
+    rows = shaped_stream(220, 0, reward_mean=lambda i: (0.2 + 0.01 * i if i < 50 else reward(i)) + float(noise[i]))
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (found,) = [f for f in d.findings if f.detector == detector]
+    return d, [x for x in found.excursions if x.severity == "critical"]
+
+
+def test_a_reward_collapse_is_dated_to_where_the_reward_stepped_down(tmp_path: Path) -> None:
+    # a noisy reward steps from 0.7 to 0.35 at index 150 (step 151): the smoothed drawdown is critical 6 steps
+    # later; the onset is the least-squares change of level of the rewards since the EWMA was last at its best
+    d, (ex,) = _reward_finding(tmp_path, lambda i: 0.35 if i >= 150 else 0.7)
+    assert 149 <= ex.onset <= 153 < ex.severity_step, ex
+    assert d.onset == ex.onset
+
+
+def test_a_reward_ramp_is_never_dated_before_it_began(tmp_path: Path) -> None:
+    # the reward falls 0.015 a step from index 120 (step 121) to 0.1 at index 160, then holds. Binary segmentation
+    # splits a steady ramp into significant steps, the last of them late in the ramp: the onset is no earlier than
+    # the ramp's start and no later than where it became critical (a limitation: not the ramp's start)
+    _, (ex,) = _reward_finding(tmp_path, lambda i: 0.7 - 0.015 * min(max(i - 120, 0), 40))
+    assert 121 <= ex.onset <= ex.severity_step <= 161, ex
+
+
+def test_a_level_that_recovers_between_two_reward_collapses_is_not_the_second_ones_onset(tmp_path: Path) -> None:
+    # the reward falls to 0.2 at indices 80-99 and comes back to 0.7; it falls again from index 150 (step 151): the
+    # second collapse is dated to its own step down, not into the first one or the recovery between them
+    _, critical = _reward_finding(tmp_path, lambda i: 0.2 if i >= 150 or 80 <= i < 100 else 0.7)
+    first, second = critical
+    assert 79 <= first.onset <= 82 and first.end < 120, critical
+    assert 149 <= second.onset <= 152 < second.severity_step, critical
+
+
+def test_an_entropy_blow_up_after_a_drift_is_dated_to_the_blow_up(tmp_path: Path) -> None:
+    # entropy 0.6 nats, 1.2 from index 100 (a drift: 2x, below entropy_blowup's bounds), 4.0 from index 150 (step
+    # 151: a warning, 6.7x), critical once its noise reaches 8x (step 186), the reward lost with it: the onset is the
+    # jump into the level it ends at, not the drift before it nor where its noise first crossed the critical ratio
+    noise = np.random.default_rng(2).normal(0, 0.15, 220)
+    rows = shaped_stream(
+        220,
+        0,
+        entropy=lambda i: (0.6 if i < 100 else 1.2 if i < 150 else 4.0) * math.exp(float(noise[i])),
+        reward_mean=lambda i: 0.2 + 0.01 * min(i, 50) if i < 150 else 0.1,
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (blowup,) = [f for f in d.findings if f.detector == "entropy_blowup"]
+    (ex,) = [x for x in blowup.excursions if x.severity == "critical"]
+    assert 150 <= ex.onset <= 152 < ex.severity_step, blowup.excursions

@@ -13,7 +13,9 @@ guard as it is: nothing here is tuned.
 
 Criteria (issue 36): no rollback or halt on a healthy run; on a collapse, a first action (skip, rollback or halt)
 within 15 logged steps of the labelled onset. An action before the onset counts as the first action, and its delay
-is negative (logged steps before the onset).
+is negative (logged steps before the onset), except a skip of a batch without signal (``skip_no_signal``: every
+group's rewards equal, so every advantage 0): it is right whatever the run does, so one before the onset is no early
+action on the collapse; from the onset on it counts. The skips column gives the skips without signal in brackets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlguard.doctor.replay import LiveDecision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,6 +48,7 @@ class Replayed:
     """One log under one preset."""
 
     skips: int
+    no_signal: int  # of ``skips``: batches without signal (``skip_no_signal``)
     rollbacks: int
     halts: int
     first_action: str  # "outcome @step" of the first skip, rollback or halt, or "-"
@@ -52,17 +59,25 @@ class Replayed:
 def replay(path: Path, verdict: Verdict, preset: str) -> Replayed:
     """The replay of ``path`` under ``preset`` and, for a collapse, the delay of its first action."""
     from rlguard.doctor.replay import replay_live
+    from rlguard.guards.interventions.skip_no_signal import NO_SIGNAL
 
     r = replay_live(path, preset, dict(verdict.key_map) or None, run=verdict.run)
-    first = r.first_action
+    onset = verdict.onset if verdict.kind == "collapse" else None
+
+    def no_signal(d: LiveDecision) -> bool:
+        return d.outcome == "skip" and d.reason.startswith(NO_SIGNAL)
+
+    # a skip without signal before the onset is no action on the collapse (see the module's docstring)
+    acts = [d for d in r.decisions if d.outcome != "step" and not (no_signal(d) and (onset is None or d.step < onset))]
+    first = acts[0] if acts else None
     delay = None
-    if first is not None and verdict.kind == "collapse" and verdict.onset is not None:
+    if first is not None and onset is not None:
         steps = [s for s, _ in r.read.rows]
-        onset = verdict.onset
         delay = sum(onset <= s < first.step for s in steps) - sum(first.step <= s < onset for s in steps)
-    text = f"{first.outcome} @{first.step}" if first is not None else "-"
+    text = "-" if first is None else f"{first.outcome}{' (no signal)' * no_signal(first)} @{first.step}"
     stats = tuple(sorted({k for _, row in r.read.rows for k in row}))
-    return Replayed(r.count("skip"), r.count("rollback"), r.count("halt"), text, delay, stats)
+    quiet = sum(map(no_signal, r.decisions))
+    return Replayed(r.count("skip"), quiet, r.count("rollback"), r.count("halt"), text, delay, stats)
 
 
 def _short(name: str) -> str:
@@ -75,7 +90,11 @@ def _label(v: Verdict) -> str:
 
 def run(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
     """The Markdown table and the summary lines."""
-    header = ["log", "label", *(f"{p}: skips / rollbacks / halts, first action (delay)" for p in PRESETS)]
+    header = [
+        "log",
+        "label",
+        *(f"{p}: skips (without signal) / rollbacks / halts, first action (delay)" for p in PRESETS),
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     results: dict[str, dict[str, Replayed]] = {}
     for name, path in paths.items():
@@ -85,7 +104,7 @@ def run(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
         for p in PRESETS:
             r = results[name][p]
             delay = f" ({r.delay:+d})" if r.delay is not None else ""
-            cells.append(f"{r.skips} / {r.rollbacks} / {r.halts}, {r.first_action}{delay}")
+            cells.append(f"{r.skips} ({r.no_signal}) / {r.rollbacks} / {r.halts}, {r.first_action}{delay}")
         lines.append("| " + " | ".join(cells) + " |")
     summary = [f"{len(paths)} logs replayed under {', '.join(PRESETS)}:"]
     healthy = [n for n in paths if ALL_VERDICTS[n].kind == "healthy"]
@@ -93,9 +112,11 @@ def run(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
     for p in PRESETS:
         acted = [n for n in healthy if results[n][p].rollbacks or results[n][p].halts]
         halted = [n for n in healthy if results[n][p].halts]
+        quiet = {_short(n): results[n][p].no_signal for n in healthy if results[n][p].no_signal}
         summary.append(
             f"  {p}: healthy runs rolled back or halted: {len(acted)}/{len(healthy)} "
-            f"({', '.join(map(_short, acted)) or 'none'}); halted: {len(halted)}"
+            f"({', '.join(map(_short, acted)) or 'none'}); halted: {len(halted)}; skips without signal on "
+            f"{len(quiet)}/{len(healthy)} ({', '.join(f'{n} {k}' for n, k in quiet.items()) or 'none'})"
         )
         delays = {n: results[n][p].delay for n in collapses}
         on_time = [n for n, d in delays.items() if d is not None and 0 <= d <= WITHIN]

@@ -29,6 +29,7 @@ from trl_guard_faults import RUN, build, guard_config, summary
 from rlguard.adapters.trl import EVENTS_FILE, GUARD_STATE_FILE, GuardedGRPOConfig, GuardedGRPOTrainer, StabilityCallback
 from rlguard.guards.decision import decision_action
 from rlguard.guards.events import read_events
+from rlguard.guards.interventions.skip_no_signal import NO_SIGNAL
 from rlguard.tasks.hf import save_tiny_llama
 
 pytestmark = [
@@ -178,6 +179,22 @@ def test_poison_on_a_stock_trainer_with_the_callback(model_dir: Path, tmp_path: 
     stats = {"reward_mean", "length_mean", "entropy", "grad_norm", "lr"}
     assert stats <= set(callback.history[0]), callback.history[0]
     assert args.max_grad_norm == RUN["max_grad_norm"]  # restored after training
+
+
+def test_a_batch_without_signal_is_skipped_on_a_stock_trainer(model_dir: Path, tmp_path: Path) -> None:
+    """``skip_no_signal`` end to end: the steps whose every group has all-equal rewards (TRL's
+    ``frac_reward_zero_std`` 1) are skipped, no other step is, and no rollback follows however many there are."""
+    callback = StabilityCallback(guard=guard_config(no_signal_skips=True))
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=STEPS - 2, **RUN)
+    trainer = build(GRPOTrainer, model_dir, args, None, AT, callbacks=[callback])
+    callback.attach(trainer)
+    trainer.train()
+    rows = [r for r in trainer.state.log_history if "frac_reward_zero_std" in r]
+    without = [int(r["step"]) for r in rows if float(r["frac_reward_zero_std"]) >= 1.0]
+    assert without, "no step without signal: the test needs one (another seed or fewer generations)"
+    skipped = [d.step for d in callback.decisions if d.outcome == "skip"]
+    assert skipped == without and all(d.reason.startswith(NO_SIGNAL) for d in callback.decisions if d.outcome == "skip")
+    assert not [d for d in callback.decisions if d.outcome in ("rollback", "halt")]
 
 
 def free_port() -> int:

@@ -38,12 +38,16 @@ RUN: dict[str, Any] = {
 }
 
 
-def guard_config(preset: str = "default", **changes: Any) -> GuardConfig:
-    """``preset`` with warm-ups short enough for runs of a few steps (its own thresholds), a snapshot every 2 steps."""
+def guard_config(preset: str = "default", *, no_signal_skips: bool = False, **changes: Any) -> GuardConfig:
+    """``preset`` with warm-ups short enough for runs of a few steps (its own thresholds), a snapshot every 2 steps,
+    and without ``skip_no_signal`` unless ``no_signal_skips``: the random-init model's batches are one group of 4,
+    often all rewarded 0 (no signal, skipped by it), and these runs test the faults they inject."""
     base = GuardConfig.preset(preset)
     short = ("grad_norm_spike", "grad_norm_explosion", "ratio_explosion", "kl_old_blowup", "entropy_collapse")
     detectors = {**base.detectors, **{name: {**(base.detectors.get(name) or {}), "warmup": 2} for name in short}}
-    return GuardConfig.preset(preset, detectors=detectors, snapshot_interval=2, **changes)
+    off = {} if no_signal_skips else {"skip_no_signal": None}
+    interventions = {**base.interventions, **off, **changes.pop("interventions", {})}
+    return GuardConfig.preset(preset, detectors=detectors, interventions=interventions, snapshot_interval=2, **changes)
 
 
 def with_fault(base: type[GRPOTrainer], fault: str | None, at: int) -> type[GRPOTrainer]:

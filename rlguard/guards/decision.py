@@ -55,12 +55,16 @@ class Proposal:
         controls: the :class:`Controls` it sets, by name (``{"lr_scale": 0.5}``): the guard combines those of all
             interventions (``Controls.combine``: multipliers multiply); the others are left alone.
         rollback_to: the healthy step to restore, for ``rollback``.
+        poisoned: for ``skip``, whether the batch is poisoned (its update would harm the weights): poisoned skips in
+            a row roll back (``Rollback.max_consecutive_skips``). ``False`` for a batch skipped because it carries
+            no signal (``skip_no_signal``), which says nothing about the weights.
     """
 
     outcome: Outcome = "step"
     reason: str = ""
     controls: Mapping[str, float] = field(default_factory=dict)
     rollback_to: int | None = None
+    poisoned: bool = True
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

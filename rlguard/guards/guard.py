@@ -145,7 +145,7 @@ class Guard:
         )
         proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)
-        self._after(decision, findings)
+        self._after(decision, findings, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
         self._record(list(decision.events))
         return decision
 
@@ -250,8 +250,8 @@ class Guard:
             return f"{reason} [record-only: {self._actuator_name} cannot {capability}]"
         return reason
 
-    def _after(self, decision: Decision, findings: Mapping[str, Finding]) -> None:
-        self._consecutive_skips = self._consecutive_skips + 1 if decision.outcome == "skip" else 0
+    def _after(self, decision: Decision, findings: Mapping[str, Finding], *, poisoned: bool) -> None:
+        self._consecutive_skips = self._consecutive_skips + 1 if decision.outcome == "skip" and poisoned else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
         if self._healthy(findings) and decision.outcome == "step":

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from rlguard.cli import app
 from rlguard.doctor.diagnose import read_canonical
 from rlguard.doctor.replay import replay_live
+from rlguard.guards.interventions.skip_no_signal import NO_SIGNAL
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -64,7 +65,8 @@ def test_a_run_broken_at_its_first_log_is_halted_there() -> None:
     """website-sanitizer: KL 10,833 from the first log, no healthy snapshot to roll back to. A condition present
     from the first observation is judged once the reward's level can be known (``peak_observations``, 5
     records): the reward is at 0 (no established level vouches for the run), so it is halted at its fifth record
-    (step 50); the records before are answered by LR back-offs."""
+    (step 50); the records before are answered by an LR back-off and, where every group's rewards are equal (no
+    policy gradient), skips (``skip_no_signal``)."""
     path = PATHS.get("website-sanitizer-grpo.trainer_state.json")
     if path is None:
         pytest.skip("doctor_foreign is not there")
@@ -72,7 +74,11 @@ def test_a_run_broken_at_its_first_log_is_halted_there() -> None:
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert [(d["step"], d["outcome"]) for d in doc["decisions"]][-1] == (50, "halt")
-    assert all(d["outcome"] == "step" for d in doc["decisions"][:-1])
+    assert [(d["step"], d["outcome"]) for d in doc["decisions"][:-1]] == [
+        (10, "step"),
+        *((t, "skip") for t in (20, 30, 40)),
+    ]
+    assert all(d["reason"].startswith(NO_SIGNAL) for d in doc["decisions"][1:-1])
     assert "no healthy snapshot" in doc["decisions"][-1]["reason"]
 
 
@@ -91,18 +97,24 @@ def _replay_benchmark() -> ModuleType:
 #: collapses the live guard does not act on within 15 logged steps of their onset, and why (benchmarks/README.md,
 #: "The live guard replayed on real logs"); strict: the test fails when one of them starts passing
 LATE: dict[tuple[str, str], str] = {
-    **{
-        ("finance-poison-sparse.trainer_state.json", p): (
-            "its signal is groups without reward variance from the first record (a condition of the data that no "
-            "snapshot predates; halt leaves it to the user): skipped at +21 for gradient spikes"
-        )
-        for p in ("default", "stable")
-    },
-    **{
-        ("rasbt-ch06-grpo-nokl.csv", p): "length_explosion critical at +14, sustained (3 of 5) at +16"
-        for p in ("default", "stable")
-    },
+    ("rasbt-ch06-grpo-nokl.csv", p): "length_explosion critical at +14, sustained (3 of 5) at +16"
+    for p in ("default", "stable")
 }
+
+
+@real
+@pytest.mark.parametrize("preset", ["default", "stable"])
+def test_a_run_without_learning_signal_from_the_start_is_skipped_never_rolled_back(preset: str) -> None:
+    """finance-poison-sparse: every group without reward variance at reward 0 from its third record. Each such batch
+    is skipped (``skip_no_signal``: all advantages 0), from step 3 (+2 logged steps from the onset at 1; before,
+    the first action was a skip for a gradient spike at +21); those skips break the row of poisoned skips, so its
+    sporadic gradient spikes never make 3 in a row: no rollback, no halt."""
+    name = "finance-poison-sparse.trainer_state.json"
+    if name not in PATHS:
+        pytest.skip("doctor_foreign is not there")
+    r = _replay_benchmark().replay(PATHS[name], BENCH.ALL_VERDICTS[name], preset)
+    assert (r.first_action, r.delay) == ("skip (no signal) @3", 2), r
+    assert r.rollbacks == r.halts == 0 and r.no_signal >= r.skips - r.no_signal > 0, r
 
 
 @real

@@ -20,6 +20,7 @@ from rlguard.guards.interventions.lr_backoff import LRBackoff
 from rlguard.guards.interventions.mismatch_remedy import REMEDIES, MismatchRemedy
 from rlguard.guards.interventions.recovery import Recovery
 from rlguard.guards.interventions.rollback import Rollback
+from rlguard.guards.interventions.skip_no_signal import SkipNoSignal
 from rlguard.guards.interventions.skip_step import SkipStep
 from rlguard.guards.interventions.staleness_remedy import STALENESS_REMEDIES, StalenessRemedy
 from rlguard.guards.interventions.trust_region import TrustRegion
@@ -41,6 +42,7 @@ __all__ = [
     "Proposal",
     "Recovery",
     "Rollback",
+    "SkipNoSignal",
     "SkipStep",
     "StalenessRemedy",
     "StepContext",
@@ -50,7 +52,14 @@ __all__ = [
 ]
 
 #: the interventions a guard runs unless its config switches them off
-BUILTIN_INTERVENTIONS: tuple[type[Intervention], ...] = (SkipStep, LRBackoff, ClipController, Rollback, Halt)
+BUILTIN_INTERVENTIONS: tuple[type[Intervention], ...] = (
+    SkipStep,
+    SkipNoSignal,
+    LRBackoff,
+    ClipController,
+    Rollback,
+    Halt,
+)
 #: the built-in interventions that run only where a config names them (``enabled_by_default = False``)
 OPT_IN_INTERVENTIONS: tuple[type[Intervention], ...] = (
     TrustRegion,

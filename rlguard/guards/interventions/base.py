@@ -44,7 +44,8 @@ class StepContext:
         findings: this step's findings by detector (after warm-up, before patience).
         alarms: raised alarms by detector (after patience and hysteresis).
         alarm_age: steps each raised alarm has been at ``critical`` (0 if only ``warn``).
-        consecutive_skips: steps skipped in a row before this one.
+        consecutive_skips: poisoned batches skipped in a row before this one (``Proposal.poisoned``: a batch
+            skipped for carrying no signal breaks the row, as an applied step does).
         last_healthy_step: the last step with no finding and no alarm, or None.
         capabilities: what the bound actuator can do (``Actuator.capabilities``); None for a guard bound to none.
         handed_over: intervention -> the detectors whose findings it leaves to the enabled intervention that

@@ -76,6 +76,15 @@ CAUSES: tuple[Cause, ...] = (
     ),
     Cause("poisoned batch", ("nonfinite", "grad_norm_spike", "ratio_explosion"), "skip_step", "skip the step"),
     Cause(
+        "batch without policy-gradient signal: every group's rewards equal, so every group-relative advantage is 0 "
+        "(GRPO, arXiv 2402.03300, sec. 4.1.2)",
+        (),
+        "skip_no_signal",
+        "skip the step, as DAPO's dynamic sampling drops such prompts (arXiv 2503.14476, sec. 3.2); not counted "
+        "toward the skips in a row that roll back",
+        evidence="frac_zero_std_groups",
+    ),
+    Cause(
         "slow collapse",
         (
             "reward_collapse",

@@ -29,7 +29,7 @@ class Recovery(Intervention):
         critical_steps: any other detector's critical alarm rolls back once it lasts this many steps (``halt``'s
             rule, turned into a recovery attempt).
         ignore: detectors whose persistent alarms do not roll back (data-side problems, as for ``halt``).
-        max_consecutive_skips: skipped steps in a row that also roll back.
+        max_consecutive_skips: poisoned batches skipped in a row that also roll back (as ``rollback``).
         max_failures: rollbacks in a row, each within ``probation`` steps of the previous one, before halting.
         probation: steps after a rollback within which the next one counts the recovery as failed.
 

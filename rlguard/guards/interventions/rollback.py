@@ -11,12 +11,13 @@ __all__ = ["Rollback", "no_snapshot_before", "rollback_trigger"]
 
 
 def rollback_trigger(ctx: StepContext, critical: Sequence[str], max_consecutive_skips: int) -> str | None:
-    """Why this step rolls back, or None: the detectors with a ``critical`` alarm, or the skipped steps in a row
-    once they reach ``max_consecutive_skips`` (a run that keeps being skipped no longer learns)."""
+    """Why this step rolls back, or None: the detectors with a ``critical`` alarm, or the poisoned batches skipped
+    in a row once they reach ``max_consecutive_skips`` (a run whose batches keep being poisoned no longer learns; a
+    batch skipped for carrying no signal, ``skip_no_signal``, is not counted: ``StepContext.consecutive_skips``)."""
     if critical:
         return ", ".join(critical)
     if ctx.consecutive_skips >= max_consecutive_skips:
-        return f"{ctx.consecutive_skips} skipped steps in a row"
+        return f"{ctx.consecutive_skips} poisoned steps skipped in a row"
     return None
 
 
@@ -38,7 +39,7 @@ def no_snapshot_before(ctx: StepContext, critical: Sequence[str]) -> str | None:
 @dataclass(kw_only=True)
 class Rollback(Intervention):
     """Roll model and optimizer back to the last healthy snapshot on a critical alarm of a slow failure
-    (collapse cannot be undone by skipping a step), or after too many skipped steps in a row.
+    (collapse cannot be undone by skipping a step), or after too many poisoned batches skipped in a row.
 
     ``on`` holds the detectors of a state the weights carry: the policy's reward, entropy (collapsed or blown up),
     KL to the reference, completion length (collapsed or run away) and repetition, and the train-inference gap. A
@@ -51,14 +52,14 @@ class Rollback(Intervention):
 
     Attributes:
         on: detectors whose critical alarm rolls back.
-        max_consecutive_skips: skipped steps in a row that also roll back.
+        max_consecutive_skips: poisoned batches skipped in a row that also roll back (``Proposal.poisoned``).
         max_rollbacks: after this many rollbacks the guard halts instead.
     """
 
     name = "rollback"
     summary = (
         "roll back on critical reward or entropy collapse, entropy blow-up, KL blow-up, length collapse or "
-        "explosion, repetition or mismatch growth, or 3 skips in a row"
+        "explosion, repetition or mismatch growth, or 3 poisoned batches skipped in a row"
     )
 
     on: tuple[str, ...] = (

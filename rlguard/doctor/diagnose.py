@@ -10,12 +10,14 @@ step of onset (its first event) and that level's message, which carries the evid
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlguard.doctor.keys import KeyReport, canonical_name, canonical_stats, classify_keys
+from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.keys import KeyReport, canonical_name, classify_keys
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
@@ -87,7 +89,8 @@ class Diagnosis:
         log: the raw log read (with the account of the read, ``log.report``).
         keys: how its keys were mapped onto canonical names (``keys.auto_mapped``: those mapped automatically).
         steps: the optimizer steps judged, increasing.
-        series: canonical name -> value at each of ``steps`` (NaN where the step did not log it).
+        series: canonical name -> value at each of ``steps`` (NaN where the step did not log it), each read from
+            the log's columns when asked for (not kept).
         events: the detectors' events, severity by consequence, in order.
         findings: one per detector that raised an event, most severe first, then by onset.
         detector_metrics: detector name -> the canonical stats it reads (for plots).
@@ -101,8 +104,8 @@ class Diagnosis:
 
     log: MetricLog
     keys: KeyReport
-    steps: list[int]
-    series: dict[str, list[float]]
+    steps: Sequence[int]
+    series: Mapping[str, Sequence[float]]
     events: list[Event]
     findings: list[DoctorFinding]
     detector_metrics: dict[str, tuple[str, ...]]
@@ -182,12 +185,13 @@ class CanonicalLog:
     Attributes:
         log: the raw log (with the account of the read, ``log.report``).
         keys: how its keys map onto canonical names.
-        rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step.
+        rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step: a view of
+            ``log.rows`` that computes a step's stats when read (:class:`~rlguard.doctor.columns.CanonicalRows`).
     """
 
     log: MetricLog
     keys: KeyReport
-    rows: list[tuple[int, dict[str, float]]]
+    rows: CanonicalRows
 
 
 def read_canonical(
@@ -217,8 +221,7 @@ def read_canonical(
             "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
             + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
         )
-    rows = [(step, stats) for step, raw in log.rows if (stats := canonical_stats(raw, keys.key_map))]
-    return CanonicalLog(log, keys, rows)
+    return CanonicalLog(log, keys, CanonicalRows(log.rows, keys.key_map))
 
 
 def diagnose(
@@ -260,25 +263,30 @@ def diagnose_log(
     read = read_canonical(path, key_map, auto_map=auto_map, log=log)
     log, keys = read.log, read.keys
     guard = Guard(config or GuardConfig.preset("monitor"))
-    fitted = fit_warmups(guard, [stats for _, stats in read.rows])
-    steps: list[int] = []
+    fitted = fit_warmups(guard, (stats for _, stats in read.rows))
     step_findings: list[Mapping[str, Finding]] = []
     observed: list[frozenset[str]] = []
     change_points: list[Mapping[str, int]] = []
     distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has a few
     none: Mapping[str, Any] = {}  # shared by the steps without findings (read only)
+    seen_before = guard.observations()
     for step, stats in read.rows:
-        before = guard.observations()
         guard.observe(step, stats)
-        seen = frozenset(n for n, count in guard.observations().items() if count != before[n])
+        seen_now = guard.observations()
+        seen = frozenset(n for n, count in seen_now.items() if count != seen_before[n])
+        seen_before = seen_now
         observed.append(distinct.setdefault(seen, seen))
-        steps.append(step)
-        points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
-        step_findings.append(dict(guard.last_findings) if guard.last_findings else none)  # most steps: none
-        change_points.append({n: cp for n, cp in points if cp is not None} if guard.last_findings else none)
-    names = sorted({n for _, r in read.rows for n in r})
-    series = {n: [r.get(n, math.nan) for _, r in read.rows] for n in names}
-    rewards = series.get("reward_mean", [math.nan] * len(steps))
+        if guard.last_findings:  # most steps: none
+            step_findings.append(dict(guard.last_findings))
+            points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
+            change_points.append({n: cp for n, cp in points if cp is not None})
+        else:
+            step_findings.append(none)
+            change_points.append(none)
+    steps = read.rows.steps
+    names = read.rows.names
+    series = _Series(read.rows, names)
+    rewards = series["reward_mean"] if "reward_mean" in series else array("d", [math.nan]) * len(steps)
     timeline = Timeline(steps, rewards, step_findings, observed, change_points)
     labels = label_findings(timeline, guard.detectors, rule)
     events = judge_log(timeline, guard.detectors, rule, labels)
@@ -331,21 +339,45 @@ def _check_key_map(log: MetricLog, key_map: Mapping[str, str]) -> None:
             )
 
 
-def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
+def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, int]:
     """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
     most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
     for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
     to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
-    of refused. Returns detector -> its own
+    of refused. ``rows``: each step's canonical stats, read once. Returns detector -> its own
     warm-up, for those whose warm-up was shortened. The live guard cannot know a run's length: it keeps its
     detectors' warm-ups (set them lower in its ``GuardConfig`` for a sparse log cadence)."""
+    detectors = list(guard.detectors.items())
+    counts = [0] * len(detectors)
+    for stats in rows:
+        for k, (_, det) in enumerate(detectors):
+            if det.observes(stats):
+                counts[k] += 1
     fitted: dict[str, int] = {}
-    for name, det in guard.detectors.items():
-        seen = sum(1 for stats in rows if det.observes(stats))
+    for (name, det), seen in zip(detectors, counts, strict=True):
         warmup = min(det.warmup, max(MIN_BASELINE, seen // WARMUP_SHARE))
         if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
             fitted[name], det.warmup = det.warmup, warmup
     return fitted
+
+
+class _Series(Mapping[str, Sequence[float]]):
+    """Canonical name -> its value at each step of ``rows`` (NaN where not logged), read from the columns when
+    asked for: a 1,000,000-step log's dozen stats are not kept beside its columns."""
+
+    def __init__(self, rows: CanonicalRows, names: list[str]) -> None:
+        self._rows, self._names = rows, names
+
+    def __getitem__(self, name: str) -> Sequence[float]:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._rows.series(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _coverage(

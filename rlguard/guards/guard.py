@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 __all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset", "make_guard"]
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
+#: the proposal of a step nobody proposes anything for (frozen: shared)
+_NO_PROPOSAL = Proposal()
+#: the controls of a step nobody proposes or schedules anything for, combined once (frozen: shared)
+_NO_CONTROLS = Controls.combine([], {})
 
 
 class Guard:
@@ -121,18 +125,20 @@ class Guard:
             self.open_events(self.config.events_path)
         stats = with_plugin_stats(self.hook, step, stats)  # the plugins' rlguard_step_stats hooks
         findings, new_events = self._run_detectors(step, stats)
-        ctx = StepContext(
-            step=step,
-            stats=stats,
-            findings=findings,
-            alarms=self.alarms(),
-            alarm_age={n: a.critical_age for n, a in self._alarms.items() if a.critical_age},
-            consecutive_skips=self._consecutive_skips,
-            last_healthy_step=self._last_healthy_step,
-            capabilities=self.capabilities,
-            handed_over=self.handed_over,
-        )
-        proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
+        proposals: list[Proposal] = []
+        if self.interventions:  # a guard that only observes proposes nothing: no context to build
+            ctx = StepContext(
+                step=step,
+                stats=stats,
+                findings=findings,
+                alarms=self.alarms(),
+                alarm_age={n: a.critical_age for n, a in self._alarms.items() if a.critical_age},
+                consecutive_skips=self._consecutive_skips,
+                last_healthy_step=self._last_healthy_step,
+                capabilities=self.capabilities,
+                handed_over=self.handed_over,
+            )
+            proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)
         self._after(decision, findings)
         self._record(list(decision.events))
@@ -183,10 +189,13 @@ class Guard:
     def _decide(
         self, step: int, proposals: list[Proposal], findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
-        best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=Proposal())
+        best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
-        controls = Controls.combine([p.controls for p in proposals], scheduled)
+        if proposals or scheduled:
+            controls = Controls.combine([p.controls for p in proposals], scheduled)
+        else:  # nothing proposed or scheduled (most steps): the neutral controls, combined once
+            controls = _NO_CONTROLS
         healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}

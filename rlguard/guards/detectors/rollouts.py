@@ -63,6 +63,27 @@ class RewardCollapse(Detector):
         self._s_worst = math.inf
         self._s_window = RollingWindow(self.window)
         self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
+        # the window's successive differences, kept beside it (not state): (window, its pushes, differences)
+        self._diffs: tuple[RollingWindow, int, RollingWindow] | None = None
+
+    def _differences(self) -> RollingWindow:
+        """The successive differences of the window's values, in order: a window of them updated by one
+        difference when the window took one value since the last call (a push a step instead of a window built a
+        step), built from the values otherwise (a restored window, or one that is not finite)."""
+        window, held = self._s_window, self._diffs
+        if held is not None and held[0] is window and window.finite:
+            if held[1] == window.pushes:
+                return held[2]
+            latest = window.values[-1] - window.values[-2] if len(window) >= 2 else math.nan
+            if held[1] + 1 == window.pushes and math.isfinite(latest):
+                held[2].push(latest)
+                self._diffs = (window, window.pushes, held[2])
+                return held[2]
+        diffs = [b - a for a, b in itertools.pairwise(window.values)]
+        size = max((window.values.maxlen or len(window)) - 1, len(diffs), 1)
+        out = RollingWindow(size, diffs)
+        self._diffs = (window, window.pushes, out)
+        return out
 
     def reads(self) -> tuple[str, ...]:
         return (self.metric,)
@@ -87,9 +108,9 @@ class RewardCollapse(Detector):
             # step-to-step noise from successive differences (sd(x_t - x_t-1) = sqrt(2) sigma for independent
             # noise), so that the window's own trend (a rising reward) does not inflate it: their robust sigma, or
             # their standard deviation where that is larger (rewards of a few prompts are bimodal, MAD near 0)
-            diffs = [b - a for a, b in itertools.pairwise(self._s_window.values)]
-            std = math.sqrt(sum(d * d for d in diffs) / len(diffs))
-            noise = max(RollingWindow(len(diffs), diffs).sigma(), std) / math.sqrt(2)
+            diffs = self._differences()
+            std = math.sqrt(sum(d * d for d in diffs.values) / len(diffs))
+            noise = max(diffs.sigma(), std) / math.sqrt(2)
             scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
             drop = (self._s_best - ewma) / scale
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)

@@ -172,6 +172,7 @@ class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
         self._sources: dict[str, list[tuple[array[float], bytearray]]] = {}
         self._plan: list[tuple[str, int, array[float], bytearray]] = []  # mapped keys in row order
         self._index: array[int] | None = None  # row numbers kept; None: every row
+        self._single = False  # every stat has one key of the table
         if isinstance(rows, Columns):
             ranked: dict[str, list[tuple[int, int, str]]] = {}
             for pos, key in enumerate(rows.order):
@@ -182,6 +183,7 @@ class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
                     ranked.setdefault(hit[0], []).append((hit[1], pos, key))
             for name, keys in ranked.items():
                 self._sources[name] = [rows.column(key) for _, _, key in sorted(keys)]
+            self._single = all(len(keys) == 1 for keys in ranked.values())
             n = len(rows)
             if not any(present.count(0) == 0 for _, _, _, present in self._plan):
                 hits = 0
@@ -198,6 +200,8 @@ class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
     def _stats(self, i: int) -> dict[str, float]:
         if not isinstance(self._rows, Columns):
             return canonical_stats(self._rows[i][1], self._key_map)
+        if self._single:  # one key per stat (the common case): no priorities to compare
+            return {name: values[i] for name, _, values, present in self._plan if present[i]}
         best: dict[str, tuple[int, float]] = {}
         for name, priority, values, present in self._plan:
             if present[i] and (name not in best or priority < best[name][0]):

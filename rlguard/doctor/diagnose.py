@@ -269,12 +269,9 @@ def diagnose_log(
     change_points: list[Mapping[str, int]] = []
     distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has a few
     none: Mapping[str, Any] = {}  # shared by the steps without findings (read only)
-    seen_before = guard.observations()
     for step, stats in read.rows:
         guard.observe(step, stats)
-        seen_now = guard.observations()
-        seen = frozenset(n for n, count in seen_now.items() if count != seen_before[n])
-        seen_before = seen_now
+        seen = frozenset(guard.last_observed)
         observed.append(distinct.setdefault(seen, seen))
         if guard.last_findings:  # most steps: none
             step_findings.append(dict(guard.last_findings))

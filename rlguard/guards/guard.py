@@ -82,6 +82,8 @@ class Guard:
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
         #: to judge consequences with hindsight)
         self.last_findings: dict[str, Finding] = {}
+        #: the detectors that judged the last observed step (it carried their stats), in the detectors' order
+        self.last_observed: list[str] = []
         #: the consequence rule applied live (``config.consequence == "online"``), or None
         self.live_rule = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
         self._seen = dict.fromkeys(self.detectors, 0)
@@ -154,29 +156,45 @@ class Guard:
         the alarm events they raise."""
         found: dict[str, Finding] = {}
         observed: list[str] = []
+        counts, alarms = self._seen, self._alarms
+        if self.live_rule is None:  # each detector's alarm sees its own finding: one pass, in the detectors' order
+            events: list[Event] = []
+            for name, det in self.detectors.items():
+                if not det.observes(stats):
+                    continue  # no evidence this step: alarm, streak and warm-up stay as they are
+                finding = det.check(step, stats, counts[name] >= det.warmup)
+                counts[name] += 1
+                observed.append(name)
+                if finding is not None:
+                    found[name] = finding
+                alarm = alarms[name]
+                event = alarm.see(step, name, finding, det.patience, det.clear_after)
+                if event is not None:
+                    events.append(event)
+                alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
+            self.last_findings, self.last_observed = found, observed
+            return found, events
         for name, det in self.detectors.items():
             if not det.observes(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            finding = det.check(step, stats, self._seen[name] >= det.warmup)
-            self._seen[name] += 1
+            finding = det.check(step, stats, counts[name] >= det.warmup)
+            counts[name] += 1
             observed.append(name)
             if finding is not None:
                 found[name] = finding
-        self.last_findings = found
-        findings, raised = found, {}
-        if self.live_rule is not None:
-            patient = [n for n in found if self._alarms[n].streak + 1 >= self.detectors[n].patience]
-            verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
-            findings, raised = verdict.findings, verdict.raised
+        self.last_findings, self.last_observed = found, observed
+        patient = [n for n in found if alarms[n].streak + 1 >= self.detectors[n].patience]
+        verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
+        findings, raised = verdict.findings, verdict.raised
         seen: list[Event | None] = []
         for name in observed:
-            det, alarm = self.detectors[name], self._alarms[name]
+            det, alarm = self.detectors[name], alarms[name]
             seen.append(alarm.see(step, name, findings.get(name), det.patience, det.clear_after))
             if name in raised:
                 seen.append(alarm.raise_critical(step, name, raised.pop(name)))
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
         # raised at a step that did not carry the detector's stats
-        seen.extend(self._alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
+        seen.extend(alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
         return findings, [e for e in seen if e is not None]
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:

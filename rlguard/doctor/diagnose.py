@@ -273,10 +273,11 @@ def diagnose_log(
         guard.observe(step, stats)
         seen = frozenset(guard.last_observed)
         observed.append(distinct.setdefault(seen, seen))
-        if guard.last_findings:  # most steps: none
-            step_findings.append(dict(guard.last_findings))
-            points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
-            change_points.append({n: cp for n, cp in points if cp is not None})
+        found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
+        if found:  # most steps: none
+            step_findings.append(found)
+            points = {n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None}
+            change_points.append(points or none)
         else:
             step_findings.append(none)
             change_points.append(none)

@@ -80,7 +80,7 @@ class Guard:
         self.events: list[Event] = []
         self._alarms = {name: AlarmState() for name in self.detectors}
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
-        #: to judge consequences with hindsight)
+        #: to judge consequences with hindsight): a new dict at each step, which a reader may keep
         self.last_findings: dict[str, Finding] = {}
         #: the detectors that judged the last observed step (it carried their stats), in the detectors' order
         self.last_observed: list[str] = []

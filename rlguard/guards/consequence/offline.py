@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -48,6 +49,13 @@ class Timeline:
     change_points: Sequence[Mapping[str, int]] = ()
 
 
+def observed_positions(timeline: Timeline, name: str) -> Sequence[int]:
+    """The positions (indices into ``timeline``) of the steps detector ``name`` judged, increasing: a ``range``
+    where it judged every step, else an ``array('q')`` (8 bytes a position, where a list costs 36)."""
+    out = array("q", (p for p, seen in enumerate(timeline.observed) if name in seen))
+    return range(len(out)) if len(out) == len(timeline.observed) else out
+
+
 @dataclass(frozen=True)
 class _Episode:
     first: int  # position (index into the timeline) of its first finding
@@ -55,7 +63,7 @@ class _Episode:
     first_obs: int  # index of its first finding among the detector's observations
 
 
-def _episodes(obs: list[int], found: Mapping[int, Finding], clear_after: int) -> dict[int, _Episode]:
+def _episodes(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> dict[int, _Episode]:
     """position of each finding -> its episode: findings separated by fewer than ``clear_after`` clean
     observations (the alarm's hysteresis) belong together."""
     out: dict[int, _Episode] = {}
@@ -121,7 +129,7 @@ def _label(
     name: str,
     det: Detector,
     timeline: Timeline,
-    obs: list[int],
+    obs: Sequence[int],
     intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
     rule: ConsequenceRule,
@@ -198,7 +206,7 @@ def _at_top(rewards: Sequence[float], lo: int, hi: int, lowest: float, highest: 
 def _lone(
     name: str,
     timeline: Timeline,
-    obs: list[int],
+    obs: Sequence[int],
     labels: dict[int, tuple[Severity, str]],
     intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
@@ -254,7 +262,7 @@ def _lone(
             )
 
 
-def _recovery(name: str, timeline: Timeline, obs: list[int], first: int, until: int, clean: int) -> bool | None:
+def _recovery(name: str, timeline: Timeline, obs: Sequence[int], first: int, until: int, clean: int) -> bool | None:
     """Whether ``name`` recovered over the positions ``obs[first:]`` (its observations after a lone critical one):
     :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved)."""
     watch = RecoveryWatch(until, clean)
@@ -272,7 +280,7 @@ def label_findings(
     """Detector -> position -> (severity by consequence, why) for each of its critical findings over the log."""
     rule = rule or ConsequenceRule()
     classes = {name: det.finding_class for name, det in detectors.items()}
-    obs = {name: [p for p, seen in enumerate(timeline.observed) if name in seen] for name in detectors}
+    obs = {name: observed_positions(timeline, name) for name in detectors}
     # each detector's intrinsic critical positions, sorted
     intrinsic: dict[str, list[int]] = {
         name: [p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from array import array
 import statistics
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING

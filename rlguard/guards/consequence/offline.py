@@ -5,7 +5,9 @@ events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequenc
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+import operator
 import statistics
 from array import array
 from collections.abc import Mapping, Sequence
@@ -52,8 +54,11 @@ class Timeline:
 def observed_positions(timeline: Timeline, name: str) -> Sequence[int]:
     """The positions (indices into ``timeline``) of the steps detector ``name`` judged, increasing: a ``range``
     where it judged every step, else an ``array('q')`` (8 bytes a position, where a list costs 36)."""
-    out = array("q", (p for p, seen in enumerate(timeline.observed) if name in seen))
-    return range(len(out)) if len(out) == len(timeline.observed) else out
+    observed = timeline.observed
+    judged = list(map(operator.contains, observed, itertools.repeat(name)))  # the loop in C: 24 detectors a step
+    if all(judged):
+        return range(len(observed))
+    return array("q", itertools.compress(range(len(observed)), judged))
 
 
 @dataclass(frozen=True)
@@ -314,9 +319,7 @@ def judge_log(
     events: list[Event] = []
     for name, det in detectors.items():
         level = streak = clean = 0
-        for p, seen in enumerate(timeline.observed):
-            if name not in seen:
-                continue
+        for p in observed_positions(timeline, name):
             f = timeline.findings[p].get(name)
             if f is None:
                 streak, clean = 0, clean + 1

@@ -111,3 +111,33 @@ def test_each_appended_step_goes_through_the_guard_once(tmp_path: Path, monkeypa
 def test_the_folds_verdict_equals_the_doctors_on_prefixes_of_real_verl_logs(tmp_path: Path, name: str) -> None:
     lines = (SHARED / "doctor_foreign" / name).read_text().splitlines(keepends=True)
     _grow_and_compare(tmp_path / name, lines, seed=7)
+
+
+def test_the_doctors_memory_per_step_is_its_columns_and_timeline(tmp_path: Path) -> None:
+    """The traced peak of ``diagnose`` grows by at most 400 bytes per step of a 12-key log: the column table (9 bytes
+    per key and step, 8 for the step: 116), the fold's timeline (24) and its few findings. A dict of canonical stats
+    kept per step (about 1.4 KB here) or the series kept as lists of floats (32 bytes per stat and step) fail it."""
+    import tracemalloc
+
+    from rlguard.doctor import diagnose
+
+    levels = {"loss": (0.01, 0.01), "grad_norm": (0.5, 0.1), "reward": (0.5, 0.05), "reward_std": (0.3, 0.02),
+              "kl": (0.01, 0.002), "entropy": (0.8, 0.03), "completions/mean_length": (180.0, 10.0),
+              "completions/clipped_ratio": (0.02, 0.005), "frac_reward_zero_std": (0.1, 0.02),
+              "clip_ratio/region_mean": (0.002, 0.0004), "learning_rate": (1e-6, 0.0), "epoch": (0.0, 0.0)}  # fmt: skip
+    rng = random.Random(0)
+    peaks = {}
+    for n in (1500, 4500):
+        path = tmp_path / f"metrics-{n}.jsonl"
+        with path.open("w") as fh:
+            for s in range(1, n + 1):
+                fh.write(json.dumps({"step": s, **{k: abs(m + sd * rng.gauss(0, 1)) for k, (m, sd) in levels.items()}}))
+                fh.write("\n")
+        tracemalloc.start()
+        try:
+            diagnose(path)
+            peaks[n] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    per_step = (peaks[4500] - peaks[1500]) / 3000
+    assert per_step <= 400, per_step

@@ -81,7 +81,7 @@ VERL_STATS = {
 }
 
 
-def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.random.Generator) -> dict[str, list]:
+def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.random.Generator) -> dict[str, list[float]]:
     steps = np.arange(first, first + n)
     cols = {}
     for key, (level, noise) in stats.items():
@@ -133,8 +133,8 @@ def measure(command: list[str]) -> tuple[float, float, int]:
                 text=True,
                 check=False,
             )
-            user, system, peak = Path(out.name).read_text().split()[-3:]
-            return float(user) + float(system), int(peak) / 1024, proc.returncode
+            user, system, kib = Path(out.name).read_text().split()[-3:]
+            return float(user) + float(system), int(kib) / 1024, proc.returncode
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -169,7 +169,7 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
         feed(*args)  # type: ignore[arg-type]
         fed[0] += time.process_time() - start
 
-    fold._feed = timed_feed  # type: ignore[method-assign]
+    fold._feed = timed_feed  # type: ignore[method-assign,assignment]
     read = judged = 0.0
     for k in range(polls):
         with path.open("ab") as fh:

@@ -81,7 +81,7 @@ VERL_STATS = {
 }
 
 
-def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.random.Generator) -> dict[str, list[float]]:
+def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.random.Generator) -> dict[str, list]:
     steps = np.arange(first, first + n)
     cols = {}
     for key, (level, noise) in stats.items():

@@ -150,7 +150,7 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
     the doctor's fold, the guard's observe) per appended record, and ``hindsight`` (the rest of a judgement: the
     table's copy, the mapping of keys, the consequence rule over the whole timeline) per judgement."""
     sys.path.insert(0, str(ROOT))
-    from rlguard.doctor.diagnose import DoctorFold
+    from rlguard.doctor.fold import DoctorFold
     from rlguard.doctor.stream import JsonlFollower
 
     whole = write_log(shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl")

@@ -7,7 +7,7 @@ functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``
 log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
 (:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
 said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`) and its step fed once
-to the doctor's own judgement (:class:`rlguard.doctor.diagnose.DoctorFold`, whose verdict equals ``rlguard
+to the doctor's own judgement (:class:`rlguard.doctor.fold.DoctorFold`, whose verdict equals ``rlguard
 doctor``'s on the log so far), on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`); other logs are read
 whole at each change. What a judgement does again over the whole log (the fold's docstring): the consequence rule's
 hindsight (a finding is labelled by what followed it) over the kept timeline, the mapping of keys and the table's
@@ -47,7 +47,7 @@ from rlguard.doctor import (
     diagnose,
     find_log,
 )
-from rlguard.doctor.diagnose import DoctorFold
+from rlguard.doctor.fold import DoctorFold
 from rlguard.doctor.readers import detect_format, events_file
 from rlguard.doctor.steps import StepRule
 from rlguard.doctor.stream import JsonlFollower

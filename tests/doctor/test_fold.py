@@ -1,4 +1,4 @@
-"""The doctor's judgement as a fold (``rlguard.doctor.diagnose.DoctorFold``), as ``rlguard watch`` feeds it: its
+"""The doctor's judgement as a fold (``rlguard.doctor.fold.DoctorFold``), as ``rlguard watch`` feeds it: its
 verdict on a growing log equals ``rlguard doctor``'s (``diagnose_log``) on the same prefix, at every judgement,
 and each appended step goes through the guard once."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlguard.doctor.diagnose import DoctorFold, diagnose_log
+from rlguard.doctor.diagnose import diagnose_log
+from rlguard.doctor.fold import DoctorFold
 from rlguard.doctor.stream import JsonlFollower
 from rlguard.guards import Guard
 from rlguard.guards.decision import Decision

@@ -4,10 +4,11 @@
     python benchmarks/doctor_scale.py --quick          # 1k and 10k steps, TRL-shaped (seconds)
     python benchmarks/doctor_scale.py --rldoctor PYTHON  # rldoctor 0.2.0 too: the python of a throwaway venv
     python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
+    python benchmarks/doctor_scale.py --watch 10000 100000 1000000   # rlguard watch's cost per appended record
 
-Each log is written once into a temporary folder (a healthy run: rewards rising slowly, noise on every stat, no
-failure injected) and judged in a fresh process, one at a time, under ``/usr/bin/time -f '%e %M'`` when present
-(wall seconds and the peak resident set in KiB), else ``resource.getrusage(RUSAGE_CHILDREN)``. Shapes:
+Each log is written once into a temporary folder (a healthy run: noise on every stat, no failure injected) and
+judged in a fresh process, one at a time, under ``/usr/bin/time -f '%U %S %M'`` when present (CPU seconds, user and
+system, and the peak resident set in KiB), else ``resource.getrusage(RUSAGE_CHILDREN)``. Shapes:
 
 - ``trl``: a flat JSONL of TRL ``GRPOTrainer``'s logged keys (``loss``, ``grad_norm``, ``reward``, ``kl``,
   ``entropy``, ``completions/*``, ``clip_ratio/*``, ...), one ``{"step": ..}`` record per optimizer step.
@@ -119,24 +120,72 @@ def write_log(shape: str, steps: int, path: Path, seed: int = 0) -> Path:
 
 
 def measure(command: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak resident MB, exit code) of ``command`` in a fresh process."""
+    """(CPU seconds, user and system, peak resident MB, exit code) of ``command`` in a fresh process: CPU time,
+    not wall time, so that a shared machine's other work does not count."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     timer = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
     if timer is not None:
         with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
-            start = time.perf_counter()
             proc = subprocess.run(
-                [timer, "-o", out.name, "-f", "%e %M", *command], env=env, capture_output=True, text=True, check=False
+                [timer, "-o", out.name, "-f", "%U %S %M", *command],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
             )
-            wall = time.perf_counter() - start
-            fields = Path(out.name).read_text().split()
-            return wall, int(fields[-1]) / 1024, proc.returncode
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
+            user, system, kib = Path(out.name).read_text().split()[-3:]
+            return float(user) + float(system), int(kib) / 1024, proc.returncode
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far: run largest last
-    return wall, max(peak, before) / 1024, proc.returncode
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    peak = max(after.ru_maxrss, before.ru_maxrss)  # the largest child so far: run largest last
+    return cpu, peak / 1024, proc.returncode
+
+
+def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: int = 200) -> dict[str, float]:
+    """What ``rlguard watch`` spends on a ``shape``-shaped JSONL of ``steps`` records that grows by ``per_poll``
+    records ``polls`` times, judged after each (every poll: more often than the watch's schedule judges), in CPU
+    seconds of this process: ``read`` (the appended bytes parsed and merged) and ``fed`` (the appended steps through
+    the doctor's fold, the guard's observe) per appended record, and ``hindsight`` (the rest of a judgement: the
+    table's copy, the mapping of keys, the consequence rule over the whole timeline) per judgement."""
+    sys.path.insert(0, str(ROOT))
+    from rlguard.doctor.fold import DoctorFold
+    from rlguard.doctor.stream import JsonlFollower
+
+    whole = write_log(shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl")
+    lines = whole.read_bytes().splitlines(keepends=True)
+    whole.unlink()
+    path = folder / f"watch-{shape}-{steps}.jsonl"
+    path.write_bytes(b"".join(lines[:steps]))
+    follower, fold = JsonlFollower(path), DoctorFold(path)
+    follower.poll()
+    fold.judge(follower.log(), final=False)
+    fed = [0.0]
+    feed = fold._feed
+
+    def timed_feed(*args: object) -> None:
+        start = time.process_time()
+        feed(*args)  # type: ignore[arg-type]
+        fed[0] += time.process_time() - start
+
+    fold._feed = timed_feed  # type: ignore[method-assign,assignment]
+    read = judged = 0.0
+    for k in range(polls):
+        with path.open("ab") as fh:
+            fh.write(b"".join(lines[steps + k * per_poll : steps + (k + 1) * per_poll]))
+        start = time.process_time()
+        follower.poll()
+        middle = time.process_time()
+        fold.judge(follower.log(), final=False)
+        read, judged = read + middle - start, judged + time.process_time() - middle
+    appended = polls * per_poll
+    return {
+        "read_us": 1e6 * read / appended,
+        "fed_us": 1e6 * fed[0] / appended,
+        "hindsight_s": (judged - fed[0]) / polls,
+        "replays": fold.replays,
+    }
 
 
 def main() -> None:
@@ -148,28 +197,42 @@ def main() -> None:
     parser.add_argument("--rldoctor-max", type=int, default=10_000, help="largest log given to rldoctor")
     parser.add_argument("--write-only", type=int, default=None, metavar="STEPS", help="write one log and exit")
     parser.add_argument("--shape", default="trl", choices=SHAPES)
+    parser.add_argument("--watch", type=int, nargs="*", default=None, metavar="STEPS", help="the watch's cost")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.write_only is not None:
         write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
         return
+    if args.watch is not None:
+        print("| shape | records in the log | read µs / record | fed µs / record | rest of a judgement s | replays |")
+        print("|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
+            for shape in args.shapes or ("trl",):
+                for steps in args.watch or (10_000, 100_000, 1_000_000):
+                    c = watch_cost(shape, steps, Path(tmp))
+                    print(
+                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {c['hindsight_s']:.2f} "
+                        f"| {c['replays']:.0f} |",
+                        flush=True,
+                    )
+        return
     sizes = args.sizes or ((1_000, 10_000) if args.quick else SIZES)
     shapes = args.shapes or (("trl",) if args.quick else SHAPES)
-    print("| shape | steps | MB on disk | rlguard s | rlguard peak MB | exit | rldoctor s | rldoctor peak MB |")
+    print("| shape | steps | MB on disk | rlguard CPU s | rlguard peak MB | exit | rldoctor CPU s | rldoctor peak MB |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="rlguard-scale-") as tmp:
         for shape in shapes:
             for steps in sizes:
                 log = write_log(shape, steps, Path(tmp) / f"{shape}-{steps}.jsonl")
                 size = log.stat().st_size / 1e6
-                wall, peak, code = measure([sys.executable, "-m", "rlguard", "doctor", str(log)])
+                cpu, peak, code = measure([sys.executable, "-m", "rlguard", "doctor", str(log)])
                 other = "-", "-"
                 if args.rldoctor is not None and steps <= args.rldoctor_max:
                     cmd = [str(args.rldoctor), "-c", RLDOCTOR, str(log)]
-                    r_wall, r_peak, _ = measure(cmd)
-                    other = f"{r_wall:.1f}", f"{r_peak:.0f}"
+                    r_cpu, r_peak, _ = measure(cmd)
+                    other = f"{r_cpu:.1f}", f"{r_peak:.0f}"
                 print(
-                    f"| {shape} | {steps} | {size:.1f} | {wall:.1f} | {peak:.0f} | {code} | {other[0]} | {other[1]} |",
+                    f"| {shape} | {steps} | {size:.1f} | {cpu:.1f} | {peak:.0f} | {code} | {other[0]} | {other[1]} |",
                     flush=True,
                 )
                 log.unlink()

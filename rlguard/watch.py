@@ -6,11 +6,12 @@ Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json
 functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``rlguard doctor`` would say of the
 log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
 (:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
-said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`), and the log judged
-again on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`) that keeps the cost per appended record
-constant, amortised; other logs are read whole at each change. The judgement is the doctor's over the whole log,
-not the live guard's detectors fed step by step: the consequence rule labels a finding with the hindsight of what
-followed it, so an incremental verdict would differ from ``rlguard doctor``'s on the same file.
+said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`) and its step fed once
+to the doctor's own judgement (:class:`rlguard.doctor.fold.DoctorFold`, whose verdict equals ``rlguard
+doctor``'s on the log so far), on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`); other logs are read
+whole at each change. What a judgement does again over the whole log (the fold's docstring): the consequence rule's
+hindsight (a finding is labelled by what followed it) over the kept timeline, the mapping of keys and the table's
+copy; the schedule keeps that cost per appended record constant, amortised.
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard
@@ -51,8 +52,8 @@ from rlguard.doctor import (
     diagnose,
     find_log,
 )
-from rlguard.doctor.diagnose import diagnose_log
 from rlguard.doctor.events_only import EventsOnly, events_only
+from rlguard.doctor.fold import DoctorFold
 from rlguard.doctor.readers import detect_format, events_file
 from rlguard.doctor.steps import StepRule
 from rlguard.doctor.stream import JsonlFollower
@@ -193,6 +194,8 @@ class _Reader:
         self.follower: JsonlFollower | None = None
         #: the guard's events while the run folder holds no training log (module docstring), else None
         self.events_only: EventsOnly | None = None
+        #: the doctor's judgement of the followed log, fed the steps appended since the last judgement
+        self.fold: DoctorFold | None = None
         self._judged_steps = 0
         self._judged_at = 0.0
         self._cost = 0.0
@@ -216,7 +219,7 @@ class _Reader:
     def _read(self, final: bool) -> Diagnosis | None:
         log_path = find_log(self.run_dir) if self.run_dir.is_dir() else self.run_dir
         if log_path.suffix != ".jsonl" or not log_path.is_file() or detect_format(log_path) not in ("verl", "jsonl"):
-            self.follower = None
+            self.follower, self.fold = None, None
             return diagnose(
                 self.run_dir,
                 key_map=self.key_map,
@@ -225,16 +228,19 @@ class _Reader:
                 run=self.run,
             )
         if self.follower is None or self.follower.path != log_path:
-            self.follower = JsonlFollower(log_path, self.steps, self.run)
+            self.follower, self.fold = JsonlFollower(log_path, self.steps, self.run), None
             self._judged_steps = 0
+        restarts = len(self.follower.restarts)
         self.follower.poll()
+        if self.fold is None or len(self.follower.restarts) != restarts:  # a new log, or read again from its start
+            self.fold = DoctorFold(self.run_dir, key_map=self.key_map)
         steps = self.follower.steps
         grown = steps - self._judged_steps >= max(1.0, REJUDGE_GROWTH * self._judged_steps)
         waited = time.monotonic() - self._judged_at >= REJUDGE_EVERY * self._cost
         if not (final or self._judged_steps == 0 or (steps != self._judged_steps and (grown or waited))):
             return None
         start = time.monotonic()
-        d = diagnose_log(self.follower.log(), self.run_dir, key_map=self.key_map)
+        d = self.fold.judge(self.follower.log(), final=False)  # its last step may still be merged with a record
         self._judged_at, self._judged_steps = time.monotonic(), steps
         self._cost = self._judged_at - start
         return d

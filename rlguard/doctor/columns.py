@@ -17,7 +17,9 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
-__all__ = ["Columns"]
+from rlguard.metrics import canonical_name, canonical_stats
+
+__all__ = ["CanonicalRows", "Columns"]
 
 
 class Columns(Sequence[tuple[int, dict[str, float]]]):
@@ -99,6 +101,11 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
         return set(self._values)
 
     @property
+    def order(self) -> list[str]:
+        """The keys in the order a row holds them (the order they were first logged)."""
+        return list(self._values)
+
+    @property
     def steps(self) -> array[int]:
         """The steps, increasing."""
         return self._steps
@@ -146,3 +153,109 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
 
     def __repr__(self) -> str:
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
+
+
+class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
+    """Each step's canonical stats (:func:`~rlguard.metrics.canonical_stats` of its raw row under ``key_map``), for
+    the steps that have at least one, computed from the raw rows when read instead of held per step.
+
+    On a :class:`Columns` table a step's stats are read from the columns of the keys that map to a stat (each
+    stat from its highest-priority key present, ties to the key first in the row: ``canonical_stats``'s rule), and
+    the steps kept are those where one of those keys was logged: kept beside the table, an ``array('q')`` of row
+    numbers (8 bytes a step), none where every step has a stat. Other sequences of rows are read through
+    ``canonical_stats`` itself.
+    """
+
+    def __init__(self, rows: Sequence[tuple[int, Mapping[str, float]]], key_map: Mapping[str, str]) -> None:
+        self._rows, self._key_map = rows, dict(key_map)
+        #: stat -> its keys' (values, presence), highest priority first (ties: the key first in a row)
+        self._sources: dict[str, list[tuple[array[float], bytearray]]] = {}
+        self._plan: list[tuple[str, int, array[float], bytearray]] = []  # mapped keys in row order
+        self._index: array[int] | None = None  # row numbers kept; None: every row
+        self._single = False  # every stat has one key of the table
+        if isinstance(rows, Columns):
+            ranked: dict[str, list[tuple[int, int, str]]] = {}
+            for pos, key in enumerate(rows.order):
+                hit = canonical_name(key, self._key_map)
+                if hit is not None:
+                    values, present = rows.column(key)
+                    self._plan.append((hit[0], hit[1], values, present))
+                    ranked.setdefault(hit[0], []).append((hit[1], pos, key))
+            for name, keys in ranked.items():
+                self._sources[name] = [rows.column(key) for _, _, key in sorted(keys)]
+            self._single = all(len(keys) == 1 for keys in ranked.values())
+            n = len(rows)
+            if not any(present.count(0) == 0 for _, _, _, present in self._plan):
+                hits = 0
+                for _, _, _, present in self._plan:
+                    hits |= int.from_bytes(present, "little")
+                mask = hits.to_bytes(n, "little") if n else b""
+                self._index = array("q", (i for i, b in enumerate(mask) if b))
+        else:
+            self._index = array("q", (i for i, (_, raw) in enumerate(rows) if canonical_stats(raw, self._key_map)))
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._index is None else len(self._index)
+
+    def _stats(self, i: int) -> dict[str, float]:
+        if not isinstance(self._rows, Columns):
+            return canonical_stats(self._rows[i][1], self._key_map)
+        if self._single:  # one key per stat (the common case): no priorities to compare
+            return {name: values[i] for name, _, values, present in self._plan if present[i]}
+        best: dict[str, tuple[int, float]] = {}
+        for name, priority, values, present in self._plan:
+            if present[i] and (name not in best or priority < best[name][0]):
+                best[name] = (priority, values[i])
+        return {name: value for name, (_, value) in best.items()}
+
+    @property
+    def steps(self) -> Sequence[int]:
+        """The steps kept, increasing (the table's own array where every row is kept)."""
+        if isinstance(self._rows, Columns) and self._index is None:
+            return self._rows.steps
+        if isinstance(self._rows, Columns):
+            steps = self._rows.steps
+            return array("q", (steps[i] for i in self._index or ()))
+        return [self._rows[i][0] for i in self._index or ()]
+
+    @property
+    def names(self) -> list[str]:
+        """The stats logged at some step, sorted."""
+        if isinstance(self._rows, Columns):
+            return sorted(self._sources)
+        return sorted({n for _, stats in self for n in stats})
+
+    def series(self, name: str) -> array[float]:
+        """``name`` at each step kept (NaN where the step did not log it)."""
+        rows = range(len(self._rows)) if self._index is None else self._index
+        out = array("d")
+        sources = self._sources.get(name)
+        if sources is None:
+            out.extend(stats.get(name, math.nan) for _, stats in self)
+            return out
+        for i in rows:
+            out.append(next((values[i] for values, present in sources if present[i]), math.nan))
+        return out
+
+    def _row(self, k: int) -> tuple[int, dict[str, float]]:
+        i = k if self._index is None else self._index[k]
+        return self._rows[i][0] if not isinstance(self._rows, Columns) else self._rows.steps[i], self._stats(i)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, dict[str, float]]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, dict[str, float]]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, dict[str, float]] | list[tuple[int, dict[str, float]]]:
+        if isinstance(index, slice):
+            return [self._row(k) for k in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"row {index} of {n}")
+        return self._row(index % n)
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+        for k in range(len(self)):
+            yield self._row(k)
+
+    def __repr__(self) -> str:
+        return f"CanonicalRows({len(self)} steps)"

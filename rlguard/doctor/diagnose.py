@@ -10,24 +10,20 @@ step of onset (its first event) and that level's message, which carries the evid
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlguard.doctor.keys import KeyReport, canonical_name, canonical_stats, classify_keys
-from rlguard.doctor.readers import LogInputError, MetricLog, events_file, read_log
+from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.keys import KeyReport, canonical_name, classify_keys
+from rlguard.doctor.readers import LogInputError, MetricLog, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
-from rlguard.guards.consequence.excursions import Excursion, Incident, excursions, recovered_incidents
-from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
+from rlguard.guards.consequence.excursions import Excursion, Incident
 from rlguard.guards.consequence.rule import ConsequenceRule
-from rlguard.guards.events import SEVERITY_LEVEL, EventsFileError, Finding, Severity, read_events
+from rlguard.guards.events import SEVERITY_LEVEL, Severity
 
-#: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
-#: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
-#: needs a window of 5
-MIN_BASELINE = 5
 #: in the doctor a detector's warm-up takes at most 1/WARMUP_SHARE of its observations, so that most of a short
 #: log is judged (a log of 21 records: a warm-up of 5, 16 judged)
 WARMUP_SHARE = 4
@@ -87,7 +83,8 @@ class Diagnosis:
         log: the raw log read (with the account of the read, ``log.report``).
         keys: how its keys were mapped onto canonical names (``keys.auto_mapped``: those mapped automatically).
         steps: the optimizer steps judged, increasing.
-        series: canonical name -> value at each of ``steps`` (NaN where the step did not log it).
+        series: canonical name -> value at each of ``steps`` (NaN where the step did not log it), each read from
+            the log's columns when asked for (not kept).
         events: the detectors' events, severity by consequence, in order.
         findings: one per detector that raised an event, most severe first, then by onset.
         detector_metrics: detector name -> the canonical stats it reads (for plots).
@@ -103,8 +100,8 @@ class Diagnosis:
 
     log: MetricLog
     keys: KeyReport
-    steps: list[int]
-    series: dict[str, list[float]]
+    steps: Sequence[int]
+    series: Mapping[str, Sequence[float]]
     events: list[Event]
     findings: list[DoctorFinding]
     detector_metrics: dict[str, tuple[str, ...]]
@@ -203,12 +200,13 @@ class CanonicalLog:
     Attributes:
         log: the raw log (with the account of the read, ``log.report``).
         keys: how its keys map onto canonical names.
-        rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step.
+        rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step: a view of
+            ``log.rows`` that computes a step's stats when read (:class:`~rlguard.doctor.columns.CanonicalRows`).
     """
 
     log: MetricLog
     keys: KeyReport
-    rows: list[tuple[int, dict[str, float]]]
+    rows: CanonicalRows
 
 
 def read_canonical(
@@ -238,8 +236,7 @@ def read_canonical(
             "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
             + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
         )
-    rows = [(step, stats) for step, raw in log.rows if (stats := canonical_stats(raw, keys.key_map))]
-    return CanonicalLog(log, keys, rows)
+    return CanonicalLog(log, keys, CanonicalRows(log.rows, keys.key_map))
 
 
 def diagnose(
@@ -275,61 +272,12 @@ def diagnose_log(
     rule: ConsequenceRule | None = None,
 ) -> Diagnosis:
     """:func:`diagnose` of a log already read (``rlguard watch`` reads its log by increments): ``path`` is what
-    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for. Kept per step: the
-    step, its detectors (a shared set), findings and change points (one shared empty mapping where none), a slot per
-    stat in ``series``, :func:`read_canonical`'s dict of stats; what the detectors keep is bounded."""
-    read = read_canonical(path, key_map, auto_map=auto_map, log=log)
-    log, keys = read.log, read.keys
-    guard = Guard(config or GuardConfig.preset("monitor"))
-    fitted = fit_warmups(guard, [stats for _, stats in read.rows])
-    steps: list[int] = []
-    step_findings: list[Mapping[str, Finding]] = []
-    observed: list[frozenset[str]] = []
-    change_points: list[Mapping[str, int]] = []
-    distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has a few
-    none: Mapping[str, Any] = {}  # shared by the steps without findings (read only)
-    for step, stats in read.rows:
-        before = guard.observations()
-        guard.observe(step, stats)
-        seen = frozenset(n for n, count in guard.observations().items() if count != before[n])
-        observed.append(distinct.setdefault(seen, seen))
-        steps.append(step)
-        points = ((n, guard.detectors[n].change_point()) for n in guard.last_findings)
-        step_findings.append(dict(guard.last_findings) if guard.last_findings else none)  # most steps: none
-        change_points.append({n: cp for n, cp in points if cp is not None} if guard.last_findings else none)
-    names = sorted({n for _, r in read.rows for n in r})
-    series = {n: [r.get(n, math.nan) for _, r in read.rows] for n in names}
-    rewards = series.get("reward_mean", [math.nan] * len(steps))
-    timeline = Timeline(steps, rewards, step_findings, observed, change_points)
-    labels = label_findings(timeline, guard.detectors, rule)
-    events = judge_log(timeline, guard.detectors, rule, labels)
-    coverage = _coverage(guard, keys, set(names), fitted)
-    live_path = None if log.streamed else events_file(Path(path), log.path)  # a stream has no run folder
-    live: list[Event] = []
-    live_warnings: list[str] = []
-    if live_path is not None:
-        try:
-            recorded = read_events(live_path)
-        except EventsFileError as err:
-            raise LogInputError(str(err)) from None
-        checked = frozenset(n for n, (ok, _) in coverage.items() if ok)
-        live, live_warnings = relabel(recorded.events, timeline, labels, checked, rule), recorded.warnings
-    findings = _findings(events, excursions(timeline, guard.detectors, labels, rule))
-    critical = [x for f in findings for x in f.excursions if x.severity == "critical"]
-    return Diagnosis(
-        log,
-        keys,
-        steps,
-        series,
-        events,
-        findings,
-        detector_metrics(guard),
-        coverage,
-        live,
-        live_path,
-        live_warnings,
-        recovered_incidents(steps, rewards, critical, rule),
-    )
+    the user gave (a run folder or the log file), where the run's ``events.jsonl`` is looked for. Memory: the log's
+    columns (:class:`~rlguard.doctor.columns.Columns`), and per step what
+    :class:`~rlguard.doctor.fold.DoctorFold` keeps."""
+    from rlguard.doctor.fold import DoctorFold  # the fold module reads this one's types: imported when called
+
+    return DoctorFold(path, config, key_map, auto_map=auto_map, rule=rule).judge(log)
 
 
 def _check_key_map(log: MetricLog, key_map: Mapping[str, str]) -> None:
@@ -355,33 +303,11 @@ def _check_key_map(log: MetricLog, key_map: Mapping[str, str]) -> None:
             )
 
 
-def fit_warmups(guard: Guard, rows: list[dict[str, float]]) -> dict[str, int]:
-    """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
-    most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
-    for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
-    to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
-    of refused. A detector whose judgement needs a fixed number of observations (``Detector.baseline_needed``:
-    0 for absolute bounds alone; ``zero_variance_groups`` the reward level it tells solved from failed groups by)
-    gets that warm-up in any log long enough to judge: a condition at the first records (100% of groups without reward
-    variance at a reward of 0) is a fact there, and the consequence rule still exempts a condition present from the
-    first observations while the reward rises. Returns detector -> its own warm-up, for those whose warm-up was
-    shortened. The live guard cannot know a run's length: it keeps its detectors' warm-ups (set them lower in its
-    ``GuardConfig`` for a sparse log cadence)."""
-    fitted: dict[str, int] = {}
-    for name, det in guard.detectors.items():
-        seen = sum(1 for stats in rows if det.observes(stats))
-        need = det.baseline_needed()
-        warmup = min(det.warmup, need if need is not None else max(MIN_BASELINE, seen // WARMUP_SHARE))
-        if warmup < det.warmup and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
-            fitted[name], det.warmup = det.warmup, warmup
-    return fitted
-
-
 def _coverage(
     guard: Guard, keys: KeyReport, present: set[str], fitted: Mapping[str, int]
 ) -> dict[str, tuple[bool, str]]:
     """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not (``fitted``:
-    detector -> its own warm-up, where :func:`fit_warmups` shortened it)."""
+    detector -> its own warm-up, where :func:`~rlguard.doctor.fold.fit_warmups` shortened it)."""
     seen = guard.observations()
     out: dict[str, tuple[bool, str]] = {}
     for name, det in guard.detectors.items():

@@ -10,13 +10,15 @@ extra) the page is written without plots, with a table of each stat's range inst
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
-from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, canonical_stats, classify_keys
+from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, classify_keys
 from rlguard.doctor.plots import plot_png, plots_missing
 from rlguard.doctor.readers import LogInputError, events_file, read_log
 from rlguard.guards import Event, Guard, GuardConfig
@@ -67,8 +69,7 @@ def write_report(
     log = read_log(given, step_key=step_key, row_steps=row_steps, run=run)
     run_dir = given if given.is_dir() else given.parent
     keys = classify_keys(log.keys, rows=log.rows)
-    rows = [(step, canonical_stats(raw, keys.key_map)) for step, raw in log.rows]  # auto-mapped keys too
-    rows = [(step, stats) for step, stats in rows if stats]
+    rows = CanonicalRows(log.rows, keys.key_map)  # auto-mapped keys too; steps without a stat left out
     if not keys.judged or not rows:
         raise LogInputError(f"no usable metric in {log.path} ({log.format}): no key maps to a canonical stat")
     events_path = None if log.streamed else events_file(given, log.path)
@@ -81,14 +82,14 @@ def write_report(
     reads = detector_metrics(Guard(GuardConfig.preset("monitor")))
     out_dir = Path(out) if out is not None else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = [step for step, _ in rows]
+    steps = rows.steps
     images: dict[str, Path] = {}
     marked: dict[str, list[int]] = {}
-    present = {n for _, stats in rows for n in stats}
+    present = set(rows.names)
     missing = plots_missing()
     for name in (n for n in _ORDER if n in present and missing is None):
         mine = [e for e in events if name in reads.get(e.detector, ())]
-        values = [stats.get(name, float("nan")) for _, stats in rows]
+        values = rows.series(name)
         png = plot_png(steps, {name: values}, mine, title=name, actions=actions)
         images[name] = out_dir / f"report_{name}.png"
         images[name].write_bytes(png)
@@ -114,7 +115,7 @@ def write_report(
     return ReportResult(html, images, marked, events, log.path, missing)
 
 
-def _ranges_table(names: list[str], rows: list[tuple[int, dict[str, float]]]) -> str:
+def _ranges_table(names: list[str], rows: Sequence[tuple[int, Mapping[str, float]]]) -> str:
     """Each stat's steps logged, first, last, smallest and largest finite value: the page's account of the run
     where it cannot plot it."""
     out = ["<table><tr><th>stat</th><th>steps</th><th>first</th><th>last</th><th>min</th><th>max</th></tr>"]

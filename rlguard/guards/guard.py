@@ -21,6 +21,7 @@ from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal
 from rlguard.guards.detectors import Detector
 from rlguard.guards.detectors.base import warmed_up
 from rlguard.guards.events import Event, EventsLog, Finding, Severity
+from rlguard.guards.guard_state import read_guard_state
 from rlguard.guards.interventions import Intervention, StepContext, handed_over
 from rlguard.guards.registry import (
     build_members,
@@ -29,17 +30,7 @@ from rlguard.guards.registry import (
     intervention_registry,
     with_plugin_stats,
 )
-from rlguard.guards.state import (
-    GUARD_COUNTERS,
-    STATE_VERSION,
-    GuardStateError,
-    probe_state,
-    state_alarm,
-    state_count,
-    state_list,
-    state_object,
-    state_step,
-)
+from rlguard.guards.state import STATE_VERSION, probe_state, state_object
 
 if TYPE_CHECKING:
     from rlguard.guards.actuation.contract import Actuator, Applied
@@ -47,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset", "make_guard"]
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
+#: the proposal of a step nobody proposes anything for (frozen: shared)
+_NO_PROPOSAL = Proposal()
+#: the controls of a step nobody proposes or schedules anything for, combined once (frozen: shared)
+_NO_CONTROLS = Controls.combine([], {})
 
 
 class Guard:
@@ -77,8 +72,10 @@ class Guard:
         self.events: list[Event] = []
         self._alarms = {name: AlarmState() for name in self.detectors}
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
-        #: to judge consequences with hindsight)
+        #: to judge consequences with hindsight): a new dict at each step, which a reader may keep
         self.last_findings: dict[str, Finding] = {}
+        #: the detectors that judged the last observed step (it carried their stats), in the detectors' order
+        self.last_observed: list[str] = []
         #: the consequence rule applied live (``config.consequence == "online"``), or None
         self.live_rule = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
         self._seen = dict.fromkeys(self.detectors, 0)
@@ -128,22 +125,24 @@ class Guard:
             self.open_events(self.config.events_path)
         stats = with_plugin_stats(self.hook, step, stats)  # the plugins' rlguard_step_stats hooks
         findings, new_events = self._run_detectors(step, stats)
-        ctx = StepContext(
-            step=step,
-            stats=stats,
-            findings=findings,
-            alarms=self.alarms(),
-            alarm_age={n: a.critical_age for n, a in self._alarms.items() if a.critical_age},
-            consecutive_skips=self._consecutive_skips,
-            last_healthy_step=self._last_healthy_step,
-            capabilities=self.capabilities,
-            handed_over=self.handed_over,
-            # a finding beyond an absolute bound is vouched for by any clean observation before it
-            judged_clean=frozenset(
-                self._judged_clean | {n for n in self._seen_clean if n in findings and findings[n].absolute}
-            ),
-        )
-        proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
+        proposals: list[Proposal] = []
+        if self.interventions:  # a guard that only observes proposes nothing: no context to build
+            ctx = StepContext(
+                step=step,
+                stats=stats,
+                findings=findings,
+                alarms=self.alarms(),
+                alarm_age={n: a.critical_age for n, a in self._alarms.items() if a.critical_age},
+                consecutive_skips=self._consecutive_skips,
+                last_healthy_step=self._last_healthy_step,
+                capabilities=self.capabilities,
+                handed_over=self.handed_over,
+                # a finding beyond an absolute bound is vouched for by any clean observation before it
+                judged_clean=frozenset(
+                    self._judged_clean | {n for n in self._seen_clean if n in findings and findings[n].absolute}
+                ),
+            )
+            proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         decision = self._decide(step, proposals, findings, new_events)
         self._after(decision, findings, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
         self._record(list(decision.events))
@@ -159,39 +158,59 @@ class Guard:
         the alarm events they raise."""
         found: dict[str, Finding] = {}
         observed: list[str] = []
+        alarms = self._alarms
+        if self.live_rule is None:  # each detector's alarm sees its own finding: one pass, in the detectors' order
+            events: list[Event] = []
+            for name, det in self.detectors.items():
+                if not det.observes(stats):
+                    continue  # no evidence this step: alarm, streak and warm-up stay as they are
+                finding = self._check(name, det, step, stats)
+                observed.append(name)
+                if finding is not None:
+                    found[name] = finding
+                alarm = alarms[name]
+                event = alarm.see(step, name, finding, det.patience, det.clear_after)
+                if event is not None:
+                    events.append(event)
+                alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
+            self.last_findings, self.last_observed = found, observed
+            return found, events
         for name, det in self.detectors.items():
             if not det.observes(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            first = self._first_seen[name]
-            if first is None:
-                first = self._first_seen[name] = step
-            span = step - first if self.config.warmup_unit == "steps" else None
-            armed = warmed_up(det.warmup, self._seen[name], span)
-            finding = det.check(step, stats, armed)
-            self._seen[name] += 1
+            finding = self._check(name, det, step, stats)
             observed.append(name)
             if finding is not None:
                 found[name] = finding
-            else:
-                self._seen_clean.add(name)
-                if armed:
-                    self._judged_clean.add(name)
-        self.last_findings = found
-        findings, raised = found, {}
-        if self.live_rule is not None:
-            patient = [n for n in found if self._alarms[n].streak + 1 >= self.detectors[n].patience]
-            verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
-            findings, raised = verdict.findings, verdict.raised
+        self.last_findings, self.last_observed = found, observed
+        patient = [n for n in found if alarms[n].streak + 1 >= self.detectors[n].patience]
+        verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
+        findings, raised = verdict.findings, verdict.raised
         seen: list[Event | None] = []
         for name in observed:
-            det, alarm = self.detectors[name], self._alarms[name]
+            det, alarm = self.detectors[name], alarms[name]
             seen.append(alarm.see(step, name, findings.get(name), det.patience, det.clear_after))
             if name in raised:
                 seen.append(alarm.raise_critical(step, name, raised.pop(name)))
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
         # raised at a step that did not carry the detector's stats
-        seen.extend(self._alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
+        seen.extend(alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
         return findings, [e for e in seen if e is not None]
+
+    def _check(self, name: str, det: Detector, step: int, stats: Mapping[str, float]) -> Finding | None:
+        """``det``'s finding on this step, armed once past its warm-up (:func:`warmed_up`), and the bookkeeping of
+        what a healthy snapshot is known to predate (``StepContext.judged_clean``)."""
+        first = self._first_seen[name]
+        if first is None:
+            first = self._first_seen[name] = step
+        armed = warmed_up(det.warmup, self._seen[name], step - first if self.config.warmup_unit == "steps" else None)
+        finding = det.check(step, stats, armed)
+        self._seen[name] += 1
+        if finding is None:
+            self._seen_clean.add(name)
+            if armed:
+                self._judged_clean.add(name)
+        return finding
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
         """Mark the events of proposals ``where`` (the training loop's actuator) cannot carry out as
@@ -203,10 +222,13 @@ class Guard:
     def _decide(
         self, step: int, proposals: list[Proposal], findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
-        best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=Proposal())
+        best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
-        controls = Controls.combine([p.controls for p in proposals], scheduled)
+        if proposals or scheduled:
+            controls = Controls.combine([p.controls for p in proposals], scheduled)
+        else:  # nothing proposed or scheduled (most steps): the neutral controls, combined once
+            controls = _NO_CONTROLS
         healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
@@ -324,50 +346,9 @@ class Guard:
         and the type of every value; :class:`~rlguard.guards.state.GuardStateError` naming ``source`` (the file)
         and the key otherwise, with nothing changed. Detectors and interventions this guard does not run are
         ignored (a state saved by a guard configured otherwise)."""
-        if not isinstance(state, Mapping):
-            raise GuardStateError(f"{source}: expected a JSON object (the guard's state); got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION or isinstance(state.get("version"), bool):
-            raise GuardStateError(
-                f"{source}: unsupported guard state version {state.get('version')!r}; this rlguard reads version "
-                f"{STATE_VERSION}."
-            )
-        # the live consequence rule's state is optional: a guard that does not apply it ignores it, one that does
-        # starts it afresh without it (a state saved with consequence="step")
-        # "first_seen" and "judged_clean" are absent from states written before warm-ups were counted in steps and
-        # rollbacks asked for a snapshot from before the onset: warm-ups are then counted in observations, and every
-        # detector that has observed past its warm-up is taken as having judged a clean step
-        template = self.state_dict() | {"consequence": None}
-        optional = {"consequence", "first_seen", "judged_clean", "seen_clean"}
-        unknown, missing = sorted(set(state) - set(template)), sorted(set(template) - set(state) - optional)
-        if unknown or missing:
-            raise GuardStateError(
-                f"{source}: not a guard state: unknown key(s) {unknown}, missing key(s) {missing}; a guard state has "
-                f"{sorted(template)}."
-            )
-        try:
-            events = [Event.from_dict(e) for e in state_list(state["events"], f"{source}: events")]
-        except (TypeError, ValueError) as err:
-            raise GuardStateError(f"{source}: events: {err}") from None
-        alarms = {
-            n: AlarmState(**state_alarm(a, f"{source}: alarms.{n}"))
-            for n, a in state_object(state["alarms"], f"{source}: alarms").items()
-            if n in self._alarms
-        }
-        seen = {
-            n: state_count(v, f"{source}: seen.{n}") for n, v in state_object(state["seen"], f"{source}: seen").items()
-        }
-        first_seen = {
-            n: None if v is None else state_step(v, f"{source}: first_seen.{n}")
-            for n, v in state_object(state.get("first_seen", {}), f"{source}: first_seen").items()
-        }
-        clean = [str(n) for n in state_list(state.get("judged_clean", []), f"{source}: judged_clean")]
-        seen_clean = [str(n) for n in state_list(state.get("seen_clean", []), f"{source}: seen_clean")]
-        if "judged_clean" not in state:
-            clean = [n for n, v in seen.items() if n in self.detectors and v > self.detectors[n].warmup]
-            seen_clean = [n for n, v in seen.items() if n in self.detectors and v > 0]
-        counters = {k: state_step(state[k], f"{source}: {k}") for k in GUARD_COUNTERS}
-        if counters["consecutive_skips"] is None:
-            raise GuardStateError(f"{source}: consecutive_skips: expected an integer >= 0; got None")
+        read = read_guard_state(state, source, set(self.state_dict()), self.detectors, self._alarms)
+        events, alarms, seen, first_seen = read.events, read.alarms, read.seen, read.first_seen
+        clean, seen_clean, counters = read.judged_clean, read.seen_clean, read.counters
         # private states last: each validates all of its keys before it changes anything
         owners: dict[str, Mapping[str, Any]] = {"detectors": self.detectors, "interventions": self.interventions}
         private = {kind: state_object(state[kind], f"{source}: {kind}") for kind in owners}
@@ -390,7 +371,7 @@ class Guard:
         self._first_seen.update({n: v for n, v in first_seen.items() if n in self._first_seen})
         self._judged_clean = {n for n in clean if n in self.detectors}
         self._seen_clean = {n for n in seen_clean if n in self.detectors}
-        self._consecutive_skips = counters["consecutive_skips"]
+        self._consecutive_skips = read.consecutive_skips
         self._last_healthy_step = counters["last_healthy_step"]
         self._last_snapshot_step = counters["last_snapshot_step"]
         self._last_step = counters["last_step"]

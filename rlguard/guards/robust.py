@@ -81,9 +81,17 @@ class RollingWindow:
         self._nonfinite = len(self.values) - sum(map(math.isfinite, self.values))
         self._sorted: list[float] = sorted(self.values) if not self._nonfinite else []
         self._cache: tuple[float, float] | None = None
+        #: values accepted by :meth:`push` so far (a window that has not changed has the same count)
+        self.pushes = 0
+        self._trend: int | None = None  # Mann-Kendall's sum of signs, kept up to date once first asked for
 
     def __len__(self) -> int:
         return len(self.values)
+
+    @property
+    def finite(self) -> bool:
+        """Whether every value in the window is finite (a window restored from state may hold others)."""
+        return not self._nonfinite
 
     def push(self, value: float) -> None:
         """Append ``value`` (finite values only; others are ignored)."""
@@ -97,11 +105,20 @@ class RollingWindow:
                 if not self._nonfinite:  # the last non-finite value just left: sort once
                     self._sorted = sorted(values)
             else:
+                ordered, trend = self._sorted, self._trend
                 if full:  # the oldest of equal values is the first of them in the sorted list
-                    del self._sorted[bisect_left(self._sorted, values[0])]
+                    oldest = values[0]
+                    at = bisect_left(ordered, oldest)
+                    if trend is not None:  # the oldest's pairs with each later value leave the sum of signs
+                        trend -= len(ordered) - bisect_right(ordered, oldest) - at
+                    del ordered[at]
+                if trend is not None:  # the new value's pairs with each earlier one join it
+                    trend += bisect_left(ordered, value) - (len(ordered) - bisect_right(ordered, value))
                 values.append(value)
-                insort(self._sorted, value)  # after the equal values already there: their order of arrival
+                insort(ordered, value)  # after the equal values already there: their order of arrival
+                self._trend = trend
             self._cache = None
+            self.pushes += 1
 
     def _stats(self) -> tuple[float, float]:
         if self._cache is None:
@@ -139,6 +156,39 @@ class RollingWindow:
         """``(value - median) / max(sigma, floor)``."""
         return (value - self.median()) / self.sigma(floor)
 
+    def mann_kendall_z(self) -> float:
+        """:func:`mann_kendall_z` of the window's values in their order of arrival, equal to it: the sum of signs
+        is kept up to date by :meth:`push` once first asked for (O(log w) a push: the pairs of the value leaving
+        and of the value arriving, counted in the sorted values), the statistic read from it."""
+        if self._nonfinite:
+            self._trend = None
+            return mann_kendall_z(self.values)
+        if self._trend is None:
+            self._trend = _sign_sum(self.values)
+        return _mann_kendall(self._trend, len(self.values))
+
+
+def _sign_sum(x: Sequence[float]) -> int:
+    """Mann-Kendall's ``S``: the sum of ``sign(x_j - x_i)`` over the pairs ``i < j`` of finite ``x``, in
+    O(n log n): each value against the earlier ones, counted in their sorted list."""
+    seen: list[float] = []
+    total = 0
+    for b in x:
+        below, above = bisect_left(seen, b), bisect_right(seen, b)
+        total += below - (len(seen) - above)
+        seen.insert(above, b)
+    return total
+
+
+def _mann_kendall(s: float, n: int) -> float:
+    """The normal approximation of Mann-Kendall's ``S`` over ``n`` values (no tie correction)."""
+    if n < 3:
+        return 0.0
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    if s == 0:
+        return 0.0
+    return (s - math.copysign(1.0, s)) / math.sqrt(var)
+
 
 def mann_kendall_z(values: Sequence[float]) -> float:
     """Mann-Kendall trend statistic (normal approximation, no tie correction): > 2 means a rising trend at about
@@ -152,18 +202,8 @@ def mann_kendall_z(values: Sequence[float]) -> float:
     if any(v != v for v in x):  # NaN: not ordered, every pair with it counts 0
         s = float(sum((b > a) - (b < a) for i, a in enumerate(x) for b in x[i + 1 :]))
     else:
-        # the same sum of signs in O(n log n): each value against the earlier ones, counted in their sorted list
-        seen: list[float] = []
-        total = 0
-        for b in x:
-            below, above = bisect_left(seen, b), bisect_right(seen, b)
-            total += below - (len(seen) - above)
-            seen.insert(above, b)
-        s = float(total)
-    var = n * (n - 1) * (2 * n + 5) / 18.0
-    if s == 0:
-        return 0.0
-    return (s - math.copysign(1.0, s)) / math.sqrt(var)
+        s = float(_sign_sum(x))
+    return _mann_kendall(s, n)
 
 
 def cusum_step(statistic: float, z: float, slack: float) -> float:

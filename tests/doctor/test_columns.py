@@ -107,3 +107,42 @@ def test_a_torn_last_line_is_no_clean_bill(tmp_path: Path) -> None:
     assert "torn last line" in result.output
     path.write_text(jsonl_text(rows(200)), encoding="utf-8")
     assert runner.invoke(app, ["doctor", str(path)]).exit_code == 0
+
+
+#: raw keys of one stat at several priorities (a --map, rlguard's own, a bare canonical name, TRL's, verl's), keys
+#: tied in priority (rlguard/kl_ref under two namespaces), a key of no stat
+_CANONICAL_KEYS = (
+    "reward", "rlguard/reward_mean", "reward_mean", "critic/score/mean", "train/rlguard/kl_ref",
+    "rlguard/kl_ref", "kl", "entropy", "actor/entropy", "my_stat", "epoch",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_canonical_rows_equal_canonical_stats_of_every_row(seed: int) -> None:
+    """CanonicalRows (stats read from the columns) equals canonical_stats of each dict row, steps without a stat
+    left out: priorities, ties to the key first in the row, keys absent on some rows, NaN kept as evidence."""
+    from rlguard.doctor.columns import CanonicalRows
+    from rlguard.metrics import canonical_stats
+
+    rng = random.Random(seed)
+    keys = rng.sample(_CANONICAL_KEYS, len(_CANONICAL_KEYS))  # the order keys are first logged: the row order
+    key_map = {"my_stat": "grad_norm"} if seed % 2 else {}
+    table = Columns()
+    for step in range(1, 60):
+        row = {k: rng.choice([rng.random(), math.nan]) for k in keys if rng.random() < 0.3}
+        table.append(step, {"epoch": 0.5} if step % 7 == 0 else row)  # every 7th step: no stat
+    expected = [(s, st) for s, raw in table if (st := canonical_stats(raw, key_map))]
+    got = CanonicalRows(table, key_map)
+    assert len(got) == len(expected) and len(expected) < len(table)  # some steps have no stat
+    for (s1, a), (s2, b) in zip(got, expected, strict=True):
+        assert s1 == s2 and list(a) == list(b)
+        assert all(a[n] == b[n] or (math.isnan(a[n]) and math.isnan(b[n])) for n in a)
+    assert list(got.steps) == [s for s, _ in expected]
+    assert got.names == sorted({n for _, st in expected for n in st})
+    for name in got.names:
+        want = [st.get(name, math.nan) for _, st in expected]
+        assert [repr(v) for v in got.series(name)] == [repr(v) for v in want]
+    listed = CanonicalRows(list(table), key_map)  # rows as dicts: canonical_stats itself
+    assert list(listed) == list(got) or all(
+        s1 == s2 and list(a) == list(b) for (s1, a), (s2, b) in zip(listed, got, strict=True)
+    )

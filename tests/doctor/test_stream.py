@@ -243,4 +243,4 @@ def test_watch_work_per_appended_record_does_not_grow_with_the_log(
     assert sum(judged) <= bound, (sum(judged), judged)
     assert len(judged) <= 2 + math.log(200 / 50) / math.log(1 + watch_module.REJUDGE_GROWTH)
     final, _ = reader.read(final=True)
-    assert final is not None and final.steps == list(range(1, 201))
+    assert final is not None and list(final.steps) == list(range(1, 201))

@@ -107,3 +107,55 @@ def test_mann_kendall_on_a_known_series() -> None:
     assert mann_kendall_z([1.0, 2.0, 3.0, 4.0]) == (6 - 1) / math.sqrt(26 / 3)
     assert mann_kendall_z([4.0, 3.0, 2.0, 1.0]) == -(6 - 1) / math.sqrt(26 / 3)
     assert mann_kendall_z([1.0, 1.0, 1.0]) == 0.0
+
+
+@examples(quick=150, long=3000)
+@given(
+    size=st.integers(1, 40),
+    start=st.lists(ANY, max_size=10),
+    stream=st.lists(ANY, max_size=120),
+    read_every=st.integers(1, 7),
+)
+def test_the_windows_running_mann_kendall_equals_it_from_scratch(
+    size: int, start: list[float], stream: list[float], read_every: int
+) -> None:
+    """``RollingWindow.mann_kendall_z`` (its sum of signs kept up to date by each push once first read) equals
+    :func:`mann_kendall_z` of the values in the window, bit for bit, read at any cadence, from a window restored with
+    values that are not all finite too."""
+    window = RollingWindow(size, start)
+    for i, value in enumerate(stream):
+        window.push(value)
+        if i % read_every == 0:
+            assert _same(window.mann_kendall_z(), mann_kendall_z(list(window.values)))
+    assert _same(window.mann_kendall_z(), mann_kendall_z(list(window.values)))
+
+
+@examples(quick=100, long=2000)
+@given(
+    window=st.integers(5, 60),
+    rewards=st.lists(st.one_of(FINITE, st.sampled_from([math.nan])), min_size=1, max_size=150),
+    restore_at=st.integers(0, 150),
+)
+def test_reward_collapses_kept_differences_equal_the_windows_successive_differences(
+    window: int, rewards: list[float], restore_at: int
+) -> None:
+    """The successive differences ``RewardCollapse`` keeps beside its window (one push a step) are those of the
+    window's values in order, after any run of steps and after a restore of its state."""
+    from itertools import pairwise
+
+    from rlguard.guards.detectors.rollouts import RewardCollapse
+
+    det = RewardCollapse(window=window, warmup=0)
+    for step, reward in enumerate(rewards):
+        if step == restore_at:
+            det.load_state_dict(det.state_dict())
+        det.check(step, {"reward_mean": reward}, armed=True)
+        if len(det._s_window) >= 2:
+            values = list(det._s_window.values)
+            want = RollingWindow(len(values) - 1, [b - a for a, b in pairwise(values)])
+            got = det._differences()
+            assert list(got.values) == list(want.values) or all(
+                _same(a, b) for a, b in zip(got.values, want.values, strict=True)
+            )
+            assert len(got.values) == len(want.values)
+            assert _same(got.sigma(), want.sigma())

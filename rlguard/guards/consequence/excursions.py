@@ -46,10 +46,12 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlguard.guards.consequence.offline import observed_positions
 from rlguard.guards.consequence.rule import ConsequenceRule, level_margin, reward_span
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
@@ -115,14 +117,14 @@ def excursions(
     rule = rule or ConsequenceRule()
     out: dict[str, list[Excursion]] = {}
     for name, det in detectors.items():
-        obs = [p for p, seen in enumerate(timeline.observed) if name in seen]
+        obs = observed_positions(timeline, name)
         found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
         mine = labels.get(name, {})
         groups = _groups(obs, found, det.clear_after)
         out[name] = [
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
-        at = _Observed([timeline.steps[p] for p in obs], groups)
+        at = _Observed(array("q", (timeline.steps[p] for p in obs)), groups)
         out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
 
@@ -130,13 +132,13 @@ def excursions(
 class _Observed:
     """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection."""
 
-    def __init__(self, steps: list[int], groups: list[list[int]]) -> None:
+    def __init__(self, steps: Sequence[int], groups: list[list[int]]) -> None:
         self.steps = steps
         self.ends = [steps[g[-1]] for g in groups]
 
 
 def _backdate(
-    ex: Excursion, name: str, timeline: Timeline, obs: list[int], observed: _Observed, horizon: int
+    ex: Excursion, name: str, timeline: Timeline, obs: Sequence[int], observed: _Observed, horizon: int
 ) -> Excursion:
     """``ex`` with its onset moved back to its detector's change-point estimate (``Timeline.change_points``: a CUSUM
     alarm's Page 1954 estimate, the first observation since its statistic was last 0; a shift of level's
@@ -164,7 +166,7 @@ def _backdate(
     return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 
-def _groups(obs: list[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:
+def _groups(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:
     """The detector's observation indices from each episode's first finding to its last: findings separated by
     fewer than ``clear_after`` clean observations belong together (the alarm's hysteresis, as
     :func:`~rlguard.guards.consequence.offline._episodes`)."""
@@ -186,7 +188,7 @@ def _excursion(
     name: str,
     det: Detector,
     timeline: Timeline,
-    obs: list[int],
+    obs: Sequence[int],
     group: list[int],
     found: Mapping[int, Finding],
     labels: Mapping[int, tuple[Severity, str]],
@@ -226,7 +228,7 @@ def _excursion(
 
 
 def _critical_onset(
-    obs: list[int], group: list[int], found: Mapping[int, Finding], reached: int, clear_after: int
+    obs: Sequence[int], group: list[int], found: Mapping[int, Finding], reached: int, clear_after: int
 ) -> int:
     """Where the critical condition began: the first of the detector's own critical observations in the run of
     them (separated by fewer than ``clear_after`` other observations, the hysteresis of the alarm's critical level)

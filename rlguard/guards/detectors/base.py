@@ -41,8 +41,14 @@ def step_noise(values: Sequence[float]) -> float:
     robust sigma, or their root mean square where that is larger (rewards of a few prompts are bimodal: MAD near
     0), over ``sqrt(2)``."""
     diffs = [b - a for a, b in itertools.pairwise(values)]
-    rms = math.sqrt(sum(d * d for d in diffs) / len(diffs))
-    return max(RollingWindow(len(diffs), diffs).sigma(), rms) / math.sqrt(2)
+    return differences_noise(RollingWindow(len(diffs), diffs))
+
+
+def differences_noise(diffs: RollingWindow) -> float:
+    """:func:`step_noise` from the successive differences themselves (a window of at least 1), for a detector that
+    keeps them as its values arrive."""
+    rms = math.sqrt(sum(d * d for d in diffs.values) / len(diffs))
+    return max(diffs.sigma(), rms) / math.sqrt(2)
 
 
 def _best_split(values: Sequence[float], sign: float) -> tuple[int, float] | None:

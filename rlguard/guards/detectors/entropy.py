@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _finite, _metric
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import RollingWindow, mann_kendall_z
+from rlguard.guards.robust import RollingWindow
 
 
 @dataclass(kw_only=True)
@@ -94,7 +94,7 @@ class EntropyCollapse(Detector):
         if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
-        z = mann_kendall_z(list(self._s_rewards.values)) if len(self._s_rewards) >= 5 else 0.0
+        z = self._s_rewards.mann_kendall_z() if len(self._s_rewards) >= 5 else 0.0
         early_reward = _anchor_median(self._s_early_rewards)
         gained = early_reward is not None and len(self._s_rewards) >= 5 and self._s_rewards.median() > early_reward
         improving = z > self.improving_z

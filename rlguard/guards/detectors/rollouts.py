@@ -3,12 +3,13 @@ collapse), truncation and repetition loops."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _metric, _RewardLevel, step_noise
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _metric, _RewardLevel, differences_noise
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
@@ -63,6 +64,27 @@ class RewardCollapse(Detector):
         self._s_window = RollingWindow(self.window)
         self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
         self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
+        # the window's successive differences, kept beside it (not state): (window, its pushes, differences)
+        self._diffs: tuple[RollingWindow, int, RollingWindow] | None = None
+
+    def _differences(self) -> RollingWindow:
+        """The successive differences of the window's values, in order: a window of them updated by one
+        difference when the window took one value since the last call (a push a step instead of a window built a
+        step), built from the values otherwise (a restored window, or one that is not finite)."""
+        window, held = self._s_window, self._diffs
+        if held is not None and held[0] is window and window.finite:
+            if held[1] == window.pushes:
+                return held[2]
+            latest = window.values[-1] - window.values[-2] if len(window) >= 2 else math.nan
+            if held[1] + 1 == window.pushes and math.isfinite(latest):
+                held[2].push(latest)
+                self._diffs = (window, window.pushes, held[2])
+                return held[2]
+        diffs = [b - a for a, b in itertools.pairwise(window.values)]
+        size = max((window.values.maxlen or len(window)) - 1, len(diffs), 1)
+        out = RollingWindow(size, diffs)
+        self._diffs = (window, window.pushes, out)
+        return out
 
     def reads(self) -> tuple[str, ...]:
         return (self.metric,)
@@ -89,8 +111,9 @@ class RewardCollapse(Detector):
         ewma = self._s_ewma
         finding, held = None, False
         if armed and len(self._s_window) >= 5:
-            # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it
-            noise = step_noise(list(self._s_window.values))
+            # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it; the window's
+            # successive differences kept beside it (a push a step, not a window built a step)
+            noise = differences_noise(self._differences())
             scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
             drop = (self._s_best - ewma) / scale
             rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)

@@ -1,0 +1,250 @@
+"""The doctor's judgement as a fold over a log's steps (:class:`DoctorFold`): what :func:`rlguard.doctor.diagnose`
+and ``rlguard watch`` run, the warm-ups fitted to the log's length (:func:`fit_warmups`), and the report's series
+read from the log's columns when asked for."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.diagnose import (
+    WARMUP_SHARE,
+    CanonicalLog,
+    Diagnosis,
+    _coverage,
+    _findings,
+    detector_metrics,
+    read_canonical,
+)
+from rlguard.doctor.readers import LogInputError, MetricLog, events_file
+from rlguard.guards import Event, Guard, GuardConfig
+from rlguard.guards.consequence.excursions import excursions, recovered_incidents
+from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
+from rlguard.guards.consequence.rule import ConsequenceRule
+from rlguard.guards.detectors.base import MIN_BASELINE
+from rlguard.guards.events import EventsFileError, Finding, read_events
+
+__all__ = ["DoctorFold", "fit_warmups"]
+
+
+class DoctorFold:
+    """The doctor's judgement as a fold over a log's steps: each step's canonical stats go once through the guard
+    (:meth:`~rlguard.guards.Guard.observe`), and what the consequence rule needs of it is kept (its detectors, a
+    shared set; its findings and change points, one shared empty mapping where none: 24 bytes a step, plus the
+    findings themselves). :meth:`judge` of a log that extends the last one judged feeds only the steps added since;
+    ``rlguard watch`` keeps one fold per log, so each appended record goes through the guard once.
+
+    Its verdict on a log equals :func:`~rlguard.doctor.diagnose.diagnose_log`'s on the same log (the same code:
+    that is one judgement of a new fold). Three things are not a fold, and :meth:`judge` does them again each
+    time: the keys' mapping (auto-mapping reads the values of the whole log; a mapping that changes replays the log from
+    its first step), the warm-ups fitted to the log's length (:func:`fit_warmups`: they change only while a
+    detector has fewer than ``WARMUP_SHARE`` times its warm-up in observations, and a change replays the log), and
+    the consequence rule's hindsight (:func:`~rlguard.guards.consequence.offline.label_findings`, ``judge_log``,
+    ``excursions``: a finding is judged by what followed it, so every judgement reads the kept timeline whole).
+    The last step of a log that may still grow (``final=False``) can still be merged with a record of the same
+    step: it is judged by a copy of the guard (its state, :meth:`~rlguard.guards.Guard.state_dict`) and fed for
+    good at the next judgement.
+
+    Attributes:
+        replays: the times the log was fed again from its first step (a new mapping of keys or new warm-ups).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        config: GuardConfig | None = None,
+        key_map: Mapping[str, str] | None = None,
+        *,
+        auto_map: bool = True,
+        rule: ConsequenceRule | None = None,
+    ) -> None:
+        self.path, self.key_map, self.auto_map, self.rule = path, key_map, auto_map, rule
+        self.config = config or GuardConfig.preset("monitor")
+        self.replays = 0
+        self._mapped: dict[str, str] | None = None  # the key map the kept steps were read with
+        self._start()
+
+    def _start(self) -> None:
+        self._guard = Guard(self.config)
+        self._defaults = {n: det.warmup for n, det in self._guard.detectors.items()}
+        self._needs = {n: det.baseline_needed() for n, det in self._guard.detectors.items()}
+        self._warmups: dict[str, int] = {}  # detector -> the warm-up fitted (those shortened)
+        self._counts = dict.fromkeys(self._guard.detectors, 0)  # observations in the steps fed
+        self._fed = 0  # canonical steps fed to the guard
+        self._last: int | None = None  # the last step fed
+        self._findings: list[Mapping[str, Finding]] = []
+        self._observed: list[frozenset[str]] = []
+        self._points: list[Mapping[str, int]] = []
+        self._distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has few
+
+    def judge(self, log: MetricLog, *, final: bool = True) -> Diagnosis:
+        """The diagnosis of ``log`` (the log last judged, grown; or another, judged from its first step).
+        ``final``: no record will be added to its last step (a whole file); otherwise that step is judged by a copy
+        of the guard and fed at the next judgement (module docstring)."""
+        read = read_canonical(self.path, self.key_map, auto_map=self.auto_map, log=log)
+        rows = read.rows
+        keep = len(rows) if final else max(len(rows) - 1, 0)
+        steps = rows.steps
+        extends = self._fed <= keep and (self._fed == 0 or steps[self._fed - 1] == self._last)
+        if read.keys.key_map != self._mapped or not extends:
+            self._mapped = dict(read.keys.key_map)
+            self._restart()
+        counts = _count_observations(self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts)
+        if _fit_plan(self._defaults, self._needs, counts) != self._warmups:
+            self._restart()
+        self._warmups = _fit_plan(self._defaults, self._needs, counts)
+        if self._fed == 0:
+            for name, warmup in self._warmups.items():
+                self._guard.detectors[name].warmup = warmup
+        for k in range(self._fed, keep):
+            step, stats = rows[k]
+            self._feed(self._guard, step, stats)
+        guard, tail = self._guard, len(self._findings)
+        if keep < len(rows):  # the last step, judged by a copy of the guard
+            guard = Guard(self.config)
+            for name, warmup in self._warmups.items():
+                guard.detectors[name].warmup = warmup
+            guard.load_state_dict(self._guard.state_dict())
+            step, stats = rows[keep]
+            self._observe(guard, step, stats)
+        try:
+            fitted = {n: self._defaults[n] for n in self._warmups}
+            return self._conclude(read, guard, fitted)
+        finally:  # the copy's step leaves the kept timeline
+            del self._findings[tail:], self._observed[tail:], self._points[tail:]
+
+    def _restart(self) -> None:
+        if self._fed:
+            self.replays += 1
+        self._start()
+
+    def _feed(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
+        self._observe(guard, step, stats)
+        for name in guard.last_observed:
+            self._counts[name] += 1
+        self._fed += 1
+        self._last = step
+
+    def _observe(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
+        guard.observe(step, stats)
+        seen = frozenset(guard.last_observed)
+        self._observed.append(self._distinct.setdefault(seen, seen))
+        found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
+        if found:  # most steps: none
+            self._findings.append(found)
+            points = {n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None}
+            self._points.append(points or _NONE)
+        else:
+            self._findings.append(_NONE)
+            self._points.append(_NONE)
+
+    def _conclude(self, read: CanonicalLog, guard: Guard, fitted: Mapping[str, int]) -> Diagnosis:
+        log, keys, rule = read.log, read.keys, self.rule
+        steps = read.rows.steps
+        names = read.rows.names
+        series = _Series(read.rows, names)
+        rewards = series["reward_mean"] if "reward_mean" in series else array("d", [math.nan]) * len(steps)
+        timeline = Timeline(steps, rewards, self._findings, self._observed, self._points)
+        labels = label_findings(timeline, guard.detectors, rule)
+        events = judge_log(timeline, guard.detectors, rule, labels)
+        coverage = _coverage(guard, keys, set(names), fitted)
+        live_path = None if log.streamed else events_file(Path(self.path), log.path)  # a stream has no run folder
+        live: list[Event] = []
+        live_warnings: list[str] = []
+        if live_path is not None:
+            try:
+                recorded = read_events(live_path)
+            except EventsFileError as err:
+                raise LogInputError(str(err)) from None
+            checked = frozenset(n for n, (ok, _) in coverage.items() if ok)
+            live, live_warnings = relabel(recorded.events, timeline, labels, checked, rule), recorded.warnings
+        findings = _findings(events, excursions(timeline, guard.detectors, labels, rule))
+        critical = [x for f in findings for x in f.excursions if x.severity == "critical"]
+        return Diagnosis(
+            log,
+            keys,
+            steps,
+            series,
+            events,
+            findings,
+            detector_metrics(guard),
+            coverage,
+            live,
+            live_path,
+            live_warnings,
+            recovered_incidents(steps, rewards, critical, rule),
+        )
+
+
+#: the findings and change points of a step without findings (shared, read only)
+_NONE: Mapping[str, Any] = {}
+
+
+def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, int]:
+    """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
+    most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
+    for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
+    to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
+    of refused. A detector whose judgement needs a fixed number of observations (``Detector.baseline_needed``:
+    0 for absolute bounds alone; ``zero_variance_groups`` the reward level it tells solved from failed groups by)
+    gets that warm-up in any log long enough to judge: a condition at the first records (100% of groups without reward
+    variance at a reward of 0) is a fact there, and the consequence rule still exempts a condition present from the
+    first observations while the reward rises. ``rows``: each step's canonical stats, read once. Returns detector ->
+    its own warm-up, for those whose warm-up was shortened. The live guard counts its warm-ups in optimizer steps
+    (``GuardConfig.warmup_unit``), with at least ``MIN_BASELINE`` observations."""
+    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0))
+    dets = guard.detectors.items()
+    plan = _fit_plan({n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}, counts)
+    fitted = {}
+    for name, warmup in plan.items():
+        det = guard.detectors[name]
+        fitted[name], det.warmup = det.warmup, warmup
+    return fitted
+
+
+def _count_observations(guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` plus, per detector of ``guard``, the steps of ``rows`` that carry its evidence
+    (``Detector.observes``)."""
+    out = dict(counts)
+    detectors = list(guard.detectors.items())
+    for stats in rows:
+        for name, det in detectors:
+            if det.observes(stats):
+                out[name] += 1
+    return out
+
+
+def _fit_plan(warmups: Mapping[str, int], needs: Mapping[str, int | None], counts: Mapping[str, int]) -> dict[str, int]:
+    """Detector -> its warm-up fitted to ``counts`` observations, for those :func:`fit_warmups` shortens from their
+    own ``warmups`` (``needs``: ``Detector.baseline_needed``, the observations a judgement needs where that is
+    fixed)."""
+    plan = {}
+    for name, own in warmups.items():
+        seen, need = counts.get(name, 0), needs.get(name)
+        warmup = min(own, need if need is not None else max(MIN_BASELINE, seen // WARMUP_SHARE))
+        if warmup < own and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
+            plan[name] = warmup
+    return plan
+
+
+class _Series(Mapping[str, Sequence[float]]):
+    """Canonical name -> its value at each step of ``rows`` (NaN where not logged), read from the columns when
+    asked for: a 1,000,000-step log's dozen stats are not kept beside its columns."""
+
+    def __init__(self, rows: CanonicalRows, names: list[str]) -> None:
+        self._rows, self._names = rows, names
+
+    def __getitem__(self, name: str) -> Sequence[float]:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._rows.series(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

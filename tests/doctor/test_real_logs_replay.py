@@ -107,14 +107,15 @@ LATE: dict[tuple[str, str], str] = {
 def test_a_run_without_learning_signal_from_the_start_is_skipped_never_rolled_back(preset: str) -> None:
     """finance-poison-sparse: every group without reward variance at reward 0 from its third record. Each such batch
     is skipped (``skip_no_signal``: all advantages 0), from step 3 (+2 logged steps from the onset at 1; before,
-    the first action was a skip for a gradient spike at +21); those skips break the row of poisoned skips, so its
-    sporadic gradient spikes never make 3 in a row: no rollback, no halt."""
+    the first action was a skip for a gradient spike at +21); no rollback, no halt. The steps without signal (the
+    KL term's gradient alone, about 1% of a learning step's) are no observation of the gradient-norm detectors, so
+    its few learning steps are not gradient spikes against them: every skip is one without signal."""
     name = "finance-poison-sparse.trainer_state.json"
     if name not in PATHS:
         pytest.skip("doctor_foreign is not there")
     r = _replay_benchmark().replay(PATHS[name], BENCH.ALL_VERDICTS[name], preset)
     assert (r.first_action, r.delay) == ("skip (no signal) @3", 2), r
-    assert r.rollbacks == r.halts == 0 and r.no_signal >= r.skips - r.no_signal > 0, r
+    assert r.rollbacks == r.halts == 0 and r.skips == r.no_signal > 0, r
 
 
 @real

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rlguard.guards.detectors.base import Detector, _finite
 from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector
 from rlguard.guards.events import Finding
+from rlguard.guards.signal import without_signal
 from rlguard.metrics import METRICS
 
 
@@ -54,8 +55,22 @@ class NonFinite(Detector):
 _WATCHED: tuple[str, ...] = ("loss", *(m.name for m in METRICS if m.judged))
 
 
+class _PolicyGradientSteps(Detector):
+    """Mixin of the detectors whose stat is the size of the policy-gradient update (the gradient norm, the policy's
+    move from the behaviour policy: KL to it, the clip fraction). A step whose batch carries no policy-gradient
+    signal (:func:`~rlguard.guards.signal.without_signal`, the test ``skip_no_signal`` skips by) updates by the KL or
+    entropy terms alone, another process whose size (0, or the KL term's pull: orders of magnitude below a learning
+    step's) says nothing about the learning steps': it is not an observation (neither learnt nor judged, nor counted
+    toward the warm-up), so that a too-hard start does not make the first learning steps look like a spike."""
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        """The step's stat, on a step whose batch carries a policy-gradient signal (a log without
+        ``frac_zero_std_groups``: every step)."""
+        return not without_signal(stats) and super().observes(stats)
+
+
 @dataclass(kw_only=True)
-class GradNormSpike(SpikeDetector):
+class GradNormSpike(_PolicyGradientSteps, SpikeDetector):
     name = "grad_norm_spike"
     source = "robust z-score on log gradient norm (median/MAD; Hampel 1974)"
     summary = "grad norm >= 5x (warn) / 20x (critical) its rolling median, robust z >= 6"
@@ -64,7 +79,7 @@ class GradNormSpike(SpikeDetector):
 
 
 @dataclass(kw_only=True)
-class GradNormExplosion(CusumDetector):
+class GradNormExplosion(_PolicyGradientSteps, CusumDetector):
     name = "grad_norm_explosion"
     source = "CUSUM on log gradient norm (Page 1954)"
     summary = (
@@ -103,7 +118,7 @@ class KLRefBlowup(SpikeDetector):
 
 
 @dataclass(kw_only=True)
-class KLOldBlowup(SpikeDetector):
+class KLOldBlowup(_PolicyGradientSteps, SpikeDetector):
     name = "kl_old_blowup"
     source = "PPO's approximate KL early stop (Schulman et al. 2017; CleanRL target_kl)"
     summary = "KL to the behaviour policy >= 10x (warn) / 100x (critical) its rolling median, z >= 6"
@@ -128,7 +143,7 @@ class RatioExplosion(SpikeDetector):
 
 
 @dataclass(kw_only=True)
-class ClipFracBurst(SpikeDetector):
+class ClipFracBurst(_PolicyGradientSteps, SpikeDetector):
     name = "clip_frac_burst"
     source = "PPO clip fraction diagnostics (Engstrom et al. 2020; CleanRL clipfrac)"
     summary = "clip fraction >= 3x (warn) / 10x (critical) its rolling median and >= 0.05"

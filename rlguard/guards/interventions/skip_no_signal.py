@@ -20,10 +20,10 @@ advantages only: with a critic (GAE) or a batch-wide baseline such a batch still
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from rlguard.guards.interventions.base import Intervention, Proposal, StepContext
+from rlguard.guards.signal import NO_SIGNAL_STAT, without_signal
 
 __all__ = ["NO_SIGNAL", "SkipNoSignal"]
 
@@ -42,12 +42,12 @@ class SkipNoSignal(Intervention):
     name = "skip_no_signal"
     summary = "skip the optimizer step of a batch whose every group has all-equal rewards (no policy gradient)"
 
-    metric: str = "frac_zero_std_groups"
+    metric: str = NO_SIGNAL_STAT
 
     def propose(self, ctx: StepContext) -> Proposal | None:
-        share = ctx.stats.get(self.metric)
         # a non-finite share is the nonfinite detector's (skip_step's) to answer; a missing one is no evidence
-        if share is None or not math.isfinite(share) or share < 1.0:
+        if not without_signal(ctx.stats, self.metric):
             return None
+        share = ctx.stats[self.metric]
         why = f"{NO_SIGNAL}: every group has all-equal rewards ({self.metric} {share:.0%}), all advantages 0"
         return Proposal("skip", why, poisoned=False)

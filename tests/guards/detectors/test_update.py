@@ -93,3 +93,25 @@ def test_mismatch_stat_choice_survives_a_checkpoint() -> None:
     assert [e for e in resumed.events if e.step >= 30] == [e for e in first.events if e.step >= 30]
     hits = [e for e in resumed.events if e.detector == "mismatch_growth"]
     assert hits and (hits[0].step, hits[0].severity, hits[0].threshold) == (41, "critical", 0.16), hits
+
+
+#: the detectors whose stat is the policy-gradient update's size, and those whose stat is not (the policy's distance
+#: from the reference, the engine mismatch, the ratio's spread: a ratio baseline cannot fall below 1)
+_UPDATE_SIZE = ("grad_norm_spike", "grad_norm_explosion", "kl_old_blowup", "clip_frac_burst")
+_OTHERS = ("kl_ref_blowup", "ratio_explosion", "mismatch_growth", "nonfinite")
+
+
+def test_a_step_without_signal_is_no_observation_of_the_update_size_detectors() -> None:
+    """A batch whose every group has all-equal rewards is neither learnt nor judged by the update-size detectors, nor
+    counted toward their warm-up; the other update detectors observe it, and a log without the share is unchanged."""
+    stream = healthy_stream(40, seed=3)
+    guard, plain = Guard(GuardConfig.preset("default")), Guard(GuardConfig.preset("default"))
+    for step, stats in enumerate(stream):
+        guard.observe(step, {**stats, "frac_zero_std_groups": 1.0 if step < 25 else 0.5})
+        plain.observe(step, {k: v for k, v in stats.items() if k != "frac_zero_std_groups"})
+    seen, every = guard.observations(), plain.observations()
+    assert all(seen[name] == 15 and every[name] == 40 for name in _UPDATE_SIZE), (seen, every)
+    assert all(seen[name] == every[name] == 40 for name in _OTHERS), (seen, every)
+    for name in _UPDATE_SIZE:
+        assert not guard.detectors[name].observes({**stream[0], "frac_zero_std_groups": 1.0})
+        assert guard.detectors[name].observes({**stream[0], "frac_zero_std_groups": 0.99})

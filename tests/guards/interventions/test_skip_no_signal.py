@@ -77,3 +77,47 @@ def test_a_too_hard_start_then_learning_gets_skips_never_a_rollback_or_halt(pres
     assert [d.step for d in decisions if d.outcome == "skip"] == list(range(30))
     assert all(d.reason.startswith(NO_SIGNAL) for d in decisions if d.outcome == "skip")
     assert not [d for d in decisions if d.outcome in ("rollback", "halt")]
+
+
+#: the stats whose size is the update's (the gradient norm, the move from the behaviour policy) or the policy's move
+#: from the reference: in a phase without signal only the KL or entropy terms move the policy, if anything does
+_UPDATE_SIZE = ("grad_norm", "kl_old", "clip_frac", "kl_ref")
+
+
+def _too_hard_start(seed: int, scale: float, steps: int = 30) -> list[dict[str, float]]:
+    """A healthy rising run whose first ``steps`` batches carry no signal (reward 0, every group all-equal), with the
+    update's stats ``scale`` x the learning run's there: 0 is what a run with beta = 0 logs (all advantages 0, no
+    gradient), 0.01 the KL term's pull alone."""
+    stream = healthy_stream(200, seed, "rising")
+    for s in stream[:steps]:
+        s.update(reward_mean=0.0, reward_std=0.0, frac_zero_std_groups=1.0, frac_zero_std_solved=0.0, loss=0.0)
+        s.update({k: s[k] * scale for k in _UPDATE_SIZE}, ratio_max=1.0 + (s["ratio_max"] - 1.0) * scale)
+    return stream
+
+
+@pytest.mark.parametrize("preset", ACTING)
+@pytest.mark.parametrize("scale", [0.0, 0.01])
+@pytest.mark.parametrize("seed", range(8))
+def test_a_too_hard_start_without_gradient_then_learning_is_never_rolled_back_or_halted(
+    preset: str, scale: float, seed: int
+) -> None:
+    """The update-scale detectors neither learn from nor judge a batch without signal: the first learning steps'
+    gradient norms are not compared with the KL term's alone (or with 0)."""
+    guard = Guard(GuardConfig.preset(preset))
+    decisions = [guard.observe(t, s) for t, s in enumerate(_too_hard_start(seed, scale))]
+    assert [d.step for d in decisions if d.outcome == "skip"] == list(range(30))
+    assert not [(d.step, d.outcome, d.reason) for d in decisions if d.outcome in ("rollback", "halt")]
+
+
+@pytest.mark.parametrize("preset", ACTING)
+@pytest.mark.parametrize("scale", [0.0, 0.01])
+def test_a_gradient_spike_after_a_phase_without_signal_is_still_caught(preset: str, scale: float) -> None:
+    """Against the learning steps' own baseline, a 100x gradient norm at step 120 is still a critical spike."""
+    stream = _too_hard_start(0, scale)
+    stream[120]["grad_norm"] *= 100.0
+    guard = Guard(GuardConfig.preset(preset))
+    for t, s in enumerate(stream[:120]):
+        guard.observe(t, s)
+    guard.observe(120, stream[120])
+    finding = guard.last_findings.get("grad_norm_spike")
+    assert finding is not None and finding.severity == "critical"

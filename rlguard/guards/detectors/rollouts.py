@@ -45,11 +45,13 @@ class RewardCollapse(Detector):
         alpha: EWMA smoothing of ``reward_mean``.
         window: steps in the robust spread of ``reward_mean``.
         warn_drop: drop, in robust sigmas, that warns; critical_drop: that is critical.
-        min_rel_drop: the drop must also be this share of (best - worst EWMA seen).
+        min_rel_drop: the drop must also be this share of the range of levels (the level at the best - the worst
+            EWMA seen).
         critical_rel_drop: a drop of ``warn_drop`` sigmas that is also this share of the range is critical too
             (a bounded, noisy reward, 0 or 1 per prompt, cannot fall ``critical_drop`` of its wide sigmas), if the
             drop is also ``>= min_level_drop`` of the best level (a 3% dip of a saturated 0.96 is no collapse) and
-            has lasted ``sustained`` observations (noise dips of the EWMA do not last).
+            has lasted ``sustained`` observations (noise dips of the EWMA do not last; counted from the running best
+            and worst: ``warn_drop`` sigmas, this share of their range and ``min_level_drop`` below the best).
         min_level_drop: see ``critical_rel_drop``.
         sustained: see ``critical_rel_drop``.
         metric: the stat whose drawdown is judged (``eval_drop`` judges an evaluation with the same rule).
@@ -83,7 +85,7 @@ class RewardCollapse(Detector):
         self._s_best = -math.inf
         self._s_worst = math.inf
         self._s_window = RollingWindow(self.window)
-        self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
+        self._s_low = 0  # consecutive observations far below the best and its range (critical_rel_drop)
         self._s_level_n = 0  # armed observations at the best's level: those the running maximum ranges over
         self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
         # the window's successive differences, kept beside it (not state): (window, its pushes, differences)
@@ -154,8 +156,11 @@ class RewardCollapse(Detector):
             fall = self._s_best - excess - ewma  # below the level held at the best
             drop = fall / scale
             rel = fall / max(self._s_best - excess - self._s_worst, 1e-12)  # of the range of levels seen
-            low = drop >= self.warn_drop and rel >= self.critical_rel_drop
-            low = low and fall >= self.min_level_drop * abs(self._s_best)
+            # how long the fall has lasted is counted from the running extremes (their ratio: both inflate alike),
+            # how deep it is from the level (the finding below)
+            raw = self._s_best - ewma
+            low = raw >= self.warn_drop * scale and raw >= self.critical_rel_drop * (self._s_best - self._s_worst)
+            low = low and raw >= self.min_level_drop * abs(self._s_best)
             of_consequence = fall >= self.min_drop * abs(self._s_best)
             # a drop that would warn but for min_drop is no healthy value either: its noise stays out of the window
             held = drop >= self.warn_drop and rel >= self.min_rel_drop and not of_consequence

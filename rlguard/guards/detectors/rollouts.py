@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -15,20 +16,42 @@ from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
 
 
+def expected_maximum(n: int) -> float:
+    """The expected largest of ``n`` independent standard normal values (0 for ``n <= 1``), by Blom's approximation
+    ``Phi^-1((n - 0.375) / (n + 0.25))`` (Blom 1958, *Statistical Estimates and Transformed Beta-Variables*; within
+    0.03 of the exact value for n <= 10^6, about ``sqrt(2 ln n)`` for large n). An EWMA's values are positively
+    correlated, and positive correlation only lowers the maximum of Gaussian values (Slepian 1962): the excess of a
+    stationary EWMA's running maximum over its level, in its sigmas, is at most this in expectation."""
+    if n <= 1:
+        return 0.0
+    return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
+
+
+_STANDARD_NORMAL = statistics.NormalDist()
+
+
 @dataclass(kw_only=True)
 class RewardCollapse(Detector):
-    """Reward falls well below its best level: the EWMA of ``reward_mean`` drops from its running maximum by
-    more than ``warn_drop`` (``critical_drop``) robust sigmas and by ``min_rel_drop`` of the reward range seen.
+    """Reward falls well below its best level: the EWMA of ``reward_mean`` drops below the level it held at its
+    running maximum by more than ``warn_drop`` (``critical_drop``) robust sigmas and by ``min_rel_drop`` of the
+    reward range seen.
+
+    The running maximum of a noisy EWMA overshoots the level it was taken at, more the more observations it ranges
+    over (:func:`expected_maximum`): the level held at the best is the maximum less that expected excess, for the
+    observations since the best last rose clearly above what the noise of the level before could reach (a new
+    level). Without it a stationary run's ordinary EWMA sits further below its "best" the longer the run.
 
     Attributes:
         alpha: EWMA smoothing of ``reward_mean``.
         window: steps in the robust spread of ``reward_mean``.
         warn_drop: drop, in robust sigmas, that warns; critical_drop: that is critical.
-        min_rel_drop: the drop must also be this share of (best - worst EWMA seen).
+        min_rel_drop: the drop must also be this share of the range of levels (the level at the best - the worst
+            EWMA seen).
         critical_rel_drop: a drop of ``warn_drop`` sigmas that is also this share of the range is critical too
             (a bounded, noisy reward, 0 or 1 per prompt, cannot fall ``critical_drop`` of its wide sigmas), if the
             drop is also ``>= min_level_drop`` of the best level (a 3% dip of a saturated 0.96 is no collapse) and
-            has lasted ``sustained`` observations (noise dips of the EWMA do not last).
+            has lasted ``sustained`` observations (noise dips of the EWMA do not last; counted from the running best
+            and worst: ``warn_drop`` sigmas, this share of their range and ``min_level_drop`` below the best).
         min_level_drop: see ``critical_rel_drop``.
         sustained: see ``critical_rel_drop``.
         metric: the stat whose drawdown is judged (``eval_drop`` judges an evaluation with the same rule).
@@ -62,7 +85,8 @@ class RewardCollapse(Detector):
         self._s_best = -math.inf
         self._s_worst = math.inf
         self._s_window = RollingWindow(self.window)
-        self._s_low = 0  # consecutive observations far below the best level (critical_rel_drop)
+        self._s_low = 0  # consecutive observations far below the best and its range (critical_rel_drop)
+        self._s_level_n = 0  # armed observations at the best's level: those the running maximum ranges over
         self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
         # the window's successive differences, kept beside it (not state): (window, its pushes, differences)
         self._diffs: tuple[RollingWindow, int, RollingWindow] | None = None
@@ -85,6 +109,19 @@ class RewardCollapse(Detector):
         out = RollingWindow(size, diffs)
         self._diffs = (window, window.pushes, out)
         return out
+
+    def _see_best(self, ewma: float, scale: float, judged_clean: bool) -> None:
+        """Take the armed observation's EWMA into the running maximum and count the observations at its level, those
+        judged without a finding (one far below the level is no draw of it): a new best above what the level before
+        could reach by noise (its maximum plus the expected maximum of as many more observations, in units of
+        ``scale``, the EWMA's noise) starts a new level."""
+        n = self._s_level_n
+        new_level = math.isfinite(scale) and ewma > self._s_best + expected_maximum(n) * scale
+        if new_level or n == 0:
+            self._s_level_n = 1
+        elif judged_clean:
+            self._s_level_n = n + 1
+        self._s_best = max(self._s_best, ewma)
 
     def reads(self) -> tuple[str, ...]:
         return (self.metric,)
@@ -109,17 +146,22 @@ class RewardCollapse(Detector):
         prev = self._s_ewma
         self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
         ewma = self._s_ewma
-        finding, held = None, False
+        finding, held, scale = None, False, math.nan
         if armed and len(self._s_window) >= 5:
             # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it; the window's
             # successive differences kept beside it (a push a step, not a window built a step)
             noise = differences_noise(self._differences())
             scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
-            drop = (self._s_best - ewma) / scale
-            rel = (self._s_best - ewma) / max(self._s_best - self._s_worst, 1e-12)
-            low = drop >= self.warn_drop and rel >= self.critical_rel_drop
-            low = low and (self._s_best - ewma) >= self.min_level_drop * abs(self._s_best)
-            of_consequence = (self._s_best - ewma) >= self.min_drop * abs(self._s_best)
+            excess = expected_maximum(self._s_level_n) * scale
+            fall = self._s_best - excess - ewma  # below the level held at the best
+            drop = fall / scale
+            rel = fall / max(self._s_best - excess - self._s_worst, 1e-12)  # of the range of levels seen
+            # how long the fall has lasted is counted from the running extremes (their ratio: both inflate alike),
+            # how deep it is from the level (the finding below)
+            raw = self._s_best - ewma
+            low = raw >= self.warn_drop * scale and raw >= self.critical_rel_drop * (self._s_best - self._s_worst)
+            low = low and raw >= self.min_level_drop * abs(self._s_best)
+            of_consequence = fall >= self.min_drop * abs(self._s_best)
             # a drop that would warn but for min_drop is no healthy value either: its noise stays out of the window
             held = drop >= self.warn_drop and rel >= self.min_rel_drop and not of_consequence
             self._s_low = self._s_low + 1 if low else 0
@@ -133,16 +175,16 @@ class RewardCollapse(Detector):
                     finding = Finding(
                         severity,  # type: ignore[arg-type]
                         ewma,
-                        self._s_best - bound * scale,
-                        f"{self._what()} (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its best "
-                        f"{self._s_best:.4g}, {rel:.0%} of its range (threshold {bound:g} sigmas and {min_rel:.0%}). "
-                        + self._advice(),
+                        self._s_best - excess - bound * scale,
+                        f"{self._what()} (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its level "
+                        f"{self._s_best - excess:.4g} at its best {self._s_best:.4g}, {rel:.0%} of its range "
+                        f"(threshold {bound:g} sigmas and {min_rel:.0%}). " + self._advice(),
                     )
                     break
         if finding is None and not held:
             self._s_window.push(reward)
         if armed:
-            self._s_best = max(self._s_best, ewma)
+            self._see_best(ewma, scale, finding is None and not held)
         self._s_worst = min(self._s_worst, ewma)
         self._shift.see(step, reward, ewma >= self._s_best)
         self._shift.judged(finding, self.clear_after)

@@ -22,7 +22,30 @@ from rlguard.metrics import canonical_name, canonical_stats
 __all__ = ["CanonicalRows", "Columns"]
 
 
-class Columns(Sequence[tuple[int, dict[str, float]]]):
+class _Rows(Sequence[tuple[int, dict[str, float]]]):
+    """A sequence of ``(step, stats)`` rows read by position (:meth:`_row`), for :class:`Columns` and
+    :class:`CanonicalRows`."""
+
+    def _row(self, i: int) -> tuple[int, dict[str, float]]:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, dict[str, float]]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, dict[str, float]]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, dict[str, float]] | list[tuple[int, dict[str, float]]]:
+        if isinstance(index, slice):
+            return [self._row(k) for k in range(*index.indices(len(self)))]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"row {index} of {n}")
+        return self._row(index % n)
+
+
+class Columns(_Rows):
     """Rows ``(step, {key: value})`` by increasing step, one per step, stored by column (module docstring).
 
     Attributes:
@@ -121,18 +144,6 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
         return self._steps[i], {k: v[i] for k, v in self._values.items() if self._present[k][i]}
 
-    @overload
-    def __getitem__(self, index: int) -> tuple[int, dict[str, float]]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[int, dict[str, float]]]: ...
-    def __getitem__(self, index: int | slice) -> tuple[int, dict[str, float]] | list[tuple[int, dict[str, float]]]:
-        if isinstance(index, slice):
-            return [self._row(i) for i in range(*index.indices(len(self)))]
-        n = len(self._steps)
-        if not -n <= index < n:
-            raise IndexError(f"row {index} of {n}")
-        return self._row(index % n)
-
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         items = [(v, self._present[k], k) for k, v in self._values.items()]
         for i, step in enumerate(self._steps):
@@ -155,7 +166,7 @@ class Columns(Sequence[tuple[int, dict[str, float]]]):
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
 
 
-class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
+class CanonicalRows(_Rows):
     """Each step's canonical stats (:func:`~rlguard.metrics.canonical_stats` of its raw row under ``key_map``), for
     the steps that have at least one, computed from the raw rows when read instead of held per step.
 
@@ -240,18 +251,6 @@ class CanonicalRows(Sequence[tuple[int, dict[str, float]]]):
     def _row(self, k: int) -> tuple[int, dict[str, float]]:
         i = k if self._index is None else self._index[k]
         return self._rows[i][0] if not isinstance(self._rows, Columns) else self._rows.steps[i], self._stats(i)
-
-    @overload
-    def __getitem__(self, index: int) -> tuple[int, dict[str, float]]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[int, dict[str, float]]]: ...
-    def __getitem__(self, index: int | slice) -> tuple[int, dict[str, float]] | list[tuple[int, dict[str, float]]]:
-        if isinstance(index, slice):
-            return [self._row(k) for k in range(*index.indices(len(self)))]
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"row {index} of {n}")
-        return self._row(index % n)
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         for k in range(len(self)):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
@@ -117,15 +117,23 @@ def check_verl_trainer(trainer: Any) -> None:
         )
 
 
+def _missing_methods(base: type, methods: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """``name(params)`` of each of ``methods`` that ``base`` lacks or whose parameters (after ``self``) do not start
+    with ``params``."""
+    missing = []
+    for name, params in methods.items():
+        method = getattr(base, name, None)
+        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if found is None or found[: len(params)] != params:
+            missing.append(f"{name}({', '.join(params)})")
+    return missing
+
+
 def check_one_step_off_trainer(base: type) -> None:
     """Raise ``RuntimeError`` if ``base`` lacks a coroutine ``fit`` or one of :data:`ONE_STEP_OFF_PRIVATE` with its
     parameters (verl's one-step-off trainer's private step methods, which the guarded trainer builds on)."""
     problems = [] if inspect.iscoroutinefunction(getattr(base, "fit", None)) else ["a coroutine fit"]
-    for name, params in ONE_STEP_OFF_PRIVATE.items():
-        method = getattr(base, name, None)
-        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
-        if found is None or found[: len(params)] != params:
-            problems.append(f"{name}({', '.join(params)})")
+    problems += _missing_methods(base, ONE_STEP_OFF_PRIVATE)
     if problems:
         raise RuntimeError(
             f"the guarded one-step-off trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "
@@ -142,11 +150,7 @@ def check_fully_async_trainer(base: type) -> None:
         for name in FULLY_ASYNC_COROUTINES
         if not inspect.iscoroutinefunction(getattr(base, name, None))
     ]
-    for name, params in FULLY_ASYNC_PRIVATE.items():
-        method = getattr(base, name, None)
-        found = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
-        if found is None or found[: len(params)] != params:
-            problems.append(f"{name}({', '.join(params)})")
+    problems += _missing_methods(base, FULLY_ASYNC_PRIVATE)
     if problems:
         raise RuntimeError(
             f"the guarded fully async trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "

@@ -7,7 +7,8 @@ cell (a copy of a file being written, a writer stopped mid-row). The reader take
 does not read the row (damage: exit 3, as a torn JSONL line): the file changed size while it was read (it is being
 written), or the last cell's text is a proper prefix of the one shape that the same column's cells had in the
 :data:`_FORMAT_ROWS` rows before it (a fixed-format writer, ``%.6f``: ``1.06`` where the column reads ``0.125000``,
-``4.813125``, ``1.123175``; digits compared as digits, the integer part as one digit, the sign dropped). Without
+``4.813125``, ``1.123175``; digits compared as digits, the integer part as one digit, the sign dropped; an empty
+last cell, the row cut at its comma, is a prefix of every shape). Without
 such evidence the row is read, and a warning says it may be cut. What this cannot see: a cut in a column whose
 cells vary in length (``repr`` floats, integers), which leaves a number of a plausible shape; and a whole last
 cell shorter than a fixed-format column's (a row written by another writer) is taken for a cut (exit 3, said)."""
@@ -56,9 +57,10 @@ def _shape(cell: str) -> str:
 
 def _cut_short(cell: str, before: Iterable[str]) -> bool:
     """Whether ``cell`` (the last cell of the last row) is a proper prefix of the one shape of the cells ``before``
-    it in its column (:data:`_FORMAT_ROWS` of them): a fixed-format number cut short."""
+    it in its column (:data:`_FORMAT_ROWS` of them): a fixed-format number cut short, or cut at its comma (an empty
+    cell where the column had one non-empty shape)."""
     shapes = {_shape(c) for c in before}
-    if not cell.strip() or len(shapes) != 1:
+    if len(shapes) != 1:
         return False
     (usual,) = shapes
     return usual != _shape(cell) and usual.startswith(_shape(cell))

@@ -32,7 +32,7 @@ def test_a_fixed_format_last_cell_cut_at_any_byte_is_a_torn_row(tmp_path: Path, 
     path = tmp_path / "log.csv"
     path.write_text(cut, encoding="utf-8")
     log = read_log(path)
-    if kept == len(last_cell) or kept == 0:  # whole, or cut at its comma: an empty cell is a null, not a wrong value
+    if kept == len(last_cell):  # whole (cut at its comma, kept 0: an empty cell where the column has a format)
         assert not log.report.partial and log.rows[-1][0] == 60
         assert any("does not end with a newline" in w for w in log.report.warnings)
         return

@@ -139,16 +139,8 @@ def main() -> None:
     (out / f"rank{rank}.json").write_text(json.dumps({"runs": runs, "compared": compared}))
 
 
-def _shut_down() -> None:
-    """Every rank done, the process group destroyed: a group left to the interpreter's exit may abort a rank in its
-    C++ teardown ("terminate called without an active exception", exit -6) after the run itself succeeded."""
-    import torch.distributed
-
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-
-
 if __name__ == "__main__":
+    from torchrun_exit import shut_down
+
     main()
-    _shut_down()
+    shut_down()

@@ -22,7 +22,7 @@ from transformers import (
 
 from rlguard.adapters.trl import GuardedGRPOConfig, GuardedGRPOTrainer
 from rlguard.demo.runs import WARM_START, DemoConfig, ProgressHook, RunSpec, RunSummary
-from rlguard.guards.events import EVENTS_FILE
+from rlguard.guards.events import EVENTS_FILE, METRICS_FILE
 from rlguard.metrics import canonical_stats
 from rlguard.tasks.hf import (
     addition_accuracy,
@@ -103,7 +103,8 @@ def train_run(
 ) -> RunSummary:
     """Train a copy of the model in ``model_dir`` with ``GuardedGRPOTrainer``; keep its log in ``output_dir``."""
     start = time.perf_counter()
-    (output_dir / EVENTS_FILE).unlink(missing_ok=True)  # the guard appends: a rerun into the same folder starts anew
+    for name in (EVENTS_FILE, METRICS_FILE):  # a rerun into the same folder starts anew, nothing moved aside
+        (output_dir / name).unlink(missing_ok=True)
     dataset = addition_dataset(config.steps * config.prompts_per_step, seed=config.seed)
     callbacks = [] if on_progress is None else [ProgressCallback(spec.label, on_progress)]
     trainer_class = GuardedGRPOTrainer if spec.fault is None else with_lr_spike(config.fault_at, config.lr_spike)

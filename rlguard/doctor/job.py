@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from rlguard.doctor.diagnose import Diagnosis
+from rlguard.doctor.readers import trainer_state
+from rlguard.guards.events import METRICS_FILE
 
 __all__ = ["job_ended"]
 
@@ -17,10 +19,13 @@ def job_ended(d: Diagnosis | None, pid: int | None) -> str | None:
     if d is not None:
         if any(e.detector == "action:halt" for e in d.live_events):
             return "the guard halted the run"
-        if d.log.format == "trl":
-            finished = _trl_finished(d.log.path)
-            if finished is not None:
-                return finished
+        # TRL's state says when training ended; beside rlguard's metrics file, the run folder's latest state does
+        state = d.log.path if d.log.format == "trl" else None
+        if d.log.path.name == METRICS_FILE and not d.log.streamed:
+            state = trainer_state(d.log.path.parent)
+        finished = None if state is None else _trl_finished(state)
+        if finished is not None:
+            return finished
     if pid is not None and not _alive(pid):
         return _exited(pid)
     return None

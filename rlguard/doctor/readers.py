@@ -36,6 +36,7 @@ from rlguard.doctor.jsonlog import ENCODING, TOO_MANY_DIGITS, read_jsonl, read_t
 from rlguard.doctor.readreport import LogInputError, ReadReport
 from rlguard.doctor.steps import StepRule, merge_runs
 from rlguard.doctor.tensorboard import TB_GLOB, read_tensorboard
+from rlguard.guards.events import EVENTS_FILE, METRICS_FILE
 
 __all__ = [
     "FORMATS",
@@ -46,11 +47,10 @@ __all__ = [
     "events_file",
     "find_log",
     "read_log",
+    "trainer_state",
 ]
 
 FORMATS: tuple[str, ...] = ("trl", "verl", "jsonl", "wandb-csv", "tensorboard")
-#: the live guard's events beside a run's logs (:data:`rlguard.guards.events.EVENTS_FILE`)
-EVENTS_FILE = "events.jsonl"
 
 
 @dataclass(frozen=True)
@@ -134,15 +134,24 @@ def _not_utf8(path: Path, err: UnicodeDecodeError) -> str:
     return f"{path}, line {line}: byte {err.start} is not UTF-8 ({err.reason}); save or export the log as UTF-8"
 
 
-def find_log(folder: Path) -> Path:
-    """The log of a run folder: ``trainer_state.json``, else the latest ``checkpoint-*/trainer_state.json``, else
-    a metrics ``*.jsonl`` (not ``events.jsonl``), else a ``*.csv``, else the folder itself if it holds TensorBoard
-    event files (at any depth)."""
+def trainer_state(folder: Path) -> Path | None:
+    """A TRL run folder's ``trainer_state.json``, else its latest ``checkpoint-*/trainer_state.json``, else None."""
     if (folder / "trainer_state.json").is_file():
         return folder / "trainer_state.json"
     checkpoints = [p for p in folder.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
-    if checkpoints:
-        return max(checkpoints, key=lambda p: int(p.parent.name[11:]))
+    return max(checkpoints, key=lambda p: int(p.parent.name[11:])) if checkpoints else None
+
+
+def find_log(folder: Path) -> Path:
+    """The log of a run folder: rlguard's ``rlguard_metrics.jsonl`` (every record of a TRL run, written at each
+    step), else ``trainer_state.json``, else the latest ``checkpoint-*/trainer_state.json``, else a metrics
+    ``*.jsonl`` (not ``events.jsonl``), else a ``*.csv``, else the folder itself if it holds TensorBoard event files
+    (at any depth)."""
+    if (folder / METRICS_FILE).is_file():
+        return folder / METRICS_FILE
+    state = trainer_state(folder)
+    if state is not None:
+        return state
     jsonl = sorted(p for p in folder.glob("*.jsonl") if p.name != "events.jsonl")
     if jsonl:
         return jsonl[0]

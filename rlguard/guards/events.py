@@ -35,6 +35,8 @@ Severity = Literal["warn", "critical"]
 SEVERITY_LEVEL: dict[str, int] = {"warn": 1, "critical": 2}
 #: the guard's events, next to the run's logs
 EVENTS_FILE = "events.jsonl"
+#: every logged record of a TRL run, written beside them by rlguard's callback (rlguard.adapters.trl.metrics_file)
+METRICS_FILE = "rlguard_metrics.jsonl"
 _FIELDS = ("step", "detector", "severity", "value", "message", "threshold")
 
 
@@ -234,6 +236,20 @@ def event_line(event: Event) -> bytes:
     return (json.dumps(event.to_dict()) + "\n").encode("utf-8")
 
 
+def move_aside(path: Path) -> Path | None:
+    """Move an existing, non-empty file to ``<name>.<its last write, UTC>`` (never over another); where it went,
+    or None when there was nothing to move."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
+    target, n = path.with_name(f"{path.name}.{stamp}"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.{stamp}-{n}")
+    os.replace(path, target)
+    return target
+
+
 class EventsLog:
     """The guard's ``events.jsonl`` (module docstring: a fresh run moves an old file aside, a resume continues it).
 
@@ -301,16 +317,7 @@ class EventsLog:
             self._fh = None
 
     def _move_aside(self) -> None:
-        """Move an existing, non-empty file to ``<name>.<its last write, UTC>`` (never over another)."""
-        if not self.path.is_file() or self.path.stat().st_size == 0:
-            return
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.path.stat().st_mtime))
-        target, n = self.path.with_name(f"{self.path.name}.{stamp}"), 1
-        while target.exists():
-            n += 1
-            target = self.path.with_name(f"{self.path.name}.{stamp}-{n}")
-        os.replace(self.path, target)
-        self.moved_to = target
+        self.moved_to = move_aside(self.path)
 
     def _resume(self, step: int, history: Sequence[Event] | None) -> None:
         old: list[Event] | None = []

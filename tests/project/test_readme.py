@@ -92,9 +92,10 @@ def test_log_quick_start_judges_the_trl_run(trl_quick_start: dict[str, Any]) -> 
     for words in commands(block("log")):
         assert words[0] == "rlguard"
         done = subprocess.run(words, cwd=trl_quick_start["folder"], env=env, capture_output=True, text=True)
-        # two logged steps: read and mapped, but shorter than every detector's warm-up
+        # every logged step, from the metrics file the guarded trainer writes (not the last checkpoint's state): read
+        # and mapped, but shorter than every detector's warm-up
         assert done.returncode == 3, done.stdout + done.stderr
-        assert f"checkpoint-{STEPS}" in done.stdout and "could not judge" in done.stdout
+        assert f"rlguard_metrics.jsonl: jsonl, {STEPS} steps" in done.stdout and "could not judge" in done.stdout
 
 
 def test_every_relative_link_names_a_file_of_the_repository() -> None:

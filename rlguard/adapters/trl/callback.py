@@ -43,6 +43,7 @@ from rlguard.adapters.trl.compat import (
     remove_engine_wrapper,
     zero_grad_norm,
 )
+from rlguard.adapters.trl.metrics_file import METRICS_FILE, MetricsFile
 from rlguard.guards import STAT_REDUCTIONS, Decision, Guard, GuardConfig, StepStats, collect_step_stats
 from rlguard.guards.actuation import Applied, bind_guard
 from rlguard.guards.decision import tracker_metrics
@@ -95,6 +96,8 @@ class StabilityCallback(TrainerCallback):
             update) in the next step's stats; costs a host copy of the trainable weights (this rank's share under DDP)
             and a bounded chunk on the device (:mod:`rlguard.guards.actuation.update_meter`). Not under DeepSpeed. On by
             itself when the guard runs a ``trust_region`` that reads it (the ``stable`` preset).
+        metrics_file: write every logged record to this file in the output folder, for ``rlguard doctor``,
+            ``watch`` and ``report`` (:mod:`rlguard.adapters.trl.metrics_file`); None writes none.
 
     Attributes:
         history: one ``{"step": global_step, <canonical name>: value, ...}`` per logged training step.
@@ -112,11 +115,14 @@ class StabilityCallback(TrainerCallback):
         guard: str | GuardConfig | Guard | None = None,
         snapshot_dir: str | None = None,
         measure_update: bool = False,
+        metrics_file: str | None = METRICS_FILE,
     ) -> None:
         self.every_step = every_step
         self.guard: Guard | None = None if guard is None else make_guard(guard)
         self.snapshot_dir = snapshot_dir
         self.measure_update = measure_update
+        self.metrics_file = metrics_file
+        self._metrics: MetricsFile | None = None
         self.history: list[dict[str, float]] = []
         self.decisions: list[Decision] = []
         self._trainer: Any = None
@@ -144,6 +150,11 @@ class StabilityCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._warn_forced_logging(args)
+        if self._metrics is not None:
+            self._metrics.close()
+        if self.metrics_file is not None and args.process_index == 0:
+            folder = Path(str(args.output_dir))
+            self._metrics = MetricsFile(folder / self.metrics_file, resume_step=state.global_step or None)
         if self.guard is None:
             return
         if self._trainer is None:
@@ -193,6 +204,9 @@ class StabilityCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         if self._max_grad_norm is not None:
             args.max_grad_norm, self._max_grad_norm = self._max_grad_norm, None
         if self._engine_wrapper is not None:
@@ -247,8 +261,12 @@ class StabilityCallback(TrainerCallback):
         logs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
-            return  # the end-of-training summary and evaluation records are not optimizer steps
+        if not logs or "train_runtime" in logs:
+            return  # the end-of-training summary
+        if self._metrics is not None:
+            self._metrics.write(state.global_step, logs)
+        if any(key.startswith("eval_") for key in logs):
+            return  # evaluation records are not optimizer steps
         self.history.append({"step": float(state.global_step), **canonical_stats(logs)})
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

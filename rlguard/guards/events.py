@@ -250,6 +250,18 @@ def move_aside(path: Path) -> Path | None:
     return target
 
 
+def rewrite_aside(path: Path, content: bytes) -> Path | None:
+    """Move ``path`` aside (:func:`move_aside`) and write ``content`` in its place, atomically; where it went."""
+    moved = move_aside(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(content)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return moved
+
+
 class EventsLog:
     """The guard's ``events.jsonl`` (module docstring: a fresh run moves an old file aside, a resume continues it).
 
@@ -331,14 +343,13 @@ class EventsLog:
         keep = list(history) if history is not None else [e for e in old or [] if e.step <= step]
         if not damaged and old is not None and [event_line(e) for e in old] == [event_line(e) for e in keep]:
             return  # the file is the run's record up to the resumed step: continue it
-        self._move_aside()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(b"".join(event_line(e) for e in keep))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        self.moved_to = rewrite_aside(self.path, b"".join(event_line(e) for e in keep))
 
     @staticmethod
     def _warn(message: str) -> None:
-        warnings.warn(f"rlguard: {message}", RuntimeWarning, stacklevel=3)
+        warn_rlguard(message)
+
+
+def warn_rlguard(message: str) -> None:
+    """A file of the run could not be written or opened: a warning, and training goes on."""
+    warnings.warn(f"rlguard: {message}", RuntimeWarning, stacklevel=4)

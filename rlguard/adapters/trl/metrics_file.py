@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import warnings
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlguard.guards.events import METRICS_FILE, move_aside
+from rlguard.guards.events import METRICS_FILE, move_aside, rewrite_aside, warn_rlguard
 
 __all__ = ["METRICS_FILE", "MetricsFile"]
 
@@ -87,14 +85,8 @@ class MetricsFile:
                     cut = True
         if not cut:
             return  # the file is the run's record up to the resumed step: continue it
-        move_aside(self.path)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(kept)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        rewrite_aside(self.path, "".join(kept).encode("utf-8"))
 
     @staticmethod
     def _warn(message: str) -> None:
-        warnings.warn(f"rlguard: {message}", RuntimeWarning, stacklevel=3)
+        warn_rlguard(message)

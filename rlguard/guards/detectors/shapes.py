@@ -5,7 +5,6 @@ optionally above the run's own baseline). Most built-in detectors are one of the
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -164,10 +163,11 @@ class CusumDetector(Detector):
         self._s_control_anchor: list[float] = []
         self._s_control = RollingWindow(self.control_window)
         self._shift = LevelShift(1.0)  # log values since the last one at or below the anchored baseline
-        # beside the state, as ``_shift``: the rolling median when the CUSUM last left 0 and the (step, log value)
-        # observations since (at most SHIFT_WINDOW), for the change-point estimate of its alarm
-        self._rise_base = 0.0
-        self._rise: deque[tuple[int, float]] = deque(maxlen=SHIFT_WINDOW)
+        # the rolling median when the CUSUM last left 0 and the steps and log values of the observations since (the
+        # first SHIFT_WINDOW), for the change-point estimate of its alarm
+        self._s_rise_base = 0.0
+        self._s_rise_steps: list[int] = []
+        self._s_rise: list[float] = []
 
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
         """Track ``lost_control``; a description if its recent median is below its early median by more than a
@@ -196,16 +196,15 @@ class CusumDetector(Detector):
         level or a ramp, whichever fits better (:func:`~rlguard.guards.detectors.base.rise_onset`): Page's estimate
         is the change point of a shift of the ``2 * slack`` sigmas the CUSUM is tuned to, so a small elevation that
         starts it accumulating well before a much larger shift dates that shift early. Page's estimate where the
-        observations since are not all held (more than :data:`~rlguard.guards.detectors.base.SHIFT_WINDOW`, or the
-        CUSUM restored from a checkpoint) or the estimate is not read (:attr:`LevelShift.read`). While the CUSUM is
+        observations since are not all held (more than :data:`~rlguard.guards.detectors.base.SHIFT_WINDOW`, or a
+        state saved before they were kept) or the estimate is not read (:attr:`LevelShift.read`). While the CUSUM is
         0 (a finding of the drift check or the absolute bounds: a level, not a sum), the least-squares change of
         level of the log values since the last one at or below the anchored baseline (:class:`LevelShift`)."""
         if self._s_cusum_start >= 0:
-            rise = self._rise
-            if not self._shift.read or not rise or rise[0][0] != self._s_cusum_start:
-                return self._s_cusum_start
-            at = rise_onset([x for _, x in rise], self._rise_base)
-            return self._s_cusum_start if at is None else rise[at][0]
+            steps, rise = self._s_rise_steps, self._s_rise
+            held = 0 < len(steps) == len(rise) < SHIFT_WINDOW and steps[0] == self._s_cusum_start
+            at = rise_onset(rise, self._s_rise_base) if held and self._shift.read else None
+            return self._s_cusum_start if at is None else steps[at]
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
@@ -233,10 +232,11 @@ class CusumDetector(Detector):
             self._s_cusum_start = -1
         elif self._s_cusum_start < 0:
             self._s_cusum_start = step
-            self._rise_base = self._s_window.median()
-            self._rise.clear()
-        if self._s_cusum_start >= 0:
-            self._rise.append((step, x))
+            self._s_rise_base = self._s_window.median()
+            self._s_rise_steps, self._s_rise = [], []
+        if self._s_cusum_start >= 0 and len(self._s_rise) < SHIFT_WINDOW:
+            self._s_rise_steps.append(step)
+            self._s_rise.append(x)
         sigma = self._s_window.sigma(self.min_sigma)
         self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
         anchor = _anchor_median(self._s_anchor)

@@ -136,7 +136,9 @@ VERDICTS: dict[str, Verdict] = {
         run="2",
     ),
     # ch06's own signals date it too: the least-squares change point of its reward is 241-246 (0.59-0.64 -> 0.10-0.21
-    # over steps 150-350, 180-280 and 200-300) and of its length 246 over the whole run (486 -> 695 tokens)
+    # over steps 150-350, 180-280 and 200-300) and of its length 246 over the whole run (486 -> 695 tokens).
+    # Re-judged, 246 stays: the two-line (two-phase) fit of the reward breaks at 246 over steps 150-350, 150-300 and
+    # the whole run; the log length's change point over 150-350 is 255-256, after it
     "rasbt-ch06-grpo-nokl.csv": Verdict(
         "collapse",
         "the 7_3 run without entropy: reward 0.6 -> 0.1 from 246 (change point), -> 0 from 257, lengths "

@@ -103,7 +103,11 @@ VERDICTS: dict[str, Verdict] = {
     ),
     "rasbt-7_4-clip-ratio.csv": Verdict("healthy", "book ch. 7 clipped GRPO: eval 15.6 -> 45.6, holds 41.6"),
     # onset 31, not 33: the first step at which the score and the length leave their ranges over steps 1-29
-    # (score -0.86 below -0.50..-0.73, the least-squares change point of the score; length 578 below 646-1015)
+    # (score -0.86 below -0.50..-0.73, the least-squares change point of the score; length 578 below 646-1015).
+    # Re-judged, 31 stays: the two-phase (broken-stick) regressions of the length and of the KL penalty over steps
+    # 1-35..45 bend at 31-33, and the distillation reward critic/rewards/mean improves through 29 (-16 -> -13). The
+    # gradient norm and the policy loss sit 10-30% and ~60% up from 25 (0.72-0.83 -> 0.81-0.99 beside one 1.77;
+    # 0.021-0.038 -> 0.033-0.050), a precursor of the update, not yet of the run's outputs, which move from 31
     "opd-qwen3-4b-gjvwlq13.verl.jsonl": Verdict(
         "collapse",
         "length 578 @31 -> 10 tokens, grad norm 0.9 -> 15, KL 0.5 -> 2 from 32, score -0.6 -> -0.9 @31",
@@ -132,7 +136,9 @@ VERDICTS: dict[str, Verdict] = {
         run="2",
     ),
     # ch06's own signals date it too: the least-squares change point of its reward is 241-246 (0.59-0.64 -> 0.10-0.21
-    # over steps 150-350, 180-280 and 200-300) and of its length 246 over the whole run (486 -> 695 tokens)
+    # over steps 150-350, 180-280 and 200-300) and of its length 246 over the whole run (486 -> 695 tokens).
+    # Re-judged, 246 stays: the two-line (two-phase) fit of the reward breaks at 246 over steps 150-350, 150-300 and
+    # the whole run; the log length's change point over 150-350 is 255-256, after it
     "rasbt-ch06-grpo-nokl.csv": Verdict(
         "collapse",
         "the 7_3 run without entropy: reward 0.6 -> 0.1 from 246 (change point), -> 0 from 257, lengths "

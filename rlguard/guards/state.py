@@ -159,8 +159,8 @@ class PrivateState:
             cur = own[k]
             if isinstance(cur, RollingWindow):
                 setattr(self, k, RollingWindow(cur.values.maxlen or len(v), v))
-            else:
-                setattr(self, k, v)
+            else:  # a list copied: the state it came from (another guard's, a copy's) must not share it
+                setattr(self, k, list(v) if isinstance(v, list) else v)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

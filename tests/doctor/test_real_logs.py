@@ -64,9 +64,7 @@ def test_no_critical_finding_on_a_real_run_that_trained_well(name: str) -> None:
 
 
 #: collapses whose reported onset is more than ONSET_WITHIN logged steps from the label, and why (benchmarks/README.md)
-ONSET_OFF = {
-    "opd-qwen3-4b-gjvwlq13.verl.jsonl": "grad_norm_explosion's CUSUM leaves 0 at 25, the norm ~15% up, 6 early",
-}
+ONSET_OFF: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", _labelled("collapse"))

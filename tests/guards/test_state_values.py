@@ -115,3 +115,18 @@ def test_long_integer_at_finds_the_integer_not_a_long_fraction() -> None:
     text = '{\n "a": 0.' + "1" * 5000 + ',\n  "b": -' + "7" * 4301 + "\n}"
     assert long_integer_at(text) == (3, 8)
     assert long_integer_at('{"a": ' + "7" * 4300 + "}") is None
+
+
+def test_a_guard_restored_from_anothers_state_shares_no_list_with_it() -> None:
+    """The doctor's fold judges a log's last step on a copy restored from its guard's state (not through JSON): the
+    copy's observations must leave the original's baselines as they were (the early anchors are lists)."""
+    guard = Guard(GuardConfig.preset("monitor"))
+    stream = failing_stream("length_explosion", 40, 3, seed=0)
+    for step, stats in enumerate(stream[:3]):
+        guard.observe(step, stats)
+    before = json.dumps(guard.state_dict(), sort_keys=True)
+    twin = Guard(GuardConfig.preset("monitor"))
+    twin.load_state_dict(guard.state_dict())
+    for step, stats in enumerate(stream[3:], start=3):
+        twin.observe(step, stats)
+    assert json.dumps(guard.state_dict(), sort_keys=True) == before

@@ -89,6 +89,42 @@ def level_shift(values: Sequence[float], sign: float) -> int | None:
     return found
 
 
+def rise_onset(values: Sequence[float], base: float) -> int | None:
+    """Where a rise of ``values`` above a known ``base`` level began: the maximum-likelihood (least-squares) change
+    point of the better fitting of two one-change models, each of two parameters with the level before the change
+    known (``base``): a shift of the mean from ``base`` to a new level (Hinkley 1970, Biometrika 57; the CUSUM's
+    known pre-change mean, Hinkley 1971, Biometrika 58) or a ramp from ``base`` at a constant slope, the two-phase
+    regression whose first phase is the flat baseline (Hinkley 1969/1971, JASA 64, 66; "broken stick"). A step is
+    dated where its new level begins, a steady ramp where it leaves the base; a small elevation followed by a much
+    larger shift is dated to the large shift (a mean shift fits it better than a ramp). The same number of
+    parameters in both models: the smaller residual sum of squares is the larger likelihood (and the smaller Schwarz
+    criterion). Only rises count (a new mean above ``base``, a positive slope). Returns the index of the first
+    observation after the change (0: the values are all above it); None for fewer than 3 values or no rise."""
+    n = len(values)
+    if n < 3:
+        return None
+    d = [v - base for v in values]
+    squares = math.fsum(x * x for x in d)
+    # suffix sums from index t: of d, and of (t' - t) d over t' >= t (the ramp's regressor is t' - t + 1 there)
+    tail = [0.0] * (n + 1)
+    lever = [0.0] * (n + 1)
+    for t in range(n - 1, -1, -1):
+        tail[t] = tail[t + 1] + d[t]
+        lever[t] = lever[t + 1] + tail[t + 1]
+    best, found = squares, None
+    for t in range(n):
+        m = n - t
+        # a new mean from t on: the mean of d[t:] removes tail^2 / m
+        if tail[t] > 0 and squares - tail[t] ** 2 / m < best:
+            best, found = squares - tail[t] ** 2 / m, t
+        # a ramp s * (t' - t + 1) from t on: sum h = m (m + 1) / 2, sum h^2 = m (m + 1) (2m + 1) / 6
+        hd = lever[t] + tail[t]
+        hh = m * (m + 1) * (2 * m + 1) / 6
+        if hd > 0 and squares - hd * hd / hh < best:
+            best, found = squares - hd * hd / hh, t
+    return found
+
+
 class LevelShift:
     """The observations of a detector's stat since it was last at the detector's baseline, for the change-point
     estimate of a finding that judges a shift of level (a drawdown from the best level, a ratio to the early
@@ -140,10 +176,16 @@ class LevelShift:
                 self.values.popleft()
             self._found = False
 
+    @property
+    def read(self) -> bool:
+        """Whether an estimate is read now: at most :data:`SHIFT_READ` observations after an excursion could last
+        have begun (the doctor reads a change point within the consequence rule's horizon of an onset)."""
+        return self._since <= SHIFT_READ
+
     def change_point(self) -> int | None:
         """The step of the first observation after the least-squares change of level in the window (None: none, or
-        more than :data:`SHIFT_READ` observations after an excursion could last have begun: not read there)."""
-        if self._since > SHIFT_READ:
+        not :attr:`read` now)."""
+        if not self.read:
             return None
         at = level_shift(list(self.values), self.sign)
         return None if at is None else self.steps[at]

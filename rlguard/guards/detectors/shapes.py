@@ -8,7 +8,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, LevelShift, _absolute, _anchor_median, _finite, _metric, _rank
+from rlguard.guards.detectors.base import (
+    SHIFT_WINDOW,
+    Detector,
+    LevelShift,
+    _absolute,
+    _anchor_median,
+    _finite,
+    _metric,
+    _rank,
+    rise_onset,
+)
 from rlguard.guards.events import Finding, Severity
 from rlguard.guards.robust import RollingWindow, cusum_step
 
@@ -153,6 +163,11 @@ class CusumDetector(Detector):
         self._s_control_anchor: list[float] = []
         self._s_control = RollingWindow(self.control_window)
         self._shift = LevelShift(1.0)  # log values since the last one at or below the anchored baseline
+        # the rolling median when the CUSUM last left 0 and the steps and log values of the observations since (the
+        # first SHIFT_WINDOW), for the change-point estimate of its alarm
+        self._s_rise_base = 0.0
+        self._s_rise_steps: list[int] = []
+        self._s_rise: list[float] = []
 
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
         """Track ``lost_control``; a description if its recent median is below its early median by more than a
@@ -175,13 +190,21 @@ class CusumDetector(Detector):
         return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
 
     def change_point(self) -> int | None:
-        """Where the condition found began: while the CUSUM is above 0, Page's (1954) estimate, the first
-        observation since it was last 0 (Montgomery, *Introduction to Statistical Quality Control*, sec. 9.1); while
-        it is 0 (a finding of the drift check or the absolute bounds: a level, not a sum), the least-squares change
-        of level of the log values since the last one at or below the anchored baseline
-        (:class:`~rlguard.guards.detectors.base.LevelShift`)."""
+        """Where the condition found began. While the CUSUM is above 0: among the observations since it was last 0
+        (Page's 1954 estimate of the change is the first of them; Montgomery, *Introduction to Statistical Quality
+        Control*, sec. 9.1), the maximum-likelihood change from the baseline the CUSUM measured against, a shift of
+        level or a ramp, whichever fits better (:func:`~rlguard.guards.detectors.base.rise_onset`): Page's estimate
+        is the change point of a shift of the ``2 * slack`` sigmas the CUSUM is tuned to, so a small elevation that
+        starts it accumulating well before a much larger shift dates that shift early. Page's estimate where the
+        observations since are not all held (more than :data:`~rlguard.guards.detectors.base.SHIFT_WINDOW`, or a
+        state saved before they were kept) or the estimate is not read (:attr:`LevelShift.read`). While the CUSUM is
+        0 (a finding of the drift check or the absolute bounds: a level, not a sum), the least-squares change of
+        level of the log values since the last one at or below the anchored baseline (:class:`LevelShift`)."""
         if self._s_cusum_start >= 0:
-            return self._s_cusum_start
+            steps, rise = self._s_rise_steps, self._s_rise
+            held = 0 < len(steps) == len(rise) < SHIFT_WINDOW and steps[0] == self._s_cusum_start
+            at = rise_onset(rise, self._s_rise_base) if held and self._shift.read else None
+            return self._s_cusum_start if at is None else steps[at]
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
@@ -209,6 +232,11 @@ class CusumDetector(Detector):
             self._s_cusum_start = -1
         elif self._s_cusum_start < 0:
             self._s_cusum_start = step
+            self._s_rise_base = self._s_window.median()
+            self._s_rise_steps, self._s_rise = [], []
+        if self._s_cusum_start >= 0 and len(self._s_rise) < SHIFT_WINDOW:
+            self._s_rise_steps.append(step)
+            self._s_rise.append(x)
         sigma = self._s_window.sigma(self.min_sigma)
         self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
         anchor = _anchor_median(self._s_anchor)

@@ -12,7 +12,7 @@ import numpy as np
 
 from rlguard.doctor import diagnose
 from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
-from rlguard.guards.detectors.base import level_shift
+from rlguard.guards.detectors.base import level_shift, rise_onset
 from tests.helpers.doctor_logs import shaped_stream, write_trainer_state
 
 
@@ -182,3 +182,35 @@ def test_an_entropy_blow_up_after_a_drift_is_dated_to_the_blow_up(tmp_path: Path
     (blowup,) = [f for f in d.findings if f.detector == "entropy_blowup"]
     (ex,) = [x for x in blowup.excursions if x.severity == "critical"]
     assert 150 <= ex.onset <= 152 < ex.severity_step, blowup.excursions
+
+
+def test_a_small_elevation_before_a_large_rise_does_not_date_the_rise(tmp_path: Path) -> None:
+    # the gradient norm (noise 5%) sits 20% up (4 sigmas) from index 120 and jumps 15x at index 132 (step 133): the
+    # CUSUM accumulates from the small elevation (Page's estimate: step 121) and is critical after the jump; the
+    # maximum-likelihood change from its baseline, a shift of level fitting better than a ramp, is the jump
+    noise = np.random.default_rng(3).normal(0, 0.05, 220)
+
+    def grad_norm(i: int) -> float:
+        return 0.5 * (15.0 if i >= 132 else 1.2 if i >= 120 else 1.0) * math.exp(float(noise[i]))
+
+    rows = shaped_stream(220, 0, grad_norm=grad_norm)
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (found,) = [f for f in d.findings if f.detector == "grad_norm_explosion"]
+    (ex,) = [x for x in found.excursions if x.severity == "critical"]
+    assert 132 <= ex.onset <= 134 < ex.severity_step, found.excursions
+
+
+def test_the_change_point_of_a_rise_from_a_known_base() -> None:
+    rng = np.random.default_rng(4)
+    noise = [float(v) for v in rng.normal(0, 0.1, 40)]
+    step = [(2.0 if i >= 10 else 0.0) + noise[i] for i in range(40)]
+    assert rise_onset(step, 0.0) == 10
+    assert rise_onset(step[10:], 0.0) == 0  # risen from its first value: the rise began before it
+    # a ramp from index 10, 0.1 a step: dated where it leaves the base, not at its middle (a shift of level's)
+    ramp = [0.1 * max(i - 9, 0) + noise[i] for i in range(40)]
+    assert 9 <= rise_onset(ramp, 0.0) <= 11  # type: ignore[operator]
+    assert level_shift(ramp, 1.0) > 15  # type: ignore[operator]
+    # a small elevation (0.3) from index 10, a shift to 3 from index 25: dated to the shift
+    bump = [(3.0 if i >= 25 else 0.3 if i >= 10 else 0.0) + noise[i] for i in range(40)]
+    assert rise_onset(bump, 0.0) == 25
+    assert rise_onset([1.0, 2.0], 0.0) is None and rise_onset([-1.0, -2.0, -3.0], 0.0) is None

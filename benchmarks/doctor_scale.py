@@ -184,6 +184,7 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
         "read_us": 1e6 * read / appended,
         "fed_us": 1e6 * fed[0] / appended,
         "hindsight_s": (judged - fed[0]) / polls,
+        "per_poll": per_poll,
         "replays": fold.replays,
     }
 
@@ -204,15 +205,18 @@ def main() -> None:
         write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
         return
     if args.watch is not None:
-        print("| shape | records in the log | read µs / record | fed µs / record | rest of a judgement s | replays |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "| shape | records in the log | read µs / record | fed µs / record | rest of a judgement ms "
+            "| rest µs / record | replays |"
+        )
+        print("|---|---|---|---|---|---|---|")
         with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
             for shape in args.shapes or ("trl",):
                 for steps in args.watch or (10_000, 100_000, 1_000_000):
                     c = watch_cost(shape, steps, Path(tmp))
                     print(
-                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {c['hindsight_s']:.2f} "
-                        f"| {c['replays']:.0f} |",
+                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {1e3 * c['hindsight_s']:.1f} "
+                        f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {c['replays']:.0f} |",
                         flush=True,
                     )
         return

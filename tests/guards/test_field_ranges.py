@@ -189,18 +189,22 @@ def test_guarded_grpo_config_refuses_a_nan_threshold_when_it_is_constructed() ->
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # verl and ray, imported
-def test_verls_entries_refuse_a_bad_threshold_before_starting_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``python -m rlguard.adapters.verl.main_ppo ... +trainer.rlguard_guard='{...}'``: refused in ``main``, before
-    ``run_ppo`` starts Ray and the task runner (which built the guard, after the tokenizer and the datasets)."""
+@pytest.mark.parametrize("entry", ["main_ppo", "fully_async_main"])
+def test_verls_entries_refuse_a_bad_threshold_before_starting_ray(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m rlguard.adapters.verl.main_ppo ... +trainer.rlguard_guard='{...}'`` (and ``fully_async_main``):
+    refused in ``main``, before ``run_ppo`` starts Ray and the task runner (which built the guard, after the
+    tokenizer and the datasets)."""
     pytest.importorskip("verl")
+    import importlib
+
     import verl.trainer.main_ppo as verl_main_ppo
     from omegaconf import OmegaConf
 
-    from rlguard.adapters.verl import main_ppo
-
+    module = importlib.import_module(f"rlguard.adapters.verl.{entry}")
     started: list[object] = []
     monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda *a, **k: started.append(a))
-    config = OmegaConf.create({"trainer": {"rlguard_guard": {"interventions": {"halt": {"critical_steps": -1}}}}})
+    guard = {"interventions": {"halt": {"critical_steps": -1}}}
+    config = OmegaConf.create({"async_training": {}, "trainer": {"rlguard_guard": guard}})
     with pytest.raises(FieldError, match=r"^trainer\.rlguard_guard\.interventions\['halt'\]\.critical_steps"):
-        main_ppo.main.__wrapped__(config)  # type: ignore[attr-defined]  # hydra's wrapper keeps the function
+        module.main.__wrapped__(config)  # hydra's wrapper keeps the function
     assert not started

@@ -49,7 +49,7 @@ test: setup
 # (tests/helpers/profiles.py)
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
-	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/doctor/test_properties.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
+	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/doctor/test_properties.py tests/doctor/test_fold_incremental.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -5,6 +5,7 @@
     python benchmarks/doctor_scale.py --rldoctor PYTHON  # rldoctor 0.2.0 too: the python of a throwaway venv
     python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
     python benchmarks/doctor_scale.py --watch 10000 100000 1000000   # rlguard watch's cost per appended record
+    python benchmarks/doctor_scale.py --reward-history 100000 1000000  # what a judgement still reads whole
 
 Each log is written once into a temporary folder (a healthy run: noise on every stat, no failure injected) and
 judged in a fresh process, one at a time, under ``/usr/bin/time -f '%U %S %M'`` when present (CPU seconds, user and
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -184,8 +186,29 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
         "read_us": 1e6 * read / appended,
         "fed_us": 1e6 * fed[0] / appended,
         "hindsight_s": (judged - fed[0]) / polls,
+        "per_poll": per_poll,
         "replays": fold.replays,
     }
+
+
+def reward_history_cost(steps: int, seed: int = 0) -> dict[str, float]:
+    """CPU seconds of the two parts of a judgement that still read the reward series whole, on ``steps`` rewards
+    (a rise from 0 to 1 with noise): the established peak (``PeakHistory``, built once per judgement where a reward
+    finding is critical, and one position asked) and the reward's recovery after a critical excursion 500 records
+    before the end (``_reward_recovery``, once per critical excursion judged)."""
+    sys.path.insert(0, str(ROOT))
+    from rlguard.guards.consequence.excursions import _reward_recovery
+    from rlguard.guards.consequence.peak import PeakHistory
+    from rlguard.guards.consequence.rule import ConsequenceRule
+
+    rng = np.random.default_rng(seed)
+    rewards = array("d", np.minimum(1.0, np.arange(steps) / steps + rng.normal(0, 0.05, steps)).tolist())
+    rule = ConsequenceRule()
+    start = time.process_time()
+    PeakHistory(rewards, rule).established(steps - 100)
+    middle = time.process_time()
+    _reward_recovery(array("q", range(steps)), rewards, steps - 500, rule)
+    return {"peak_s": middle - start, "recovery_s": time.process_time() - middle}
 
 
 def main() -> None:
@@ -198,21 +221,32 @@ def main() -> None:
     parser.add_argument("--write-only", type=int, default=None, metavar="STEPS", help="write one log and exit")
     parser.add_argument("--shape", default="trl", choices=SHAPES)
     parser.add_argument("--watch", type=int, nargs="*", default=None, metavar="STEPS", help="the watch's cost")
+    parser.add_argument("--reward-history", type=int, nargs="*", default=None, metavar="STEPS")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.reward_history is not None:
+        print("| rewards | established peak CPU s | recovery after an excursion CPU s |")
+        print("|---|---|---|")
+        for steps in args.reward_history or (100_000, 1_000_000):
+            c = reward_history_cost(steps)
+            print(f"| {steps} | {c['peak_s']:.2f} | {c['recovery_s']:.2f} |", flush=True)
+        return
     if args.write_only is not None:
         write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
         return
     if args.watch is not None:
-        print("| shape | records in the log | read µs / record | fed µs / record | rest of a judgement s | replays |")
-        print("|---|---|---|---|---|---|")
+        print(
+            "| shape | records in the log | read µs / record | fed µs / record | rest of a judgement ms "
+            "| rest µs / record | replays |"
+        )
+        print("|---|---|---|---|---|---|---|")
         with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
             for shape in args.shapes or ("trl",):
                 for steps in args.watch or (10_000, 100_000, 1_000_000):
                     c = watch_cost(shape, steps, Path(tmp))
                     print(
-                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {c['hindsight_s']:.2f} "
-                        f"| {c['replays']:.0f} |",
+                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {1e3 * c['hindsight_s']:.1f} "
+                        f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {c['replays']:.0f} |",
                         flush=True,
                     )
         return

@@ -4,14 +4,14 @@ Polls the run's log (:func:`rlguard.doctor.find_log`: TRL's ``trainer_state.json
 ``checkpoint-*``, verl's file-logger JSONL, a flat JSONL, a wandb CSV, TensorBoard files) and the live guard's
 ``events.jsonl``; whenever one of them changed it reads what changed and judges the log with the doctor's own
 functions (:func:`rlguard.doctor.diagnose`), so the findings are exactly what ``rlguard doctor`` would say of the
-log so far (the consequence rule needs the whole history). A JSONL log is read by what was appended
+log so far (the consequence rule judges a finding by what followed it). A JSONL log is read by what was appended
 (:class:`rlguard.doctor.stream.JsonlFollower`: offsets kept, truncation and rotation read again from the start, and
 said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`) and its step fed once
 to the doctor's own judgement (:class:`rlguard.doctor.fold.DoctorFold`, whose verdict equals ``rlguard
 doctor``'s on the log so far), on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`); other logs are read
-whole at each change. What a judgement does again over the whole log (the fold's docstring): the consequence rule's
-hindsight (a finding is labelled by what followed it) over the kept timeline, the mapping of keys and the table's
-copy; the schedule keeps that cost per appended record constant, amortised.
+whole at each change. What a judgement does again over the whole log (the fold's docstring): the mapping of keys
+and the table's copy, and the reward's peak where a reward finding is critical; the consequence rule's hindsight
+reads the steps added since the last judgement and the findings (:mod:`rlguard.guards.consequence.index`).
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard

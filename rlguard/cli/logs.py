@@ -333,12 +333,16 @@ def report(
         Path,
         typer.Argument(
             help="A run folder: trainer_state.json (or checkpoint-*/), a metrics "
-            ".jsonl or TensorBoard files, and events.jsonl if the guard wrote one; or a log file."
+            ".jsonl or TensorBoard files, and events.jsonl if the guard wrote one; or a log file; or - to read a "
+            "log from stdin (with --out)."
         ),
     ],
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Folder for report.html and its PNGs (default RUN_DIR, or the log file's folder)."),
+        typer.Option(
+            "--out",
+            help="Folder for report.html and its PNGs (default RUN_DIR, or the log file's folder; needed for -).",
+        ),
     ] = None,
     step_key: StepKeyOption = None,
     row_steps: RowStepsOption = False,

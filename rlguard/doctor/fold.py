@@ -4,6 +4,7 @@ read from the log's columns when asked for."""
 
 from __future__ import annotations
 
+import copy
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from rlguard.doctor.diagnose import (
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.consequence.excursions import excursions, recovered_incidents
+from rlguard.guards.consequence.index import FindingIndex
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
 from rlguard.guards.detectors.base import MIN_BASELINE
@@ -39,12 +41,16 @@ class DoctorFold:
     ``rlguard watch`` keeps one fold per log, so each appended record goes through the guard once.
 
     Its verdict on a log equals :func:`~rlguard.doctor.diagnose.diagnose_log`'s on the same log (the same code:
-    that is one judgement of a new fold). Three things are not a fold, and :meth:`judge` does them again each
-    time: the keys' mapping (auto-mapping reads the values of the whole log; a mapping that changes replays the log from
-    its first step), the warm-ups fitted to the log's length (:func:`fit_warmups`: they change only while a
-    detector has fewer than ``WARMUP_SHARE`` times its warm-up in observations, and a change replays the log), and
-    the consequence rule's hindsight (:func:`~rlguard.guards.consequence.offline.label_findings`, ``judge_log``,
-    ``excursions``: a finding is judged by what followed it, so every judgement reads the kept timeline whole).
+    that is one judgement of a new fold). Two things are not a fold, and :meth:`judge` does them again each time:
+    the keys' mapping (auto-mapping reads the values of the whole log; a mapping that changes replays the log from
+    its first step) and the warm-ups fitted to the log's length (:func:`fit_warmups`: they change only while a
+    detector has fewer than ``WARMUP_SHARE`` times its warm-up in observations, and a change replays the log). The
+    consequence rule's hindsight (:func:`~rlguard.guards.consequence.offline.label_findings`, ``judge_log``,
+    ``excursions``: a finding is judged by what followed it) reads the kept timeline through a
+    :class:`~rlguard.guards.consequence.index.FindingIndex` brought up to date with the steps added since the last
+    judgement, then works on the findings and the steps near them, not on every step (the reward's established peak
+    and a critical excursion's recovery still read the reward series whole: :mod:`rlguard.guards.consequence.peak`,
+    :func:`~rlguard.guards.consequence.excursions.recovered_incidents`).
     The last step of a log that may still grow (``final=False``) can still be merged with a record of the same
     step: it is judged by a copy of the guard (its state, :meth:`~rlguard.guards.Guard.state_dict`) and fed for
     good at the next judgement.
@@ -79,6 +85,8 @@ class DoctorFold:
         self._findings: list[Mapping[str, Finding]] = []
         self._observed: list[frozenset[str]] = []
         self._points: list[Mapping[str, int]] = []
+        self._rewards = array("d")  # reward_mean at each step fed, NaN where absent (the series, kept as fed)
+        self._index = FindingIndex()  # what the consequence rule reads of the steps fed
         self._distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has few
 
     def judge(self, log: MetricLog, *, final: bool = True) -> Diagnosis:
@@ -103,19 +111,22 @@ class DoctorFold:
         for k in range(self._fed, keep):
             step, stats = rows[k]
             self._feed(self._guard, step, stats)
-        guard, tail = self._guard, len(self._findings)
+        self._index.sync(self._observed, self._findings, self._rewards)
+        guard, tail, mark = self._guard, len(self._findings), self._index.mark()
         if keep < len(rows):  # the last step, judged by a copy of the guard
             guard = Guard(self.config)
             for name, warmup in self._warmups.items():
                 guard.detectors[name].warmup = warmup
-            guard.load_state_dict(self._guard.state_dict())
+            # a copy: a detector's state_dict hands out its own lists and dicts, which the copy's step would change
+            guard.load_state_dict(copy.deepcopy(self._guard.state_dict()))
             step, stats = rows[keep]
             self._observe(guard, step, stats)
         try:
             fitted = {n: self._defaults[n] for n in self._warmups}
             return self._conclude(read, guard, fitted)
         finally:  # the copy's step leaves the kept timeline
-            del self._findings[tail:], self._observed[tail:], self._points[tail:]
+            del self._findings[tail:], self._observed[tail:], self._points[tail:], self._rewards[tail:]
+            self._index.restore(mark)
 
     def _restart(self) -> None:
         if self._fed:
@@ -131,6 +142,7 @@ class DoctorFold:
 
     def _observe(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
         guard.observe(step, stats)
+        self._rewards.append(stats.get("reward_mean", math.nan))
         seen = frozenset(guard.last_observed)
         self._observed.append(self._distinct.setdefault(seen, seen))
         found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
@@ -147,8 +159,8 @@ class DoctorFold:
         steps = read.rows.steps
         names = read.rows.names
         series = _Series(read.rows, names)
-        rewards = series["reward_mean"] if "reward_mean" in series else array("d", [math.nan]) * len(steps)
-        timeline = Timeline(steps, rewards, self._findings, self._observed, self._points)
+        rewards = self._rewards
+        timeline = Timeline(steps, rewards, self._findings, self._observed, self._points, self._index)
         labels = label_findings(timeline, guard.detectors, rule)
         events = judge_log(timeline, guard.detectors, rule, labels)
         coverage = _coverage(guard, keys, set(names), fitted)

@@ -18,6 +18,7 @@ from pathlib import Path
 from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
+from rlguard.doctor.inputs import STDIN, is_stream
 from rlguard.doctor.keys import CANONICAL, DOCTOR_ONLY, classify_keys
 from rlguard.doctor.plots import plot_png, plots_missing
 from rlguard.doctor.readers import LogInputError, events_file, read_log
@@ -60,14 +61,22 @@ def write_report(
     row_steps: bool = False,
     run: str | None = None,
 ) -> ReportResult:
-    """Plot the canonical stats of the run in ``run_dir`` (a run folder, or a log file) into ``out`` (default the
-    run folder, or the log file's folder)/report.html; ``step_key``, ``row_steps``, ``run``: as
+    """Plot the canonical stats of the run in ``run_dir`` (a run folder, a log file, or ``-``, a pipe or a FIFO: a
+    log read once and whole, as the doctor reads it) into ``out`` (default the run folder, or the log file's
+    folder; a stream has none, so ``out`` is needed)/report.html; ``step_key``, ``row_steps``, ``run``: as
     :func:`~rlguard.doctor.readers.read_log`'s."""
     given = Path(run_dir)
-    if not given.exists():
+    streamed = is_stream(run_dir)
+    if streamed and out is None:  # refused before the stream is read
+        source = "standard input" if str(run_dir) == STDIN else f"the pipe {given}"
+        raise LogInputError(
+            f"{given}: a log read from {source} has no run folder to write report.html into: give the folder with "
+            f"--out, e.g. `rlguard report {given} --out report/`"
+        )
+    if not streamed and not given.exists():
         raise LogInputError(f"no such run folder or log file: {given}")
     log = read_log(given, step_key=step_key, row_steps=row_steps, run=run)
-    run_dir = given if given.is_dir() else given.parent
+    run_dir = log.path if streamed else given if given.is_dir() else given.parent
     keys = classify_keys(log.keys, rows=log.rows)
     rows = CanonicalRows(log.rows, keys.key_map)  # auto-mapped keys too; steps without a stat left out
     if not keys.judged or not rows:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pluggy
 
@@ -23,8 +23,12 @@ from rlguard.plugins import (
     plugin_manager,
 )
 
+if TYPE_CHECKING:
+    from rlguard.guards.config import GuardConfig
+
 __all__ = [
     "build_members",
+    "check_members",
     "collect_detectors",
     "collect_interventions",
     "detector_registry",
@@ -87,11 +91,12 @@ def guard_plugin_manager(*own: object) -> pluggy.PluginManager:
 
 
 def build_members(
-    registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str
+    registry: Mapping[str, type], overrides: Mapping[str, dict[str, Any] | None], kind: str, where: str = "GuardConfig"
 ) -> dict[str, Any]:
     """The detectors or interventions (``kind``) a guard runs: each registered class, unless ``overrides`` switches
-    it off (None) or it is opt-in and not named, built with its overrides (types checked strictly). An unknown
-    name is refused with the lines of the guard's plugins that failed to load."""
+    it off (None) or it is opt-in and not named, built with its overrides (types and ranges checked strictly; an
+    error names ``where.<kind>s[name].<field>``). An unknown name is refused with the lines of the guard's plugins
+    that failed to load."""
     unknown = set(overrides) - set(registry)
     if unknown:
         failed = "".join(f" {line}." for line in plugin_failures(plugin_manager(), "guard"))
@@ -102,16 +107,26 @@ def build_members(
             name not in overrides and not getattr(cls, "enabled_by_default", True)
         ):
             continue
-        where = f"GuardConfig.{kind}s[{name!r}]"
-        given = _renamed(cls, dict(overrides.get(name) or {}), where)
+        at = f"{where}.{kind}s[{name!r}]"
+        given = _renamed(cls, dict(overrides.get(name) or {}), at)
         # the overrides' types, strictly, against the class's fields (a JSON "5" is not a number)
-        params = check_fields(cls, given, where=where)
+        params = check_fields(cls, given, where=at)
         try:
             built[name] = cls(**params)
         except TypeError as err:
             accepted = cls.defaults() if hasattr(cls, "defaults") else {}
             raise ValueError(f"bad parameters for {kind} {name!r}: {err}; accepted: {accepted}.") from None
     return built
+
+
+def check_members(config: GuardConfig, where: str = "GuardConfig") -> None:
+    """Refuse the detector and intervention overrides of ``config`` that ``Guard(config)`` would refuse (a NaN, a
+    negative or an out-of-range threshold, a wrong type, an unknown name), naming ``where.<kind>s[name].<field>``
+    and what it accepts; keeps nothing. For the entry points that take a config long before the guard is built
+    (``GuardedGRPOConfig``, verl's command line): the error comes before the model is loaded."""
+    build_members(detector_registry(), config.detectors, "detector", where)
+    if not config.observe_only:
+        build_members(intervention_registry(), config.interventions, "intervention", where)
 
 
 def with_plugin_stats(hook: pluggy.HookRelay, step: int, stats: Mapping[str, float]) -> Mapping[str, float]:

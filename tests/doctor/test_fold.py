@@ -142,3 +142,23 @@ def test_the_doctors_memory_per_step_is_its_columns_and_timeline(tmp_path: Path)
             tracemalloc.stop()
     per_step = (peaks[4500] - peaks[1500]) / 3000
     assert per_step <= 400, per_step
+
+
+def test_the_copy_that_judges_the_last_step_leaves_the_folds_guard_as_it_was(tmp_path: Path) -> None:
+    """A judgement of a log that may still grow judges its last step by a copy of the guard: after it, the fold's
+    guard holds what a guard fed every step but the last holds (a detector's state shared with the copy, lists
+    changed in place as ``frozen_values`` keeps its counts, counted the last step twice once it was fed for good)."""
+    stream = healthy_stream(400, seed=4)  # long enough that the warm-ups fitted to 399 and 400 records are the same
+    lines = [_line(s, x) for s, x in enumerate(stream, 1)]
+    growing, before = tmp_path / "growing.jsonl", tmp_path / "before.jsonl"
+    growing.write_text("".join(lines))
+    before.write_text("".join(lines[:-1]))
+    follower, fold = JsonlFollower(growing), DoctorFold(growing)
+    follower.poll()
+    fold.judge(follower.log(), final=False)
+    whole = JsonlFollower(before)
+    whole.poll()
+    reference = DoctorFold(before)
+    reference.judge(whole.log(), final=True)
+    assert "frozen_values" in fold._guard.detectors and fold._warmups == reference._warmups
+    assert fold._guard.state_dict() == reference._guard.state_dict()

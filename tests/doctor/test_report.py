@@ -81,3 +81,25 @@ def test_report_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     (noise / "m.jsonl").write_text(json.dumps({"step": 1, "fps": 3}) + "\n")
     result = runner.invoke(app, ["report", str(noise)])
     assert result.exit_code == 2 and "no usable metric" in result.stderr
+
+
+def test_report_reads_a_log_from_stdin_into_out(tmp_path: Path) -> None:
+    """``cat metrics.jsonl | rlguard report - --out DIR``: the log read once and whole, as the doctor reads ``-``."""
+    stream = [{k: s[k] for k in ("reward_mean", "entropy")} for s in healthy_stream(30, 0)]
+    log = write_flat_jsonl(stream, tmp_path / "metrics.jsonl")
+    out = tmp_path / "plots"
+    result = runner.invoke(app, ["report", "-", "--out", str(out)], input=log.read_bytes())
+    assert result.exit_code == 0, result.output
+    assert "2 plots from <stdin>" in result.stdout
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "log <code>&lt;stdin&gt;</code>" in html and (out / "report_entropy.png").is_file()
+
+
+def test_report_from_stdin_without_out_names_the_argument_and_the_fix(tmp_path: Path) -> None:
+    """A stream has no run folder to write into: refused (exit 2) before stdin is read, naming ``-`` and
+    ``--out``; before, "no such run folder or log file: -"."""
+    result = runner.invoke(app, ["report", "-"], input=b'{"step": 1, "reward": 0.5}\n')
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1
+    assert "-: a log read from standard input has no run folder" in result.stderr
+    assert "--out" in result.stderr and "rlguard report - --out report/" in result.stderr

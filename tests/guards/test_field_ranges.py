@@ -149,3 +149,62 @@ def test_range_admits_and_says_what_it_accepts(
     assert all(allowed.admits(x) for x in inside) and not any(allowed.admits(x) for x in outside)
     assert str(allowed) == words
     assert math.isnan(NAN)
+
+
+#: the rows of BAD that set a detector's or an intervention's field: the guard builds those, so an entry that only
+#: read the config would let them through until the model was loaded
+MEMBERS = [b for b in BAD if "detectors" in b[0] or "interventions" in b[0]]
+
+
+@pytest.mark.parametrize("entry", ["json", "verl"])
+@pytest.mark.parametrize(("spec", "field", "accepted"), MEMBERS, ids=[f"{b[1]}={i}" for i, b in enumerate(MEMBERS)])
+def test_a_bad_detector_or_intervention_number_is_refused_where_the_config_is_read(
+    entry: str, spec: dict[str, Any], field: str, accepted: str
+) -> None:
+    """TRL's ``--guard`` and verl's ``+trainer.rlguard_guard`` refuse it when the config is parsed, before a trainer
+    (and its model) exists, naming the key the user wrote."""
+    _skip_unavailable(entry)
+    if entry == "verl" and any(isinstance(v, int) and v > 2**31 for v in _numbers(spec)):
+        pytest.skip("OmegaConf itself refuses integers beyond 32 bits")
+    with pytest.raises(ValueError, match="expected") as err:
+        ENTRIES[entry](spec)  # no Guard built
+    message = str(err.value)
+    where = "guard." if entry == "json" else "trainer.rlguard_guard."
+    assert message.startswith(where) and field in message and accepted in message, message
+
+
+def test_guarded_grpo_config_refuses_a_nan_threshold_when_it_is_constructed() -> None:
+    """``GuardedGRPOConfig(guard=...)`` (a mapping, as YAML gives it, or a ``GuardConfig``) refuses in its
+    ``__post_init__``, before ``GuardedGRPOTrainer`` loads the model; a good one still builds."""
+    pytest.importorskip("trl")
+    from rlguard.adapters.trl import GuardedGRPOConfig
+
+    common: dict[str, Any] = {"output_dir": "unused", "use_cpu": True, "bf16": False, "report_to": "none"}
+    bad = {"detectors": {"kl_ref_blowup": {"critical_above": NAN}}}
+    for guard in (bad, GuardConfig(**bad)):  # type: ignore[arg-type]
+        with pytest.raises(FieldError, match=r"^guard\.detectors\['kl_ref_blowup'\]\.critical_above: expected"):
+            GuardedGRPOConfig(**common, guard=guard)
+    ok = GuardedGRPOConfig(**common, guard={"detectors": {"kl_ref_blowup": {"critical_above": 2.0}}})
+    assert isinstance(ok.guard, GuardConfig)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # verl and ray, imported
+@pytest.mark.parametrize("entry", ["main_ppo", "fully_async_main"])
+def test_verls_entries_refuse_a_bad_threshold_before_starting_ray(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m rlguard.adapters.verl.main_ppo ... +trainer.rlguard_guard='{...}'`` (and ``fully_async_main``):
+    refused in ``main``, before ``run_ppo`` starts Ray and the task runner (which built the guard, after the
+    tokenizer and the datasets)."""
+    pytest.importorskip("verl")
+    import importlib
+
+    import verl.trainer.main_ppo as verl_main_ppo
+    from omegaconf import OmegaConf
+
+    module = importlib.import_module(f"rlguard.adapters.verl.{entry}")
+    started: list[object] = []
+    monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda *a, **k: started.append(a))
+    guard = {"interventions": {"halt": {"critical_steps": -1}}}
+    config = OmegaConf.create({"async_training": {}, "trainer": {"rlguard_guard": guard}})
+    with pytest.raises(FieldError, match=r"^trainer\.rlguard_guard\.interventions\['halt'\]\.critical_steps"):
+        module.main.__wrapped__(config)  # hydra's wrapper keeps the function
+    assert not started

@@ -29,6 +29,7 @@ from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config, paper_t
 from rlguard.core_losses.registry import objective_class
 from rlguard.guards import PRESETS, GuardConfig
 from rlguard.guards.config import check_preset
+from rlguard.guards.registry import check_members
 
 __all__ = ["GuardedGRPOConfig", "guard_field", "objective_field", "objective_kwargs_field", "parse_guard_flag"]
 
@@ -76,7 +77,9 @@ class GuardedGRPOConfig(GRPOConfig):
             (:data:`~rlguard.guards.PRESETS`: ``"monitor"``, ``"default"``, ``"strict"``, ``"stable"``), a
             ``GuardConfig``, or a JSON object (a string, e.g. on
             the command line, or a mapping, e.g. in a YAML config) of ``GuardConfig`` fields with an optional
-            ``"preset"`` they change: ``'{"preset": "strict", "snapshot_interval": 5}'``; ``None`` for none. With
+            ``"preset"`` they change: ``'{"preset": "strict", "snapshot_interval": 5}'``; ``None`` for none. Its
+            detectors' and interventions' settings are checked when the config is built (a NaN, negative or
+            out-of-range threshold is refused, naming the field and its range), before TRL loads a model. With
             a guard the objective masks non-finite log-probs (``on_nonfinite="mask"``) so that the guard can skip
             the step.
         epsilon, epsilon_high, loss_type: TRL's, with one difference: with an ``objective`` and a setting left
@@ -205,9 +208,15 @@ def parse_guard_flag(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guar
 
     A JSON object (string) or a mapping holds ``GuardConfig`` fields, with an optional ``"preset"`` they change
     (``"default"`` without one), type-checked strictly (:meth:`GuardConfig.from_mapping`: ``{"observe_only":
-    "false"}`` is refused, not read as true); schedules, which are functions, cannot be given this way.
+    "false"}`` is refused, not read as true); schedules, which are functions, cannot be given this way. The
+    detectors' and interventions' settings of a ``GuardConfig`` (given or built) are checked here
+    (:func:`~rlguard.guards.registry.check_members`), naming ``guard.<kind>s[name].<field>`` and its range: a config
+    is refused when it is built, before TRL loads a model.
     """
-    if spec is None or isinstance(spec, GuardConfig):
+    if spec is None:
+        return spec
+    if isinstance(spec, GuardConfig):
+        check_members(spec, where="guard")
         return spec
     if isinstance(spec, str):
         if not spec.lstrip().startswith("{"):
@@ -223,7 +232,9 @@ def parse_guard_flag(spec: GuardConfig | str | Mapping[str, Any] | None) -> Guar
             f"guard must be a preset name ({', '.join(map(repr, PRESETS))}), a GuardConfig or a JSON object of its "
             f"fields; got {spec!r}."
         )
-    return GuardConfig.from_mapping(spec, where="guard")
+    config = GuardConfig.from_mapping(spec, where="guard")
+    check_members(config, where="guard")
+    return config
 
 
 def _log_settings_used(config: GuardedGRPOConfig, used: Mapping[str, Any]) -> None:

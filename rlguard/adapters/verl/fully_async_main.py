@@ -31,6 +31,7 @@ from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncT
 
 from rlguard.adapters.verl.compat import ray_actor_class, rebind_run_global, task_runner_class
 from rlguard.adapters.verl.fully_async import guarded_fully_async_trainer_class, is_halt
+from rlguard.adapters.verl.settings import check_guard_setting
 
 __all__ = ["GuardedFullyAsyncTaskRunner", "GuardedFullyAsyncTrainer", "main"]
 
@@ -89,6 +90,7 @@ def main(config: DictConfig) -> None:
 
     if not hasattr(config, "async_training"):
         raise RuntimeError("must set async_training config")  # verl's own check, word for word
+    check_guard_setting(config)  # before Ray starts: a bad threshold is refused in seconds, not after the model loads
     auto_set_device(config)
     config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
     config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, open_dict
 
 from rlguard.adapters.verl import trainers
 from rlguard.adapters.verl.compat import bind_legacy_trainer, task_runner_class, use_lr_worker
+from rlguard.adapters.verl.settings import check_guard_setting
 from rlguard.adapters.verl.trainers import register_v1_trainer
 
 __all__ = ["GUARDED_V1_MODE", "GuardedTaskRunner", "GuardedTaskRunnerV1", "main"]
@@ -83,6 +84,7 @@ GuardedTaskRunner = ray.remote(_GuardedTaskRunner)
 @hydra.main(config_path=CONFIG_DIR, config_name="ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     """verl's ``main_ppo.main`` (device, validation, ``run_ppo``) with the guarded task runners."""
+    check_guard_setting(config)  # before Ray starts: a bad threshold is refused in seconds, not after the model loads
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device

@@ -46,12 +46,12 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-from rlguard.guards.consequence.offline import observed_positions
+from rlguard.guards.consequence.index import episode_bounds
+from rlguard.guards.consequence.offline import timeline_index
 from rlguard.guards.consequence.rule import ConsequenceRule, level_margin, reward_span
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
@@ -115,24 +115,45 @@ def excursions(
     :func:`~rlguard.guards.consequence.offline.label_findings`'s (the severity by consequence of each critical
     finding). Only excursions that raised the alarm are kept (a streak of ``patience`` findings), as the events."""
     rule = rule or ConsequenceRule()
+    index = timeline_index(timeline)
     out: dict[str, list[Excursion]] = {}
     for name, det in detectors.items():
-        obs = observed_positions(timeline, name)
-        found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
+        obs = index.positions(name)
+        mine_found = index.found(name)
+        found = {p: f for _, p, f in mine_found}
         mine = labels.get(name, {})
-        groups = _groups(obs, found, det.clear_after)
+        groups = _groups(mine_found, det.clear_after)
         out[name] = [
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
-        at = _Observed(array("q", (timeline.steps[p] for p in obs)), groups)
+        at = _Observed(_StepsAt(timeline.steps, obs), groups)
         out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
+
+
+class _StepsAt(Sequence[int]):
+    """The steps at a detector's observed positions (``steps[obs[k]]``), increasing, read when asked for."""
+
+    def __init__(self, steps: Sequence[int], obs: Sequence[int]) -> None:
+        self._steps, self._obs = steps, obs
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[int]: ...
+    def __getitem__(self, k: int | slice) -> int | Sequence[int]:
+        if isinstance(k, slice):
+            return [self._steps[p] for p in self._obs[k]]
+        return self._steps[self._obs[k]]
+
+    def __len__(self) -> int:
+        return len(self._obs)
 
 
 class _Observed:
     """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection."""
 
-    def __init__(self, steps: Sequence[int], groups: list[list[int]]) -> None:
+    def __init__(self, steps: Sequence[int], groups: list[range]) -> None:
         self.steps = steps
         self.ends = [steps[g[-1]] for g in groups]
 
@@ -166,22 +187,11 @@ def _backdate(
     return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 
-def _groups(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:
-    """The detector's observation indices from each episode's first finding to its last: findings separated by
-    fewer than ``clear_after`` clean observations belong together (the alarm's hysteresis, as
-    :func:`~rlguard.guards.consequence.offline._episodes`)."""
-    groups: list[list[int]] = []
-    clean = 0
-    for k, p in enumerate(obs):
-        if p not in found:
-            clean += 1
-            continue
-        if not groups or clean >= max(clear_after, 1):
-            groups.append([])
-        groups[-1].extend(range(groups[-1][-1] + 1, k) if groups[-1] else ())
-        groups[-1].append(k)
-        clean = 0
-    return groups
+def _groups(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> list[range]:
+    """The detector's observation indices from each episode's first finding to its last (``found``: its findings,
+    ``FindingIndex.found``): findings separated by fewer than ``clear_after`` clean observations belong together
+    (the alarm's hysteresis, as :func:`~rlguard.guards.consequence.offline._episodes`)."""
+    return [range(found[a][0], found[b][0] + 1) for a, b, _ in episode_bounds(found, clear_after)]
 
 
 def _excursion(
@@ -189,7 +199,7 @@ def _excursion(
     det: Detector,
     timeline: Timeline,
     obs: Sequence[int],
-    group: list[int],
+    group: range,
     found: Mapping[int, Finding],
     labels: Mapping[int, tuple[Severity, str]],
     rule: ConsequenceRule,
@@ -228,7 +238,7 @@ def _excursion(
 
 
 def _critical_onset(
-    obs: Sequence[int], group: list[int], found: Mapping[int, Finding], reached: int, clear_after: int
+    obs: Sequence[int], group: range, found: Mapping[int, Finding], reached: int, clear_after: int
 ) -> int:
     """Where the critical condition began: the first of the detector's own critical observations in the run of
     them (separated by fewer than ``clear_after`` other observations, the hysteresis of the alarm's critical level)

@@ -5,15 +5,13 @@ events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequenc
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-import operator
 import statistics
-from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from rlguard.guards.consequence.index import FindingIndex, episode_bounds
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
@@ -42,6 +40,8 @@ class Timeline:
         observed: the detectors that judged each step (the step carried their stats).
         change_points: at each step, detector -> the step at which the condition it found there began, by its own
             change-point estimate (``Detector.change_point``; only detectors that give one); empty: none known.
+        index: what the rule reads of the timeline (:class:`FindingIndex`), kept by whoever grows the timeline so
+            that a judgement reads only the steps added since the last; None: read from the timeline whole.
     """
 
     steps: Sequence[int]
@@ -49,16 +49,20 @@ class Timeline:
     findings: Sequence[Mapping[str, Finding]]
     observed: Sequence[frozenset[str]]
     change_points: Sequence[Mapping[str, int]] = ()
+    index: FindingIndex | None = field(default=None, compare=False, repr=False)
+
+
+def timeline_index(timeline: Timeline) -> FindingIndex:
+    """``timeline.index`` brought up to the timeline's end (a new index read whole where it has none)."""
+    index = timeline.index if timeline.index is not None else FindingIndex()
+    index.sync(timeline.observed, timeline.findings, timeline.rewards)
+    return index
 
 
 def observed_positions(timeline: Timeline, name: str) -> Sequence[int]:
     """The positions (indices into ``timeline``) of the steps detector ``name`` judged, increasing: a ``range``
     where it judged every step, else an ``array('q')`` (8 bytes a position, where a list costs 36)."""
-    observed = timeline.observed
-    judged = list(map(operator.contains, observed, itertools.repeat(name)))  # the loop in C: 24 detectors a step
-    if all(judged):
-        return range(len(observed))
-    return array("q", itertools.compress(range(len(observed)), judged))
+    return timeline_index(timeline).positions(name)
 
 
 @dataclass(frozen=True)
@@ -68,41 +72,26 @@ class _Episode:
     first_obs: int  # index of its first finding among the detector's observations
 
 
-def _episodes(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> dict[int, _Episode]:
-    """position of each finding -> its episode: findings separated by fewer than ``clear_after`` clean
-    observations (the alarm's hysteresis) belong together."""
+def _episodes(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> dict[int, _Episode]:
+    """position of each finding (``FindingIndex.found``) -> its episode: findings separated by fewer than
+    ``clear_after`` clean observations (the alarm's hysteresis) belong together."""
     out: dict[int, _Episode] = {}
-    current: list[tuple[int, int]] = []  # (obs index, position)
-    clean = 0
-
-    def close() -> None:
-        if current:
-            ep = _Episode(current[0][1], current[-1][1], current[0][0])
-            out.update({p: ep for _, p in current})
-
-    for k, p in enumerate(obs):
-        if p in found:
-            if clean >= max(clear_after, 1):
-                close()
-                current = []
-            current.append((k, p))
-            clean = 0
-        else:
-            clean += 1
-    close()
+    for first, last, first_obs in episode_bounds(found, clear_after):
+        ep = _Episode(found[first][1], found[last][1], first_obs)
+        out.update({found[i][1]: ep for i in range(first, last + 1)})
     return out
 
 
 class _Reward:
     """What the labels ask of the reward, computed once per log and cached per episode: the established peak
-    (:class:`PeakHistory`), whether it rose over an episode's window and whether it was at the top there."""
+    (:class:`PeakHistory`), whether it rose over an episode's window and whether it was at the top there.
+    ``lowest``, ``highest``: the extremes of the finite rewards over the log."""
 
-    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule) -> None:
+    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule, lowest: float, highest: float) -> None:
         self.rewards, self.rule = rewards, rule
         self.peak: PeakHistory | None = None
         self.cache: dict[tuple[str, int, int], bool] = {}
-        every = [r for r in rewards if math.isfinite(r)]
-        self.lowest, self.highest = (min(every), max(every)) if every else (math.nan, math.nan)
+        self.lowest, self.highest = lowest, highest
 
     def established(self, before: int) -> bool:
         key = ("peak", before, 0)
@@ -135,18 +124,20 @@ def _label(
     det: Detector,
     timeline: Timeline,
     obs: Sequence[int],
+    mine_found: Sequence[tuple[int, int, Finding]],
     intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
     rule: ConsequenceRule,
     reward: _Reward,
 ) -> tuple[dict[int, tuple[Severity, str]], set[int]]:
     """Labels of ``name``'s critical findings (position -> severity, why) and the positions that are critical in
-    themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals."""
+    themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals; ``obs``, its
+    observed positions, ``mine_found`` its findings (``FindingIndex``)."""
     n = len(timeline.steps)
-    found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
-    critical = [k for k, p in enumerate(obs) if p in found and found[p].severity == "critical"]
+    found = {p: f for _, p, f in mine_found}
+    critical = [k for k, _, f in mine_found if f.severity == "critical"]
     is_critical = set(critical)
-    episodes = _episodes(obs, found, det.clear_after)
+    episodes = _episodes(mine_found, det.clear_after)
     kind = classes.get(name, "control")
     labels: dict[int, tuple[Severity, str]] = {}
     mine: set[int] = set()
@@ -221,6 +212,7 @@ def _lone(
     name: str,
     timeline: Timeline,
     obs: Sequence[int],
+    mine_found: Sequence[tuple[int, int, Finding]],
     labels: dict[int, tuple[Severity, str]],
     intrinsic: Mapping[str, list[int]],
     classes: Mapping[str, str],
@@ -234,9 +226,8 @@ def _lone(
     warning that says so. Principle: the rule needs what followed, and nothing followed; unrecoverable and
     sustained findings need no future and stay critical."""
     n = len(timeline.steps)
-    for k, p in enumerate(obs):
-        f = timeline.findings[p].get(name)
-        if f is None or f.severity != "critical" or p in labels:
+    for k, p, f in mine_found:
+        if f.severity != "critical" or p in labels:
             continue
         hi = min(p + rule.horizon, n - 1)
         own = _first_within(intrinsic.get(name, []), p, hi)
@@ -297,24 +288,27 @@ def label_findings(
 ) -> dict[str, dict[int, tuple[Severity, str]]]:
     """Detector -> position -> (severity by consequence, why) for each of its critical findings over the log."""
     rule = rule or ConsequenceRule()
+    index = timeline_index(timeline)
     classes = {name: det.finding_class for name, det in detectors.items()}
-    obs = {name: observed_positions(timeline, name) for name in detectors}
+    obs = {name: index.positions(name) for name in detectors}
+    found = {name: index.found(name) for name in detectors}
     # each detector's intrinsic critical positions, sorted
     intrinsic: dict[str, list[int]] = {
-        name: [p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"]
-        for name in detectors
+        name: [p for _, p, f in found[name] if f.severity == "critical"] for name in detectors
     }
-    reward = _Reward(timeline.rewards, rule)
+    reward = _Reward(timeline.rewards, rule, index.lowest, index.highest)
     labels: dict[str, dict[int, tuple[Severity, str]]] = {}
     for _ in range(3):  # exemptions need the others' intrinsic criticals, which need theirs: iterate to a fixpoint
-        results = {n: _label(n, d, timeline, obs[n], intrinsic, classes, rule, reward) for n, d in detectors.items()}
+        results = {
+            n: _label(n, d, timeline, obs[n], found[n], intrinsic, classes, rule, reward) for n, d in detectors.items()
+        }
         new = {n: sorted(mine) for n, (_, mine) in results.items()}
         labels = {n: lab for n, (lab, _) in results.items()}
         if new == intrinsic:
             break
         intrinsic = new
     for name in detectors:
-        _lone(name, timeline, obs[name], labels[name], intrinsic, classes, rule, reward)
+        _lone(name, timeline, obs[name], found[name], labels[name], intrinsic, classes, rule, reward)
     return labels
 
 
@@ -329,17 +323,19 @@ def judge_log(
     observations), from its findings labelled by :func:`label_findings` (or ``labels``, already computed); a
     label's reason ends its message."""
     labels = labels if labels is not None else label_findings(timeline, detectors, rule)
+    index = timeline_index(timeline)
     events: list[Event] = []
     for name, det in detectors.items():
-        level = streak = clean = 0
-        for p in observed_positions(timeline, name):
-            f = timeline.findings[p].get(name)
-            if f is None:
-                streak, clean = 0, clean + 1
+        level = streak = 0
+        previous = -1  # observation index of the previous finding
+        for k, p, f in index.found(name):
+            clean = k - previous - 1  # clean observations since the previous finding: each clears the streak
+            previous = k
+            if clean:
+                streak = 0
                 if level and clean >= det.clear_after:
                     level = 0
-                continue
-            streak, clean = streak + 1, 0
+            streak += 1
             severity, why = labels.get(name, {}).get(p, (f.severity, ""))
             if streak >= det.patience and SEVERITY_LEVEL[severity] > level:
                 level = SEVERITY_LEVEL[severity]
@@ -362,7 +358,7 @@ def relabel(
     where the log ends within the horizon (as :func:`label_findings` labels a lone finding there). Events of
     detectors that could not judge the log, and the guard's actions, are kept as recorded."""
     rule = rule or ConsequenceRule()
-    steps = list(timeline.steps)
+    steps = timeline.steps
     out = []
     for e in events:
         if e.severity != "critical" or e.detector.startswith("action:") or e.detector not in checked:

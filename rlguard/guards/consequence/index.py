@@ -1,0 +1,147 @@
+"""What the consequence rule reads of a timeline, kept up to date as it grows (:class:`FindingIndex`): each
+detector's observed positions and its findings among them, and the extremes of the finite rewards.
+
+Why: the rule labels a finding by its episode and the ``rule.horizon`` logged steps after it, so all it needs of a
+long log is where each detector observed and where it found something; findings are rare. Reading that from the
+timeline at every judgement costs the whole log each time (``rlguard watch`` judges a growing log again and again);
+kept here, a judgement reads only the positions added since the last (:meth:`FindingIndex.sync`) and then works on
+the findings, not on the steps.
+
+Memory, beyond the timeline itself: per detector one int64 per observed position where the detector skipped a step
+(none for a detector that observed every step: a ``range``), one tuple per finding, and two floats.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlguard.guards.events import Finding
+
+__all__ = ["FindingIndex", "IndexMark", "episode_bounds"]
+
+
+@dataclass(frozen=True)
+class IndexMark:
+    """The state of a :class:`FindingIndex` to come back to (:meth:`FindingIndex.restore`)."""
+
+    n: int
+    counts: dict[str, int]
+    lengths: dict[str, int]
+    found: dict[str, int]
+    lowest: float
+    highest: float
+
+
+class FindingIndex:
+    """Each detector's observed positions and findings over a timeline's first :attr:`n` positions.
+
+    Attributes:
+        n: the positions read (:meth:`sync`).
+        lowest: the least finite reward over them (the first where tied, as ``min``); NaN without one.
+        highest: the greatest (the first where tied, as ``max``); NaN without one.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lowest, self.highest = math.nan, math.nan
+        self._counts: dict[str, int] = {}  # detector -> its observations
+        self._sparse: dict[str, array[int]] = {}  # detector -> its observed positions, once it skipped one
+        self._found: dict[str, list[tuple[int, int, Finding]]] = {}  # detector -> (observation, position, finding)
+        self._dense: set[str] = set()  # the detectors that observed every position so far
+
+    def sync(
+        self, observed: Sequence[frozenset[str]], findings: Sequence[Mapping[str, Finding]], rewards: Sequence[float]
+    ) -> None:
+        """Read the positions ``n..len(observed)-1``: which detectors observed each (``observed``), their findings
+        there (``findings``; a finding of a detector that did not observe the position is not one of its
+        observations and is left out, as the rule reads it) and the reward (``rewards``, NaN where absent)."""
+        counts, sparse, found, dense = self._counts, self._sparse, self._found, self._dense
+        for p in range(self.n, len(observed)):
+            seen = observed[p]
+            if not seen >= dense:  # a detector that observed every position skips this one
+                for name in dense - seen:
+                    sparse[name] = array("q", range(counts[name]))
+                dense &= seen
+            for name in seen:
+                k = counts.get(name)
+                if k is None:  # first observed here: it observed every position only if this is the first
+                    k = 0
+                    if p:
+                        sparse[name] = array("q")
+                    else:
+                        dense.add(name)
+                if name in sparse:
+                    sparse[name].append(p)
+                counts[name] = k + 1
+            here = findings[p]
+            if here:
+                for name, f in here.items():
+                    if name in seen:
+                        found.setdefault(name, []).append((counts[name] - 1, p, f))
+            r = rewards[p]
+            if math.isfinite(r):
+                if not r >= self.lowest:  # NaN at first
+                    self.lowest = r
+                if not r <= self.highest:
+                    self.highest = r
+        self.n = max(self.n, len(observed))
+
+    def mark(self) -> IndexMark:
+        """The index as it is, to :meth:`restore` (the fold judges a last step that may still change)."""
+        return IndexMark(
+            self.n,
+            dict(self._counts),
+            {name: len(a) for name, a in self._sparse.items()},
+            {name: len(f) for name, f in self._found.items()},
+            self.lowest,
+            self.highest,
+        )
+
+    def restore(self, mark: IndexMark) -> None:
+        """Forget the positions read since ``mark`` was taken."""
+        self.n, self.lowest, self.highest = mark.n, mark.lowest, mark.highest
+        self._counts = dict(mark.counts)
+        for name in list(self._sparse):
+            if name in mark.lengths:
+                del self._sparse[name][mark.lengths[name] :]
+            else:  # first observed, or first skipped a position, since the mark
+                del self._sparse[name]
+        for name in list(self._found):
+            del self._found[name][mark.found.get(name, 0) :]
+        self._dense = {name for name in self._counts if name not in self._sparse}
+
+    def positions(self, name: str) -> Sequence[int]:
+        """The positions at which ``name`` observed, increasing (a ``range`` where it observed every one)."""
+        if name in self._sparse:
+            return self._sparse[name]
+        return range(self._counts.get(name, 0))
+
+    def count(self, name: str) -> int:
+        """How many positions ``name`` observed."""
+        return self._counts.get(name, 0)
+
+    def found(self, name: str) -> Sequence[tuple[int, int, Finding]]:
+        """``name``'s findings at its observations, in order: (observation index, position, finding)."""
+        return self._found.get(name, ())
+
+    def found_at(self, name: str) -> dict[int, Finding]:
+        """Position -> ``name``'s finding there, for its findings at its observations."""
+        return {p: f for _, p, f in self.found(name)}
+
+
+def episode_bounds(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> Iterator[tuple[int, int, int]]:
+    """Each episode of a detector's findings (``FindingIndex.found``) as (index into ``found`` of its first, of its
+    last, the observation index of its first): findings separated by fewer than ``clear_after`` clean observations
+    (at least 1) belong together, the alarm's hysteresis."""
+    start = 0
+    for i in range(1, len(found)):
+        if found[i][0] - found[i - 1][0] - 1 >= max(clear_after, 1):
+            yield start, i - 1, found[start][0]
+            start = i
+    if found:
+        yield start, len(found) - 1, found[start][0]

@@ -34,6 +34,7 @@ from verl_async_run import FULLY_ASYNC, ONE_STEP_OFF
 from verl_main_ppo_run import checkpoint_state, launch  # pytest puts this folder on sys.path
 
 from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
+from rlguard.adapters.verl.fully_async import BOUND_KEY, STALE_DROPPED_KEY
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
 from rlguard.guards.state import GUARD_STATE_FILE
@@ -148,6 +149,10 @@ def test_guarded_fully_async_trainer_and_resume(tmp_path: Path) -> None:
     judged = _judged(first)
     assert [v for v, _ in judged] == [1, 2, 3, 5], first.log[-4000:]  # version 4: the restored weights, republished
     steps = [data for _, data in judged]
+    # the rollouter is rlguard's (Ray prefixes an actor's output with its class), which takes the staleness bound:
+    # staleness_threshold 0.5 keeps samples at most 1 version old
+    assert "(_GuardedFullyAsyncRollouter pid=" in first.log, first.log[-4000:]
+    assert [s[BOUND_KEY] for s in steps] == [1.0] * 4 and [s[STALE_DROPPED_KEY] for s in steps] == [0.0] * 4
     assert [s["rlguard/guard/action"] for s in steps] == [
         _action(a) for a in ("continue", "skip_step", "rollback", "halt")
     ]

@@ -132,6 +132,12 @@ METRICS: tuple[Metric, ...] = (
     _M("clip_frac_low", "mean", "tokens", ("clip_ratio/low_mean",), ("actor/pg_clipfrac_lower",), doc="clipped below"),
     _M("clip_frac_high", "mean", "tokens", ("clip_ratio/high_mean",), doc="clipped above"),
     _M(
+        "clip_log_width",
+        "min",
+        "equal",
+        doc="the objective's clip range in force, its narrower side in log-ratio units: min(log hi, -log lo)",
+    ),
+    _M(
         "mismatch_logp_abs_mean",
         "mean",
         "tokens",
@@ -322,6 +328,7 @@ DOMAINS: dict[str, Domain] = {
     ),
     **dict.fromkeys(("mismatch_logp_abs_mean", "mismatch_logp_abs_max"), _NONNEGATIVE),
     **dict.fromkeys(("staleness_mean", "staleness_max", "stale_dropped", "policy_version"), _NONNEGATIVE),
+    "clip_log_width": _NONNEGATIVE,
     **dict.fromkeys(("staleness_bound", *(name for name, _, _ in STALENESS_BUCKETS)), _NONNEGATIVE),
     **dict.fromkeys(("clip_frac", "clip_frac_low", "clip_frac_high", "masked_frac", "truncated_frac"), _FRACTION),
     **dict.fromkeys(("frac_zero_std_groups", "frac_zero_std_solved", "repetition_rate"), _FRACTION),

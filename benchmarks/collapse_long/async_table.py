@@ -16,6 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
+from rlguard.core_losses import get_objective
 from rlguard.guards.interventions.base import StepContext
 from rlguard.guards.interventions.staleness_remedy import StalenessRemedy
 from rlguard.guards.stats.staleness import staleness_bucket
@@ -36,24 +37,30 @@ def load(logs: list[Path]) -> dict[Key, dict[str, float]]:
             c = row["config"]
             window = row["rewards"][-int(c.get("window", 10)) :]
             ages = row.get("ages") or [0.0]
+            width = get_objective(c["objective"]).clip_log_width()
+            diagnosed = diagnosed_at(row.get("ages") or [], row["logp_gaps"], int(c["minibatches"]), width)
             runs[(c["stressor"]["name"], c["objective"], c["guard"], int(c["seed"]))] = {
                 "final": statistics.fmean(window),
                 "collapsed": float(row["verdict"]["collapsed"]),
                 "age": statistics.fmean(ages),
-                "diagnosed": float(diagnosed_at(row.get("ages") or [], row["logp_gaps"], int(c["minibatches"]))),
+                "diagnosed": float(diagnosed),
             }
     return runs
 
 
-def diagnosed_at(ages: list[float], gaps: list[float], minibatches: int) -> int:
+def diagnosed_at(ages: list[float], gaps: list[float], minibatches: int, clip_log_width: float | None = None) -> int:
     """The batch at which ``staleness_remedy`` diagnoses staleness on this run's gap by age, or -1: its diagnosis
     replayed on what it saw (each batch's gap before its first update, in its age's bucket, at each of the batch's
-    ``minibatches`` steps; the diagnosis reads nothing else)."""
+    ``minibatches`` steps, and the objective's ``clip_log_width`` as configured; the diagnosis reads nothing else).
+    A run of a rlguard before the clip width was a stat was diagnosed on the 0.08 bound alone: replay it with
+    ``clip_log_width=None``."""
     remedy = StalenessRemedy()
+    width = {} if clip_log_width is None else {"clip_log_width": clip_log_width}
     for batch, (age, gap) in enumerate(zip(ages, gaps, strict=False)):
         for mb in range(minibatches):
             step = batch * minibatches + mb
-            if remedy.propose(StepContext(step, {staleness_bucket(age): gap}, {}, {}, {}, 0, None)) is not None:
+            stats = {staleness_bucket(age): gap, **width}
+            if remedy.propose(StepContext(step, stats, {}, {}, {}, 0, None)) is not None:
                 return batch
     return -1
 

@@ -13,6 +13,7 @@ outside this package asks which class an objective is.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
@@ -168,6 +169,21 @@ class Objective:
         sequence's length-normalised one ``(B, 1)`` (GSPO's ``log s_i``). Objectives with another sequence ratio
         override it."""
         return log_ratio if self.ratio_level == "token" else seq_log_ratio(log_ratio, mask)
+
+    def clip_log_width(self) -> float | None:
+        """The trust region its clip enforces, in log-ratio units: the distance from ``log r = 0`` to the nearer of
+        :meth:`ratio_bounds`, ``min(log hi, -log lo)`` (GRPO's 0.2: 0.182; GSPO's 3e-4/4e-4: 3.0e-4, on its
+        sequence log-ratio). A ratio drifted this far from 1 is clipped and its gradient zeroed. None where no
+        bound zeroes a gradient (:attr:`keeps_gradient`: CISPO's truncated weight) or there is none."""
+        if self.keeps_gradient:
+            return None
+        lo, hi = self.ratio_bounds()
+        widths = []
+        if hi is not None:
+            widths.append(math.log(hi))
+        if lo is not None and lo > 0:  # a lower bound at 0 clips nothing
+            widths.append(-math.log(lo))
+        return min(widths) if widths else None
 
     def applies_kept_gradient(self) -> bool:
         """Whether ``kept_gradient`` changes this objective: it zeroes gradients at an upper ratio bound."""
@@ -353,6 +369,9 @@ class Objective:
             if p.rollout_logprobs is not None:
                 m.update(mismatch_metrics(p.old_logprobs, p.rollout_logprobs, p.mask))
             m["masked_frac"] = (p.mask.sum() - mask.sum()) / p.mask.sum().clamp(min=1)
+            width = self.clip_log_width()
+            if width is not None:
+                m["clip_log_width"] = torch.full_like(loss.detach(), width)
             m["nonfinite"] = p.nonfinite
         return m
 

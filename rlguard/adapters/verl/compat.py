@@ -42,8 +42,10 @@ from typing import Any
 
 __all__ = [
     "LR_SCALE_METHOD",
+    "STALENESS_BOUND_METHOD",
     "SUPPORTED_VERL",
     "bind_legacy_trainer",
+    "check_fully_async_rollouter",
     "check_fully_async_trainer",
     "check_one_step_off_trainer",
     "check_verl_compatibility",
@@ -61,6 +63,9 @@ __all__ = [
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 #: the actor worker's method that sets the LR scale (:class:`rlguard.adapters.verl.worker.GuardedActorRolloutRefWorker`)
 LR_SCALE_METHOD = "rlguard_set_lr_scale"
+#: the fully async rollouter's method that sets the staleness bound
+#: (:func:`rlguard.adapters.verl.fully_async_rollouter.guarded_fully_async_rollouter_class`)
+STALENESS_BOUND_METHOD = "rlguard_set_staleness_bound"
 #: verl's roles (``verl.trainer.ppo.utils.Role``) whose worker holds the trained actor
 ACTOR_ROLES = ("Actor", "ActorRollout", "ActorRolloutRef")
 #: the actor strategies whose engine (verl's FSDP engine) has the ``LambdaLR`` the worker scales
@@ -82,14 +87,19 @@ ONE_STEP_OFF_PRIVATE = {
 FULLY_ASYNC_PRIVATE = {
     "fit_step": ("batch_dict",),
     "_fit_generate": ("batch",),
+    "_fit_compute_log_prob": ("batch",),
     "_fit_log_aggregated_training_metrics": ("rollout_reset_timing_raw",),
     "_fit_postprocess_step": (),
     "_save_checkpoint": (),
     "_shutdown_dump_executor": (),
     "set_message_queue_client": ("message_queue_client",),
+    "set_rollouter": ("rollouter",),
 }
 #: the coroutines among them, and verl's ``fit``
-FULLY_ASYNC_COROUTINES = ("fit", "fit_step", "_fit_generate", "load_checkpoint")
+FULLY_ASYNC_COROUTINES = ("fit", "fit_step", "_fit_generate", "load_checkpoint", "set_rollouter")
+#: what the guarded rollouter calls on verl's ``FullyAsyncRollouter`` (coroutines): the derivation of its sample
+#: budget from ``staleness_threshold`` (``set_max_required_samples``)
+FULLY_ASYNC_ROLLOUTER_COROUTINES = ("set_max_required_samples",)
 
 
 def check_verl_compatibility() -> None:
@@ -156,6 +166,29 @@ def check_fully_async_trainer(base: type) -> None:
             f"the guarded fully async trainer needs {', '.join(problems)} on {base.__name__} (verl{SUPPORTED_VERL}'s "
             "FullyAsyncTrainer has them). Install 'rlguard[verl]'."
         )
+
+
+def check_fully_async_rollouter(base: type) -> None:
+    """Raise ``RuntimeError`` if one of :data:`FULLY_ASYNC_ROLLOUTER_COROUTINES` is not a coroutine of ``base``
+    taking no argument (verl's ``FullyAsyncRollouter``, which the guarded rollouter builds on)."""
+    problems = [
+        f"a coroutine {name}()"
+        for name in FULLY_ASYNC_ROLLOUTER_COROUTINES
+        if not inspect.iscoroutinefunction(getattr(base, name, None)) or _required_arguments(getattr(base, name)) != 1
+    ]
+    if problems:
+        raise RuntimeError(
+            f"the guarded fully async rollouter needs {', '.join(problems)} on {base.__name__} "
+            f"(verl{SUPPORTED_VERL}'s FullyAsyncRollouter has them). Install 'rlguard[verl]'."
+        )
+
+
+def _required_arguments(method: Callable[..., Any]) -> int:
+    """How many arguments ``method`` requires (``self`` included; Ray's tracing adds an optional keyword one)."""
+    return sum(
+        p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        for p in inspect.signature(method).parameters.values()
+    )
 
 
 @contextmanager

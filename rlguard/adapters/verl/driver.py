@@ -57,9 +57,9 @@ __all__ = [
 
 #: the capabilities of the controls verl applies outside the policy loss, through its own keys (the actor's
 #: ``kl_loss_coef``, ``entropy_coeff``; ``algorithm.rollout_correction``, whose weights the loss receives: never also
-#: the objective's own ``rollout_is``), the rest go to the workers' loss, which applies them to the objective; and of
-#: the LR scale (sent by its own call)
-_VERL_KEYS = ("beta", "entropy_coef", "rollout_correction", "rollout_mask")
+#: the objective's own ``rollout_is``) or an asynchronous pipeline applies (its staleness bound, its drops); the rest
+#: go to the workers' loss, which applies them to the objective; and of the LR scale (sent by its own call)
+_VERL_KEYS = ("beta", "entropy_coef", "rollout_correction", "rollout_mask", "staleness_bound", "drop_stale")
 _OWN_CALL = ("lr_scale",)
 _STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
 

@@ -6,7 +6,10 @@ It is verl's own ``fully_async_main`` (its yaml ``fully_async_ppo_trainer``, its
 :class:`GuardedFullyAsyncTrainer` (:func:`~rlguard.adapters.verl.fully_async.guarded_fully_async_trainer_class` of
 verl's ``FullyAsyncTrainer``) and verl's worker mapping with
 :class:`~rlguard.adapters.verl.async_worker.GuardedDetachActorWorker` (both names rebound in ``run``'s globals:
-:func:`~rlguard.adapters.verl.compat.rebind_run_global`). verl's ``main`` names its task runner directly, so
+:func:`~rlguard.adapters.verl.compat.rebind_run_global`), and :class:`GuardedFullyAsyncRollouter` (verl's
+``FullyAsyncRollouter`` taking the guard's staleness bound,
+:func:`~rlguard.adapters.verl.fully_async_rollouter.guarded_fully_async_rollouter_class`), rebound the same way in
+``_create_rollouter``. verl's ``main`` names its task runner directly, so
 :func:`main` repeats its steps (as the guarded one-step-off entry point does); Hydra resolves verl's relative
 ``config_path`` only when verl's module is ``__main__``. A guard's halt ends ``run`` through verl's own
 failure path (it cancels the rollouter and clears the message queue); the guarded runner then returns normally, so
@@ -27,13 +30,15 @@ import hydra
 import ray
 import verl.experimental.fully_async_policy.fully_async_main as verl_fully_async
 from omegaconf import DictConfig
+from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer
 
 from rlguard.adapters.verl.compat import ray_actor_class, rebind_run_global, task_runner_class
 from rlguard.adapters.verl.fully_async import guarded_fully_async_trainer_class, is_halt
+from rlguard.adapters.verl.fully_async_rollouter import guarded_fully_async_rollouter_class
 from rlguard.adapters.verl.settings import check_guard_setting
 
-__all__ = ["GuardedFullyAsyncTaskRunner", "GuardedFullyAsyncTrainer", "main"]
+__all__ = ["GuardedFullyAsyncRollouter", "GuardedFullyAsyncTaskRunner", "GuardedFullyAsyncTrainer", "main"]
 
 CONFIG_DIR = os.path.join(os.path.dirname(verl_fully_async.__file__), "config")
 _MOVED = (
@@ -52,15 +57,32 @@ _GuardedFullyAsyncTrainer.__qualname__ = _GuardedFullyAsyncTrainer.__name__ = "_
 # verl's trainer asks for 10 logical CPUs (fully_async_trainer.py)
 GuardedFullyAsyncTrainer: Any = ray.remote(num_cpus=10)(_GuardedFullyAsyncTrainer)
 
+#: verl's ``FullyAsyncRollouter`` with the guard's staleness bound, named here for the same reason
+_GuardedFullyAsyncRollouter = guarded_fully_async_rollouter_class(ray_actor_class(FullyAsyncRollouter))
+_GuardedFullyAsyncRollouter.__module__ = __name__
+_GuardedFullyAsyncRollouter.__qualname__ = _GuardedFullyAsyncRollouter.__name__ = "_GuardedFullyAsyncRollouter"
+
+# verl's rollouter: 10 logical CPUs, 100 concurrent calls (fully_async_rollouter.py)
+GuardedFullyAsyncRollouter: Any = ray.remote(num_cpus=10, max_concurrency=100)(  # type: ignore[call-overload]
+    _GuardedFullyAsyncRollouter  # Ray's stubs omit max_concurrency, which its actors take
+)
+
 
 class _GuardedFullyAsyncTaskRunner(task_runner_class(verl_fully_async.FullyAsyncTaskRunner)):  # type: ignore[misc]
-    """verl's ``FullyAsyncTaskRunner`` training :class:`GuardedFullyAsyncTrainer` with rlguard's actor worker."""
+    """verl's ``FullyAsyncTaskRunner`` training :class:`GuardedFullyAsyncTrainer` with rlguard's actor worker and
+    generating with :class:`GuardedFullyAsyncRollouter`."""
 
     def run(self, config: DictConfig) -> Any:
         from rlguard.adapters.verl.async_worker import guarded_role_worker_mapping
 
         rebind_run_global(
             super()._create_trainer, "FullyAsyncTrainer", GuardedFullyAsyncTrainer, _MOVED.format("its trainer")
+        )
+        rebind_run_global(
+            super()._create_rollouter,
+            "FullyAsyncRollouter",
+            GuardedFullyAsyncRollouter,
+            _MOVED.format("its rollouter"),
         )
         rebind_run_global(
             super()._initialize_components,

@@ -4,11 +4,16 @@ In an asynchronous pipeline (TRL's ``AsyncGRPOTrainer``, verl's fully async and 
 log-probs were computed by the policy of ``age`` versions ago. Its gap ``|log p_trainer - log p_rollout|`` is the
 engine's numerics at age 0 and the policy's drift since sampling on top of that above it (the gap by age bucket,
 :data:`rlguard.metrics.STALENESS_BUCKETS`, :mod:`rlguard.guards.stats.staleness`). :class:`StalenessRemedy`
-diagnoses staleness, not the engine, when the gap of an older bucket exceeds the age-0 gap by at least
-``min_excess`` nats per token (0.08: the bound at which ``mismatch_growth`` warns of a mean |log-prob gap|, so the
-drift alone is a gap the guard would warn of) and is at least ``min_ratio`` times it (2: the drift is at least the
-engine's own share). A gap that is as large at age 0 is the engine's, answered by ``mismatch_remedy``. Then, one
-rung at a time, each a capability an actuator declares:
+diagnoses staleness, not the engine, when the gap of an older bucket exceeds the age-0 gap by at least the drift
+that matters, and is at least ``min_ratio`` times it (2: the drift is at least the engine's own share). The drift
+that matters is the smaller of ``min_excess`` nats per token (0.08: the bound at which ``mismatch_growth`` warns of a
+mean |log-prob gap|, so the drift alone is a gap the guard would warn of) and the objective's own trust region,
+``clip_log_width`` (:meth:`~rlguard.core_losses.Objective.clip_log_width`, the clip range in force, its narrower
+side in log-ratio units, which the objective reports among its stats): a drift that wide puts a typical stale sample
+outside the clip, where its gradient is zeroed, however small it is next to the engine's warn level (GSPO's sequence
+clip, 3e-4, against a drift of 0.01-0.03 nats per token at ages 1-3 on the long benchmark). A gap that is as large at
+age 0 is the engine's, answered by ``mismatch_remedy``. Then, one rung at a time, each a capability an actuator
+declares:
 
 1. an age-aware correction with the controls the library already has: where pi_old is the engine's, the kept
    gradient (``kept_gradient``: the hard clip zeroes the gradient of exactly the tokens the drift pushed out of the
@@ -59,7 +64,7 @@ class StalenessRemedy(Intervention):
         remedies: the remedies allowed (:data:`STALENESS_REMEDIES`); those the actuator cannot carry out are passed
             over.
         min_excess: nats per token by which an older bucket's gap must exceed the age-0 gap (``mismatch_growth``'s
-            warn bound on the mean |log-prob gap|).
+            warn bound on the mean |log-prob gap|), or the objective's ``clip_log_width`` where that is smaller.
         min_ratio: how many times the age-0 gap an older bucket's gap must be (2: the drift is at least the
             engine's share).
         span: the span of the exponential mean of each bucket's gap, in steps where the bucket is seen
@@ -75,7 +80,8 @@ class StalenessRemedy(Intervention):
     name = "staleness_remedy"
     enabled_by_default = False
     summary = (
-        "on a gap that grows with age (older bucket >= 2x and +0.08 over age 0): kept gradient or TIS; on a "
+        "on a gap that grows with age (older bucket >= 2x and +min(0.08, the objective's log clip width) over age "
+        "0): kept gradient or TIS; on a "
         "critical consequence >= 10 steps later the staleness bound halved (down to 1), doubled back after 20 "
         "steps without one"
     )
@@ -100,6 +106,7 @@ class StalenessRemedy(Intervention):
             raise ValueError("staleness_remedy needs min_bound >= 0, rollout_is_cap >= 1 and a finite min_excess.")
         for name, _, _ in STALENESS_BUCKETS:
             setattr(self, f"_s_gap_{name}", None)  # exponential mean of the bucket's gap; None: not seen yet
+        self._s_clip_width: float | None = None  # the objective's trust region, as it last reported it
         self._s_stale_step: int | None = None  # the step staleness was diagnosed at
         self._s_corrected = ""  # the correction switched on, or ""
         self._s_last_switch: int | None = None
@@ -119,10 +126,17 @@ class StalenessRemedy(Intervention):
         ref = gaps[_AGE0]
         if math.isnan(ref):
             return None  # no on-policy reference: the engine's share is unknown
+        excess = self.excess_bound()
         for name, gap in list(gaps.items())[1:]:
-            if gap - ref >= self.min_excess and gap >= self.min_ratio * ref:
+            if gap - ref >= excess and gap >= self.min_ratio * ref:
                 return name
         return None
+
+    def excess_bound(self) -> float:
+        """The drift that matters (module docstring): ``min_excess``, or the objective's last reported
+        ``clip_log_width`` where that is smaller."""
+        width = self._s_clip_width
+        return self.min_excess if width is None else min(self.min_excess, width)
 
     def controls(self) -> dict[str, Any]:
         """The controls of the remedies in force."""
@@ -151,7 +165,8 @@ class StalenessRemedy(Intervention):
             self._s_stale_step = ctx.step
             self._s_last_switch = None
             gaps = self.gap_by_age()
-            why = f"stale samples: {bucket} gap {gaps[bucket]:.3g} vs {gaps[_AGE0]:.3g} at age 0"
+            why = f"stale samples: {bucket} gap {gaps[bucket]:.3g} vs {gaps[_AGE0]:.3g} at age 0 (drift that matters: "
+            why += f"{self.excess_bound():.3g})"
             corrections = [r for r in _CORRECTIONS if r in self._allowed]
             pick = "rollout_is" if ctx.pi_old_recomputed and "rollout_is" in corrections else None
             pick = pick or ("kept_gradient" if not ctx.pi_old_recomputed and "kept_gradient" in corrections else None)
@@ -199,6 +214,9 @@ class StalenessRemedy(Intervention):
         return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
     def _observe(self, stats: Any) -> None:
+        width = stats.get("clip_log_width")
+        if isinstance(width, (int, float)) and math.isfinite(width) and width >= 0:
+            self._s_clip_width = float(width)
         alpha = 2.0 / (self.span + 1)
         for name, _, _ in STALENESS_BUCKETS:
             value = stats.get(name)

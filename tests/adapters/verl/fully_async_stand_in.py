@@ -5,9 +5,11 @@ which resets the rollouter's staleness), logs the cycle's aggregate (verl's ``Me
 step's own metrics, as verl does) and saves checkpoints numbered by version.
 
 The rollouter keeps ``lookahead`` samples queued: each time the trainer takes one it generates another with the
-weights it holds, so samples arrive up to ``lookahead`` samples old, as verl's staleness budget allows. Each sample
-carries the parameter version it was tagged with (``min/max_global_steps``) and the identity of the weights that
-generated it (``weights``), so a test can tell a republished version from a trained one."""
+weights it holds, so samples arrive up to ``lookahead`` samples old, as verl's staleness budget allows (one sample per
+version: verl's ``staleness_threshold`` is the lookahead, which ``set_max_required_samples`` derives again, as verl
+does). Each sample carries the parameter version it was tagged with (``min/max_global_steps``) and the identity of
+the weights that generated it (``weights``), so a test can tell a republished version from a trained one. Where pi_old
+is recomputed, its gap to the rollout's log-probs grows by ``DRIFT`` per version of age."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import numpy as np
 from tests.helpers.verl_stand_in import FakeWorkerGroup
 
 TRAJECTORIES = 4  # per sample (a prompt's responses)
+RESPONSE = 3  # tokens per trajectory
+ENGINE_GAP, DRIFT = 0.01, 0.1  # |log pi_old - log p_rollout| per token: the engine's, and per version of age
 
 
 class TrainingStop(Exception):
@@ -38,8 +42,14 @@ class FakeRollouter:
         self.version = 0  # the parameter version it was last given
         self.weights = 0  # the identity of those weights
         self.lookahead = lookahead
+        self.staleness_threshold = float(lookahead)
         self.queue: deque[bytes | None] = deque()
         self.reset_calls = 0
+
+    async def set_max_required_samples(self) -> None:
+        """verl's derivation of the budget from ``staleness_threshold``: here, the samples queued ahead."""
+        self.lookahead = int(self.staleness_threshold)
+        self.max_required_samples = self.lookahead + 1
 
     def generate(self) -> bytes | None:
         if self.generated == self.limit:
@@ -92,7 +102,14 @@ class FakeFullyAsyncTrainer:
     cycle, verl's ``trigger_parameter_sync_step``; one sample per step); ``trained_on[step]`` lists the weights that
     generated the samples step ``step`` trained on and the versions they were tagged with."""
 
-    def __init__(self, config: Any, steps: list[dict[str, float]], lookahead: int = 2, sync_every: int = 1) -> None:
+    def __init__(
+        self,
+        config: Any,
+        steps: list[dict[str, float]],
+        lookahead: int = 2,
+        sync_every: int = 1,
+        rollouter_class: type = FakeRollouter,
+    ) -> None:
         from verl.utils.tracking import Tracking
 
         with warnings.catch_warnings():
@@ -109,7 +126,7 @@ class FakeFullyAsyncTrainer:
         self.metrics_aggregator = MetricsAggregator(total_gpus=1)
         self.logger = Tracking(project_name="p", experiment_name="e", default_backend=[])
         self.actor_rollout_wg = FakeWorkerGroup()
-        self.rollouter = FakeRollouter(lookahead, limit=3 * len(steps) + lookahead)
+        self.rollouter = rollouter_class(lookahead, limit=3 * len(steps) + lookahead)
         self.checkpoint_manager = FakeCheckpointManager(self.actor_rollout_wg, self.rollouter)
         self.message_queue_client: Any = None
         self.trained_on: dict[int, tuple[list[int], list[int]]] = {}
@@ -120,6 +137,9 @@ class FakeFullyAsyncTrainer:
 
     def set_message_queue_client(self, message_queue_client: Any) -> None:
         self.message_queue_client = message_queue_client
+
+    async def set_rollouter(self, rollouter: Any) -> None:
+        self.rollouter = rollouter
 
     async def fit(self) -> None:
         self.global_steps += 1
@@ -132,6 +152,7 @@ class FakeFullyAsyncTrainer:
     async def fit_step(self, batch_dict: Any = None) -> None:
         self.metrics = {"training/global_step": self.global_steps}
         batch = await self._fit_generate(None)
+        batch = self._fit_compute_log_prob(batch)
         self.trained_on[self.global_steps] = (batch.weights, list(batch.non_tensor_batch["max_global_steps"]))
         self._weights += 1
         self.actor_rollout_wg.version = 100 + self._weights  # this step's update (never a version number)
@@ -161,6 +182,16 @@ class FakeFullyAsyncTrainer:
             non_tensor_batch={"max_global_steps": sample.full_batch.non_tensor_batch["max_global_steps"]},
             weights=[sample.full_batch.weights] * TRAJECTORIES,
         )
+
+    def _fit_compute_log_prob(self, batch: Any) -> Any:
+        """pi_old recomputed at the trainer's version (verl's default): its gap to the engine grows with age."""
+        import torch
+
+        ages = self.current_param_version - torch.tensor([int(v) for v in batch.non_tensor_batch["max_global_steps"]])
+        rollout = torch.full((len(ages), RESPONSE), -1.0)
+        old = rollout - ENGINE_GAP - DRIFT * ages.to(torch.float32)[:, None]
+        batch.batch = {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": torch.ones_like(rollout)}
+        return batch
 
     async def _fit_update_weights(self) -> dict[str, Any] | None:
         if self.local_trigger_step != 1:
@@ -209,7 +240,8 @@ class FakeFullyAsyncTrainer:
 
 
 async def start(trainer: Any) -> None:
-    """What verl's task runner does before ``fit``: the queue, a resume, the first weight push."""
+    """What verl's task runner does before ``fit``: the rollouter, the queue, a resume, the first weight push."""
+    await trainer.set_rollouter(trainer.rollouter)
     trainer.set_message_queue_client(FakeQueueClient(trainer.rollouter))
     await trainer.load_checkpoint()
     await trainer._fit_update_weights()

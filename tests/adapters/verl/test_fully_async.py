@@ -20,16 +20,30 @@ pytest.importorskip("verl")
 from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
 from rlguard.adapters.verl.compat import check_fully_async_trainer
 from rlguard.adapters.verl.fully_async import (
+    BOUND_KEY,
+    STALE_DROPPED_KEY,
     DroppingQueueClient,
     FullyAsyncHalt,
     PolicyVersions,
     guarded_fully_async_trainer_class,
     is_halt,
 )
+from rlguard.adapters.verl.fully_async_rollouter import (
+    guarded_fully_async_rollouter_class,
+    staleness_bound_of,
+    threshold_for_bound,
+)
 from rlguard.guards import GuardConfig
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.state import GUARD_STATE_FILE
-from tests.adapters.verl.fully_async_stand_in import TRAJECTORIES, FakeFullyAsyncTrainer, start
+from tests.adapters.verl.fully_async_stand_in import (
+    DRIFT,
+    ENGINE_GAP,
+    TRAJECTORIES,
+    FakeFullyAsyncTrainer,
+    FakeRollouter,
+    start,
+)
 from tests.helpers.verl_stand_in import poisoned_run, trainer_config
 
 Trainer = guarded_fully_async_trainer_class(FakeFullyAsyncTrainer)
@@ -73,12 +87,15 @@ def test_dropping_queue_client_skips_the_samples_of_discarded_versions() -> None
         def get_queue_size_sync(self) -> int:
             return len(queued)
 
-    drops: list[int] = []
+    drops: list[tuple[int, str]] = []
 
-    async def on_drop(n: int) -> None:
-        drops.append(n)
+    async def on_drop(n: int, reason: str) -> None:
+        drops.append((n, reason))
 
-    client = DroppingQueueClient(Inner(), versions.discarded, on_drop, loads=pickle.loads)
+    def why_drop(first: int, last: int) -> str | None:
+        return "discarded" if versions.discarded(first, last) else None
+
+    client = DroppingQueueClient(Inner(), why_drop, on_drop, loads=pickle.loads)
 
     async def read() -> list[Any]:
         return [await client.get_sample() for _ in range(3)]
@@ -90,7 +107,7 @@ def test_dropping_queue_client_skips_the_samples_of_discarded_versions() -> None
         [4],
     ]
     assert kept[2] == (None, 0)  # verl's end signal passes through
-    assert drops == [2, 2]
+    assert drops == [(2, "discarded"), (2, "discarded")]
     assert client.get_queue_size_sync() == 0  # the rest is verl's client
 
 
@@ -207,3 +224,130 @@ def test_resume_keeps_the_guards_state(tmp_path: Path, logged: list[tuple[int, d
     assert json.loads(json.dumps(resumed.rlguard.guard.state_dict())) == saved["guard"]
     assert resumed.rlguard.discarded == first.rlguard.discarded and resumed.rlguard.discarded
     assert resumed.rlguard_versions.policy(12) == 12  # ages count from the resumed version
+
+
+# -- the staleness remedies ----------------------------------------------------------------------------------------
+def _verl_rollouter(threshold: float) -> Any:
+    """verl's own ``FullyAsyncRollouter`` with the guard's call, its state set as ``__init__`` and ``init_workers``
+    leave it (required_samples 8, 2 replicas of 16 concurrent samples, 1000 rollout steps); verl's ``__init__``
+    needs datasets and replicas, so it is not run."""
+    import warnings
+
+    from rlguard.adapters.verl.compat import ray_actor_class
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verl's imports warn about Ray's state API and engines not installed
+        from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
+
+    cls = guarded_fully_async_rollouter_class(ray_actor_class(FullyAsyncRollouter))
+    rollouter = object.__new__(cls)
+    rollouter.config = SimpleNamespace(async_training=SimpleNamespace(trigger_parameter_sync_step=2))
+    rollouter.staleness_threshold = rollouter.rlguard_configured_threshold = threshold
+    rollouter.required_samples, rollouter.total_rollout_steps, rollouter.concurrent_samples_per_replica = 8, 1000, 16
+    rollouter.llm_server_manager = SimpleNamespace(get_active_server_count=lambda: 2)
+    rollouter._active_count_history = [(0.0, 0, 0), (1.0, 0, 0)]
+    rollouter._init_async_objects()
+    asyncio.run(rollouter.set_max_required_samples())
+    return rollouter
+
+
+def _budget(rollouter: Any) -> tuple[float, int, int, int]:
+    return (
+        rollouter.staleness_threshold,
+        rollouter.max_required_samples,
+        rollouter.max_queue_size,
+        rollouter.max_concurrent_samples,
+    )
+
+
+def test_the_bound_sets_verls_own_budget_and_is_restored() -> None:
+    """verl derives max_required_samples = required_samples * (threshold + 1) * trigger_parameter_sync_step (the
+    pause bound of its queue too) and caps concurrency at it: 8 * (4 + 1) * 2 = 80 and min(2 * 16, 80) = 32."""
+    rollouter = _verl_rollouter(4.0)
+    assert _budget(rollouter) == (4.0, 80, 80, 32)
+
+    async def bound(value: int | None) -> float:
+        return float(await rollouter.rlguard_set_staleness_bound(value))
+
+    assert asyncio.run(bound(1)) == 1.0 and _budget(rollouter) == (1.0, 32, 32, 32)  # 8 * 2 * 2
+    assert asyncio.run(bound(0)) == 0.0 and _budget(rollouter) == (0.0, 16, 16, 16)  # 8 * 1 * 2
+    assert asyncio.run(bound(8)) == 4.0 and _budget(rollouter) == (4.0, 80, 80, 32)  # never above the run's own
+    asyncio.run(bound(1))
+    assert asyncio.run(bound(None)) == 4.0 and _budget(rollouter) == (4.0, 80, 80, 32)
+    assert [staleness_bound_of(t) for t in (0.0, 0.5, 1.0, 1.5, 4.0)] == [0, 1, 1, 2, 4]
+    with pytest.raises(ValueError, match="bound must be a whole number"):
+        threshold_for_bound(4.0, -1)
+
+
+def test_a_rollouter_without_verls_budget_call_is_refused() -> None:
+    class Other:
+        def set_max_required_samples(self) -> None:  # not a coroutine
+            return None
+
+    with pytest.raises(RuntimeError, match=r"a coroutine set_max_required_samples\(\)"):
+        guarded_fully_async_rollouter_class(Other)
+
+
+def _stale_guard() -> GuardConfig:
+    """Only the staleness remedy, its bounds, escalating on the stand-in's non-finite steps at once (one step's
+    trial) and restoring the bound after 3 clean steps."""
+    remedy = {
+        "remedies": ("lower_bound", "drop_stale"),
+        "escalate_on": ("nonfinite",),
+        "trial_steps": 1,
+        "recovery_steps": 3,
+    }
+    off = dict.fromkeys(("clip_controller", "halt", "lr_backoff", "rollback", "skip_no_signal", "skip_step"))
+    return GuardConfig.preset("default", interventions={**off, "staleness_remedy": remedy})
+
+
+def _recomputed_pi_old(tmp_path: Path, **trainer: Any) -> Any:
+    from omegaconf import open_dict
+
+    config = trainer_config(tmp_path, **trainer)
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.calculate_log_probs = True  # the engine's log-probs beside pi_old
+        config.async_training = {"staleness_threshold": 2.0}
+    return config
+
+
+def test_the_staleness_remedy_lowers_the_rollouters_bound_drops_over_age_samples_and_restores_it(
+    tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]
+) -> None:
+    Rollouter = guarded_fully_async_rollouter_class(FakeRollouter)
+    config = _recomputed_pi_old(tmp_path, save_freq=1)
+    trainer = Trainer(config, poisoned_run(4, 2) + poisoned_run(8, 0), guard=_stale_guard(), rollouter_class=Rollouter)
+    asyncio.run(start(trainer))
+    assert {"staleness_bound", "drop_stale"} <= trainer.rlguard.guard.capabilities
+    by_step = dict(logged)
+    # the gap by age bucket, pi_old recomputed: the engine's 0.01 plus 0.1 per version of age
+    assert by_step[1]["rlguard/mismatch_logp_abs_mean_age0"] == pytest.approx(ENGINE_GAP)
+    assert by_step[2]["rlguard/mismatch_logp_abs_mean_age1"] == pytest.approx(ENGINE_GAP + DRIFT)
+    assert by_step[3]["rlguard/mismatch_logp_abs_mean_age2_3"] == pytest.approx(ENGINE_GAP + 2 * DRIFT)
+    bounds = [by_step[s][BOUND_KEY] for s in sorted(by_step)]
+    # staleness diagnosed at 2; the non-finite step 5 halves the bound (2 -> 1) after it, 3 clean steps after the
+    # last one (6) restore it (at 9, in force from 10)
+    assert bounds == [2.0] * 5 + [1.0] * 4 + [2.0] * 5, bounds
+    events = [json.loads(line) for line in (tmp_path / "ckpt" / "events.jsonl").read_text().splitlines()]
+    said = [(e["step"], e["message"]) for e in events if "staleness bound" in e.get("message", "")]
+    assert said == [(5, "stale samples (diagnosed at step 2) with nonfinite: staleness bound 2 -> 1")], said
+    # the samples already queued over the lowered bound were dropped as the trainer took them, not trained on
+    assert sum(data[STALE_DROPPED_KEY] for _, data in logged) == by_step[6][STALE_DROPPED_KEY] > 0
+    assert all(data[AGE_KEYS[1]] <= 1.0 for s, data in logged if 6 <= s <= 9), [d[AGE_KEYS[1]] for _, d in logged]
+    assert max(data[AGE_KEYS[1]] for s, data in logged if s >= 11) == 2.0  # the restored lookahead
+    assert trainer.rollouter.staleness_threshold == 2.0 and trainer.rollouter.lookahead == 2
+    assert by_step[6][DROPPED_KEY] == 0.0  # none discarded: no rollback
+
+    # a resume from version 7, the bound lowered, gives the rollouter the lowered bound again before fit
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
+    resumed = Trainer(config, poisoned_run(8, 0), guard=_stale_guard(), rollouter_class=Rollouter)
+    asyncio.run(resumed.set_rollouter(resumed.rollouter))
+    asyncio.run(resumed.load_checkpoint())
+    assert resumed.rollouter.staleness_threshold == 1.0 and resumed.rlguard_threshold == 1.0
+
+
+def test_a_stock_rollouter_leaves_the_bound_recorded_only(tmp_path: Path) -> None:
+    trainer = Trainer(_recomputed_pi_old(tmp_path, save_freq=-1), poisoned_run(2, 0), guard=_stale_guard())
+    asyncio.run(start(trainer))
+    assert "drop_stale" in trainer.rlguard.guard.capabilities
+    assert "staleness_bound" not in trainer.rlguard.guard.capabilities

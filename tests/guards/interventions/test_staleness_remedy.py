@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from typer.testing import CliRunner
 
 from rlguard.cli import app
@@ -74,6 +75,37 @@ def test_a_gap_as_large_at_age_0_is_the_engines_not_staleness() -> None:
     # without an on-policy reference the engine's share is unknown: no diagnosis
     r = StalenessRemedy()
     assert set(feed(r, {AGE4: 0.5}, range(30))) == {None}
+
+
+def test_a_drift_past_the_objectives_own_clip_range_is_staleness() -> None:
+    """GSPO's sequence clip (3e-4/4e-4): a drift of 0.02 nats per token puts its stale samples outside it, though it
+    is far below the engine's warn level 0.08; GRPO's clip (0.2: 0.182 in log-ratio units) leaves 0.08 in force."""
+    from rlguard.core_losses import get_objective
+
+    gspo, grpo = get_objective("gspo").clip_log_width(), get_objective("grpo").clip_log_width()
+    assert gspo == pytest.approx(-math.log(1 - 3e-4)) and grpo == pytest.approx(math.log(1.2))
+    assert get_objective("cispo").clip_log_width() is None  # its truncated weight zeroes no gradient
+
+    def run(width: float | None) -> tuple[list[Proposal | None], StalenessRemedy]:
+        r = StalenessRemedy()
+        extra = {} if width is None else {"clip_log_width": width}
+        out = [
+            r.propose(at(s, {**extra, (AGE0, AGE1)[s % 2]: (0.001, 0.02)[s % 2], "staleness_bound": 2.0}))
+            for s in range(4)
+        ]
+        return out, r
+
+    out, r = run(gspo)
+    assert out[1] is not None and out[1].controls == {"kept_gradient": True} and r.stale() == AGE1
+    assert r.excess_bound() == pytest.approx(gspo) and "drift that matters: 0.0003" in out[1].reason
+    for width in (grpo, None):  # the engine's warn level, 0.08, is the smaller bound
+        out, r = run(width)
+        assert out == [None] * 4 and r.excess_bound() == 0.08
+    # the width read is the last reported, kept in the remedy's state
+    out, r = run(gspo)
+    restored = StalenessRemedy()
+    restored.load_state_dict(r.state_dict())
+    assert restored.excess_bound() == pytest.approx(gspo)
 
 
 def test_the_bound_is_halved_per_failure_and_doubled_back_after_recovery() -> None:

@@ -82,10 +82,11 @@ class Columns(_Rows):
         if n and step < self._steps[-1]:
             raise ValueError(f"step {step} after step {self._steps[-1]}: rows are appended by increasing step")
         self._steps.append(step)
-        if metrics.keys() == self._values.keys():  # the common case: the keys of the rows before
+        columns, marks = self._values, self._present
+        if metrics.keys() == columns.keys():  # the common case: the keys of the rows before
             for key, value in metrics.items():
-                self._values[key].append(value)
-                self._present[key].append(1)
+                columns[key].append(value)
+                marks[key].append(1)
             return 0
         for key, values in self._values.items():
             if key not in metrics:

@@ -93,7 +93,10 @@ class DoctorFold:
         if read.keys.key_map != self._mapped or not extends:
             self._mapped = dict(read.keys.key_map)
             self._restart()
-        counts = _count_observations(self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts)
+        enough = _enough(self._defaults, self._needs)
+        counts = _count_observations(
+            self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts, enough
+        )
         if _fit_plan(self._defaults, self._needs, counts) != self._warmups:
             self._restart()
         self._warmups = _fit_plan(self._defaults, self._needs, counts)
@@ -196,9 +199,10 @@ def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, 
     first observations while the reward rises. ``rows``: each step's canonical stats, read once. Returns detector ->
     its own warm-up, for those whose warm-up was shortened. The live guard counts its warm-ups in optimizer steps
     (``GuardConfig.warmup_unit``), with at least ``MIN_BASELINE`` observations."""
-    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0))
     dets = guard.detectors.items()
-    plan = _fit_plan({n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}, counts)
+    warmups, needs = {n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}
+    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0), _enough(warmups, needs))
+    plan = _fit_plan(warmups, needs, counts)
     fitted = {}
     for name, warmup in plan.items():
         det = guard.detectors[name]
@@ -206,16 +210,35 @@ def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, 
     return fitted
 
 
-def _count_observations(guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int]) -> dict[str, int]:
+def _count_observations(
+    guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int], enough: Mapping[str, int]
+) -> dict[str, int]:
     """``counts`` plus, per detector of ``guard``, the steps of ``rows`` that carry its evidence
-    (``Detector.observes``)."""
+    (``Detector.observes``), counted up to ``enough`` (:func:`_enough`): past it the count changes no warm-up, so a
+    long log's rows are read for the few detectors with little evidence only."""
     out = dict(counts)
-    detectors = list(guard.detectors.items())
+    counting = [(name, det) for name, det in guard.detectors.items() if out[name] < enough[name]]
     for stats in rows:
-        for name, det in detectors:
+        if not counting:
+            break
+        done = False
+        for name, det in counting:
             if det.observes(stats):
                 out[name] += 1
+                done = done or out[name] >= enough[name]
+        if done:
+            counting = [(name, det) for name, det in counting if out[name] < enough[name]]
     return out
+
+
+def _enough(warmups: Mapping[str, int], needs: Mapping[str, int | None]) -> dict[str, int]:
+    """Detector -> the observations from which :func:`_fit_plan` no longer depends on its count: its warm-up is then
+    its own (``WARMUP_SHARE`` times it) or the fixed one its judgement needs, and it has a baseline and a window to
+    judge (``2 * MIN_BASELINE``)."""
+    return {
+        name: max(2 * MIN_BASELINE, WARMUP_SHARE * own if needs.get(name) is None else 0)
+        for name, own in warmups.items()
+    }
 
 
 def _fit_plan(warmups: Mapping[str, int], needs: Mapping[str, int | None], counts: Mapping[str, int]) -> dict[str, int]:
@@ -242,6 +265,9 @@ class _Series(Mapping[str, Sequence[float]]):
         if name not in self._names:
             raise KeyError(name)
         return self._rows.series(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without reading the series (Mapping's own test reads it)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlguard.guards.consequence.offline import observed_positions
+from rlguard.guards.consequence.positions import found_positions, observation_index, observed_positions
 from rlguard.guards.consequence.rule import ConsequenceRule, level_margin, reward_span
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
@@ -118,13 +118,16 @@ def excursions(
     out: dict[str, list[Excursion]] = {}
     for name, det in detectors.items():
         obs = observed_positions(timeline, name)
-        found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
+        found = found_positions(timeline, name)
         mine = labels.get(name, {})
         groups = _groups(obs, found, det.clear_after)
         out[name] = [
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
-        at = _Observed(array("q", (timeline.steps[p] for p in obs)), groups)
+        if not out[name]:
+            continue  # nothing to backdate
+        every = isinstance(obs, range) and len(obs) == len(timeline.steps)  # its steps are the log's
+        at = _Observed(timeline.steps if every else array("q", (timeline.steps[p] for p in obs)), groups)
         out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
 
@@ -169,18 +172,16 @@ def _backdate(
 def _groups(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> list[list[int]]:
     """The detector's observation indices from each episode's first finding to its last: findings separated by
     fewer than ``clear_after`` clean observations belong together (the alarm's hysteresis, as
-    :func:`~rlguard.guards.consequence.offline._episodes`)."""
+    :func:`~rlguard.guards.consequence.offline._episodes`). ``found``: by increasing position."""
     groups: list[list[int]] = []
-    clean = 0
-    for k, p in enumerate(obs):
-        if p not in found:
-            clean += 1
-            continue
-        if not groups or clean >= max(clear_after, 1):
+    last = -1  # obs index of the last finding: the observations between are clean
+    for p in found:
+        k = observation_index(obs, p)
+        if not groups or k - last - 1 >= max(clear_after, 1):
             groups.append([])
         groups[-1].extend(range(groups[-1][-1] + 1, k) if groups[-1] else ())
         groups[-1].append(k)
-        clean = 0
+        last = k
     return groups
 
 

@@ -5,16 +5,14 @@ events a live guard recorded. The rule itself is :mod:`rlguard.guards.consequenc
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-import operator
 import statistics
-from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from rlguard.guards.consequence.peak import PeakHistory
+from rlguard.guards.consequence.positions import found_positions, observation_index, observed_positions
 from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
@@ -49,16 +47,8 @@ class Timeline:
     findings: Sequence[Mapping[str, Finding]]
     observed: Sequence[frozenset[str]]
     change_points: Sequence[Mapping[str, int]] = ()
-
-
-def observed_positions(timeline: Timeline, name: str) -> Sequence[int]:
-    """The positions (indices into ``timeline``) of the steps detector ``name`` judged, increasing: a ``range``
-    where it judged every step, else an ``array('q')`` (8 bytes a position, where a list costs 36)."""
-    observed = timeline.observed
-    judged = list(map(operator.contains, observed, itertools.repeat(name)))  # the loop in C: 24 detectors a step
-    if all(judged):
-        return range(len(observed))
-    return array("q", itertools.compress(range(len(observed)), judged))
+    #: what :mod:`~rlguard.guards.consequence.positions` read of it, kept for the next pass (not compared)
+    index: dict[object, object] = field(default_factory=dict, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -70,25 +60,23 @@ class _Episode:
 
 def _episodes(obs: Sequence[int], found: Mapping[int, Finding], clear_after: int) -> dict[int, _Episode]:
     """position of each finding -> its episode: findings separated by fewer than ``clear_after`` clean
-    observations (the alarm's hysteresis) belong together."""
+    observations (the alarm's hysteresis) belong together. ``found``: by increasing position."""
     out: dict[int, _Episode] = {}
     current: list[tuple[int, int]] = []  # (obs index, position)
-    clean = 0
+    last = -1  # obs index of the last finding: the observations between are clean
 
     def close() -> None:
         if current:
             ep = _Episode(current[0][1], current[-1][1], current[0][0])
             out.update({p: ep for _, p in current})
 
-    for k, p in enumerate(obs):
-        if p in found:
-            if clean >= max(clear_after, 1):
-                close()
-                current = []
-            current.append((k, p))
-            clean = 0
-        else:
-            clean += 1
+    for p in found:
+        k = observation_index(obs, p)
+        if k - last - 1 >= max(clear_after, 1):
+            close()
+            current = []
+        current.append((k, p))
+        last = k
     close()
     return out
 
@@ -143,8 +131,8 @@ def _label(
     """Labels of ``name``'s critical findings (position -> severity, why) and the positions that are critical in
     themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals."""
     n = len(timeline.steps)
-    found = {p: f for p in obs if (f := timeline.findings[p].get(name)) is not None}
-    critical = [k for k, p in enumerate(obs) if p in found and found[p].severity == "critical"]
+    found = found_positions(timeline, name)
+    critical = [observation_index(obs, p) for p, f in found.items() if f.severity == "critical"]
     is_critical = set(critical)
     episodes = _episodes(obs, found, det.clear_after)
     kind = classes.get(name, "control")
@@ -234,10 +222,10 @@ def _lone(
     warning that says so. Principle: the rule needs what followed, and nothing followed; unrecoverable and
     sustained findings need no future and stay critical."""
     n = len(timeline.steps)
-    for k, p in enumerate(obs):
-        f = timeline.findings[p].get(name)
-        if f is None or f.severity != "critical" or p in labels:
+    for p, f in found_positions(timeline, name).items():
+        if f.severity != "critical" or p in labels:
             continue
+        k = observation_index(obs, p)
         hi = min(p + rule.horizon, n - 1)
         own = _first_within(intrinsic.get(name, []), p, hi)
         lost = next(
@@ -301,8 +289,7 @@ def label_findings(
     obs = {name: observed_positions(timeline, name) for name in detectors}
     # each detector's intrinsic critical positions, sorted
     intrinsic: dict[str, list[int]] = {
-        name: [p for p in obs[name] if (f := timeline.findings[p].get(name)) is not None and f.severity == "critical"]
-        for name in detectors
+        name: [p for p, f in found_positions(timeline, name).items() if f.severity == "critical"] for name in detectors
     }
     reward = _Reward(timeline.rewards, rule)
     labels: dict[str, dict[int, tuple[Severity, str]]] = {}
@@ -331,15 +318,16 @@ def judge_log(
     labels = labels if labels is not None else label_findings(timeline, detectors, rule)
     events: list[Event] = []
     for name, det in detectors.items():
-        level = streak = clean = 0
-        for p in observed_positions(timeline, name):
-            f = timeline.findings[p].get(name)
-            if f is None:
-                streak, clean = 0, clean + 1
-                if level and clean >= det.clear_after:
+        obs = observed_positions(timeline, name)
+        level = streak = 0
+        last = -1  # obs index of the last finding: the observations between are clean
+        for p, f in found_positions(timeline, name).items():
+            k = observation_index(obs, p)
+            if k - last - 1 > 0:  # clean observations since: the streak broken, the alarm cleared after enough
+                streak = 0
+                if level and k - last - 1 >= det.clear_after:
                     level = 0
-                continue
-            streak, clean = streak + 1, 0
+            last, streak = k, streak + 1
             severity, why = labels.get(name, {}).get(p, (f.severity, ""))
             if streak >= det.patience and SEVERITY_LEVEL[severity] > level:
                 level = SEVERITY_LEVEL[severity]

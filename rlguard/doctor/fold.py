@@ -8,7 +8,7 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.diagnose import (
@@ -29,6 +29,8 @@ from rlguard.guards.detectors.base import MIN_BASELINE
 from rlguard.guards.events import EventsFileError, Finding, read_events
 
 __all__ = ["DoctorFold", "fit_warmups"]
+
+_V = TypeVar("_V")
 
 
 class DoctorFold:
@@ -76,9 +78,9 @@ class DoctorFold:
         self._counts = dict.fromkeys(self._guard.detectors, 0)  # observations in the steps fed
         self._fed = 0  # canonical steps fed to the guard
         self._last: int | None = None  # the last step fed
-        self._findings: list[Mapping[str, Finding]] = []
+        self._findings: _Sparse[Finding] = _Sparse()
         self._observed: list[frozenset[str]] = []
-        self._points: list[Mapping[str, int]] = []
+        self._points: _Sparse[int] = _Sparse()
         self._distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has few
 
     def judge(self, log: MetricLog, *, final: bool = True) -> Diagnosis:
@@ -118,7 +120,9 @@ class DoctorFold:
             fitted = {n: self._defaults[n] for n in self._warmups}
             return self._conclude(read, guard, fitted)
         finally:  # the copy's step leaves the kept timeline
-            del self._findings[tail:], self._observed[tail:], self._points[tail:]
+            self._findings.truncate(tail)
+            self._points.truncate(tail)
+            del self._observed[tail:]
 
     def _restart(self) -> None:
         if self._fed:
@@ -137,13 +141,8 @@ class DoctorFold:
         seen = frozenset(guard.last_observed)
         self._observed.append(self._distinct.setdefault(seen, seen))
         found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
-        if found:  # most steps: none
-            self._findings.append(found)
-            points = {n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None}
-            self._points.append(points or _NONE)
-        else:
-            self._findings.append(_NONE)
-            self._points.append(_NONE)
+        self._findings.append(found)  # most steps: none
+        self._points.append({n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None})
 
     def _conclude(self, read: CanonicalLog, guard: Guard, fitted: Mapping[str, int]) -> Diagnosis:
         log, keys, rule = read.log, read.keys, self.rule
@@ -185,6 +184,47 @@ class DoctorFold:
 
 #: the findings and change points of a step without findings (shared, read only)
 _NONE: Mapping[str, Any] = {}
+
+
+class _Sparse(Sequence[Mapping[str, _V]]):
+    """Each step's mapping (its findings, their change points) where most steps have none: the others kept by
+    position, so that a step without one costs nothing (a list would hold a pointer a step: 8 MB a million); an
+    empty one reads as the shared :data:`_NONE`."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, Mapping[str, _V]] = {}
+        self._n = 0
+
+    def append(self, item: Mapping[str, _V]) -> None:
+        """Add the next step's mapping."""
+        if item:
+            self._at[self._n] = item
+        self._n += 1
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` steps."""
+        for k in [k for k in self._at if k >= n]:
+            del self._at[k]
+        self._n = min(self._n, n)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, _V]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Mapping[str, _V]]: ...
+    def __getitem__(self, index: int | slice) -> Mapping[str, _V] | list[Mapping[str, _V]]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(self._n))]
+        if not -self._n <= index < self._n:
+            raise IndexError(f"step {index} of {self._n}")
+        item = self._at.get(index % self._n)
+        return _NONE if item is None else item
+
+    def __iter__(self) -> Iterator[Mapping[str, _V]]:
+        at = self._at
+        return (at.get(k, _NONE) for k in range(self._n))
 
 
 def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, int]:

@@ -82,6 +82,8 @@ class DoctorFold:
         self._observed: list[frozenset[str]] = []
         self._points: _Sparse[int] = _Sparse()
         self._distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has few
+        self._last_observed: list[str] = []  # the detectors of the last step observed, and their set
+        self._last_set: frozenset[str] = frozenset()
 
     def judge(self, log: MetricLog, *, final: bool = True) -> Diagnosis:
         """The diagnosis of ``log`` (the log last judged, grown; or another, judged from its first step).
@@ -138,8 +140,10 @@ class DoctorFold:
 
     def _observe(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
         guard.observe(step, stats)
-        seen = frozenset(guard.last_observed)
-        self._observed.append(self._distinct.setdefault(seen, seen))
+        if guard.last_observed != self._last_observed:  # most steps: the detectors of the step before
+            seen = frozenset(guard.last_observed)
+            self._last_observed, self._last_set = guard.last_observed, self._distinct.setdefault(seen, seen)
+        self._observed.append(self._last_set)
         found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
         self._findings.append(found)  # most steps: none
         self._points.append({n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None})

@@ -156,7 +156,10 @@ class RollingWindow:
 
     def robust_z(self, value: float, floor: float) -> float:
         """``(value - median) / max(sigma, floor)``."""
-        return (value - self.median()) / self.sigma(floor)
+        if not self.values:
+            return (value - self.median()) / self.sigma(floor)
+        median, sigma = self._stats()  # both at once: the median is the one :meth:`median` reads
+        return (value - median) / max(sigma, floor)
 
     def mann_kendall_z(self) -> float:
         """:func:`mann_kendall_z` of the window's values in their order of arrival, equal to it: the sum of signs

@@ -310,8 +310,8 @@ class ThresholdDetector(Detector):
         if value is None or not math.isfinite(value):
             return None
         hit = self.level(value) if armed else None
-        near_baseline = len(self._s_window) >= 3 and value < self._s_window.median() + self.margin
-        if hit is not None and self.margin > 0 and near_baseline:
+        near = hit is not None and self.margin > 0 and len(self._s_window) >= 3  # the baseline read only then
+        if near and value < self._s_window.median() + self.margin:
             hit = None
         if hit is None:
             self._s_window.push(value)

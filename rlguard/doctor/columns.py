@@ -1,9 +1,10 @@
 """A log's rows stored by column: the steps in an ``array('q')``, each key's values in an ``array('d')`` beside a
-``bytearray`` that says on which rows the key was logged.
+``bytearray`` that says on which rows the key was logged (None, no bytes, for a key logged at every row so far).
 
-A row is 8 bytes for its step and 9 bytes per key of the log (a float64 and a presence byte), where a row held as a
-dict costs about 47 bytes per key (the dict's slot and a float object; ``tests/doctor/test_columns.py``): a
-1,000,000-step log of 20 keys is about 190 MB instead of about 1 GB. A key not logged at a step is absent from that
+A row is 8 bytes for its step and 8 bytes per key of the log (a float64; a presence byte more for a key some rows
+lack), where a row held as a dict costs about 47 bytes per key (the dict's slot and a float object;
+``tests/doctor/test_columns.py``): a 1,000,000-step log of 20 keys logged at every step is about 170 MB instead of
+about 1 GB. A key not logged at a step is absent from that
 row (never a NaN: a NaN is evidence). Rows are appended by increasing step (the readers' order within a run,
 :mod:`rlguard.doctor.steps`); a row of the step of the last one is merged into it, a later value replacing an
 earlier one. Read back, the table is a ``Sequence`` of ``(step, {key: value})`` built on access, as the readers
@@ -56,7 +57,8 @@ class Columns(_Rows):
     def __init__(self) -> None:
         self._steps: array[int] = array("q")
         self._values: dict[str, array[float]] = {}
-        self._present: dict[str, bytearray] = {}
+        #: key -> whether it was logged at each row; None: at every row
+        self._present: dict[str, bytearray | None] = {}
         self.conflicts: list[int] = []
         self.conflict_steps = 0
 
@@ -68,8 +70,7 @@ class Columns(_Rows):
         if n and self._steps[-1] == step:
             i = n - 1
             for key, value in metrics.items():
-                present = self._present.get(key)
-                if present is not None and present[i]:
+                if self._logged(key, i):
                     old = self._values[key][i]
                     if not (old == value or (math.isnan(old) and math.isnan(value))):
                         replaced += 1
@@ -82,22 +83,30 @@ class Columns(_Rows):
         if n and step < self._steps[-1]:
             raise ValueError(f"step {step} after step {self._steps[-1]}: rows are appended by increasing step")
         self._steps.append(step)
-        if metrics.keys() == self._values.keys():  # the common case: the keys of the rows before
+        columns, marks = self._values, self._present
+        if metrics.keys() == columns.keys():  # the common case: the keys of the rows before
             for key, value in metrics.items():
-                self._values[key].append(value)
-                self._present[key].append(1)
+                columns[key].append(value)
+                mark = marks[key]
+                if mark is not None:
+                    mark.append(1)
             return 0
         for key, values in self._values.items():
             if key not in metrics:
                 values.append(0.0)
-                self._present[key].append(0)
+                mark = marks[key]
+                if mark is None:  # logged at every row before this one
+                    mark = marks[key] = bytearray(b"\x01") * n
+                mark.append(0)
         for key, value in metrics.items():
             column = self._values.get(key)
             if column is None:
                 self._values[key] = column = array("d", bytes(8 * n))
-                self._present[key] = bytearray(n)
+                marks[key] = bytearray(n) if n else None
             column.append(value)
-            self._present[key].append(1)
+            mark = marks[key]
+            if mark is not None:
+                mark.append(1)
         return 0
 
     def copy(self) -> Columns:
@@ -105,7 +114,7 @@ class Columns(_Rows):
         out = Columns()
         out._steps = array("q", self._steps)
         out._values = {k: array("d", v) for k, v in self._values.items()}
-        out._present = {k: bytearray(v) for k, v in self._present.items()}
+        out._present = {k: None if v is None else bytearray(v) for k, v in self._present.items()}
         out.conflicts, out.conflict_steps = list(self.conflicts), self.conflict_steps
         return out
 
@@ -116,7 +125,16 @@ class Columns(_Rows):
             self._values[key] = column = array("d", bytes(8 * n))
             self._present[key] = bytearray(n)
         column[i] = value
-        self._present[key][i] = 1
+        mark = self._present[key]
+        if mark is not None:
+            mark[i] = 1
+
+    def _logged(self, key: str, i: int) -> bool:
+        """Whether ``key`` was logged at row ``i``."""
+        if key not in self._values:
+            return False
+        mark = self._present[key]
+        return mark is None or bool(mark[i])
 
     @property
     def names(self) -> set[str]:
@@ -133,27 +151,28 @@ class Columns(_Rows):
         """The steps, increasing."""
         return self._steps
 
-    def column(self, key: str) -> tuple[array[float], bytearray]:
-        """The values of ``key`` at every row and whether it was logged there (``KeyError`` for a key never
-        logged)."""
+    def column(self, key: str) -> tuple[array[float], bytearray | None]:
+        """The values of ``key`` at every row and whether it was logged there (None: at every row; ``KeyError``
+        for a key never logged)."""
         return self._values[key], self._present[key]
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
-        return self._steps[i], {k: v[i] for k, v in self._values.items() if self._present[k][i]}
+        return self._steps[i], {k: v[i] for k, v in self._values.items() if self._logged(k, i)}
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         items = [(v, self._present[k], k) for k, v in self._values.items()]
         for i, step in enumerate(self._steps):
-            yield step, {k: v[i] for v, present, k in items if present[i]}
+            yield step, {k: v[i] for v, present, k in items if present is None or present[i]}
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Columns):  # by bytes: a NaN equals a NaN (evidence read the same way)
             return (
                 self._steps == other._steps
-                and self._present == other._present
+                and self._present.keys() == other._present.keys()
+                and all(self._marks(k) == other._marks(k) for k in self._present)
                 and all(v.tobytes() == other._values[k].tobytes() for k, v in self._values.items())
             )
         if not isinstance(other, Sequence):
@@ -161,6 +180,11 @@ class Columns(_Rows):
         return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def _marks(self, key: str) -> bytes:
+        """Whether ``key`` was logged at each row, a byte a row."""
+        mark = self._present[key]
+        return b"\x01" * len(self._steps) if mark is None else bytes(mark)
 
     def __repr__(self) -> str:
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
@@ -180,8 +204,8 @@ class CanonicalRows(_Rows):
     def __init__(self, rows: Sequence[tuple[int, Mapping[str, float]]], key_map: Mapping[str, str]) -> None:
         self._rows, self._key_map = rows, dict(key_map)
         #: stat -> its keys' (values, presence), highest priority first (ties: the key first in a row)
-        self._sources: dict[str, list[tuple[array[float], bytearray]]] = {}
-        self._plan: list[tuple[str, int, array[float], bytearray]] = []  # mapped keys in row order
+        self._sources: dict[str, list[tuple[array[float], bytearray | None]]] = {}
+        self._plan: list[tuple[str, int, array[float], bytearray | None]] = []  # mapped keys in row order
         self._index: array[int] | None = None  # row numbers kept; None: every row
         self._single = False  # every stat has one key of the table
         if isinstance(rows, Columns):
@@ -196,10 +220,10 @@ class CanonicalRows(_Rows):
                 self._sources[name] = [rows.column(key) for _, _, key in sorted(keys)]
             self._single = all(len(keys) == 1 for keys in ranked.values())
             n = len(rows)
-            if not any(present.count(0) == 0 for _, _, _, present in self._plan):
+            if not any(present is None or present.count(0) == 0 for _, _, _, present in self._plan):
                 hits = 0
                 for _, _, _, present in self._plan:
-                    hits |= int.from_bytes(present, "little")
+                    hits |= int.from_bytes(present or b"", "little")
                 mask = hits.to_bytes(n, "little") if n else b""
                 self._index = array("q", (i for i, b in enumerate(mask) if b))
         else:
@@ -212,10 +236,10 @@ class CanonicalRows(_Rows):
         if not isinstance(self._rows, Columns):
             return canonical_stats(self._rows[i][1], self._key_map)
         if self._single:  # one key per stat (the common case): no priorities to compare
-            return {name: values[i] for name, _, values, present in self._plan if present[i]}
+            return {name: values[i] for name, _, values, present in self._plan if present is None or present[i]}
         best: dict[str, tuple[int, float]] = {}
         for name, priority, values, present in self._plan:
-            if present[i] and (name not in best or priority < best[name][0]):
+            if (present is None or present[i]) and (name not in best or priority < best[name][0]):
                 best[name] = (priority, values[i])
         return {name: value for name, (_, value) in best.items()}
 
@@ -245,7 +269,7 @@ class CanonicalRows(_Rows):
             out.extend(stats.get(name, math.nan) for _, stats in self)
             return out
         for i in rows:
-            out.append(next((values[i] for values, present in sources if present[i]), math.nan))
+            out.append(next((values[i] for values, present in sources if present is None or present[i]), math.nan))
         return out
 
     def _row(self, k: int) -> tuple[int, dict[str, float]]:

@@ -9,7 +9,7 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.diagnose import (
@@ -31,6 +31,8 @@ from rlguard.guards.detectors.base import MIN_BASELINE
 from rlguard.guards.events import EventsFileError, Finding, read_events
 
 __all__ = ["DoctorFold", "fit_warmups"]
+
+_V = TypeVar("_V")
 
 
 class DoctorFold:
@@ -82,12 +84,14 @@ class DoctorFold:
         self._counts = dict.fromkeys(self._guard.detectors, 0)  # observations in the steps fed
         self._fed = 0  # canonical steps fed to the guard
         self._last: int | None = None  # the last step fed
-        self._findings: list[Mapping[str, Finding]] = []
+        self._findings: _Sparse[Finding] = _Sparse()
         self._observed: list[frozenset[str]] = []
-        self._points: list[Mapping[str, int]] = []
+        self._points: _Sparse[int] = _Sparse()
         self._rewards = array("d")  # reward_mean at each step fed, NaN where absent (the series, kept as fed)
         self._index = FindingIndex()  # what the consequence rule reads of the steps fed
         self._distinct: dict[frozenset[str], frozenset[str]] = {}  # one object per set of detectors: a log has few
+        self._last_observed: list[str] = []  # the detectors of the last step observed, and their set
+        self._last_set: frozenset[str] = frozenset()
 
     def judge(self, log: MetricLog, *, final: bool = True) -> Diagnosis:
         """The diagnosis of ``log`` (the log last judged, grown; or another, judged from its first step).
@@ -101,7 +105,10 @@ class DoctorFold:
         if read.keys.key_map != self._mapped or not extends:
             self._mapped = dict(read.keys.key_map)
             self._restart()
-        counts = _count_observations(self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts)
+        enough = _enough(self._defaults, self._needs)
+        counts = _count_observations(
+            self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts, enough
+        )
         if _fit_plan(self._defaults, self._needs, counts) != self._warmups:
             self._restart()
         self._warmups = _fit_plan(self._defaults, self._needs, counts)
@@ -125,7 +132,9 @@ class DoctorFold:
             fitted = {n: self._defaults[n] for n in self._warmups}
             return self._conclude(read, guard, fitted)
         finally:  # the copy's step leaves the kept timeline
-            del self._findings[tail:], self._observed[tail:], self._points[tail:], self._rewards[tail:]
+            self._findings.truncate(tail)
+            self._points.truncate(tail)
+            del self._observed[tail:], self._rewards[tail:]
             self._index.restore(mark)
 
     def _restart(self) -> None:
@@ -143,16 +152,13 @@ class DoctorFold:
     def _observe(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
         guard.observe(step, stats)
         self._rewards.append(stats.get("reward_mean", math.nan))
-        seen = frozenset(guard.last_observed)
-        self._observed.append(self._distinct.setdefault(seen, seen))
+        if guard.last_observed != self._last_observed:  # most steps: the detectors of the step before
+            seen = frozenset(guard.last_observed)
+            self._last_observed, self._last_set = guard.last_observed, self._distinct.setdefault(seen, seen)
+        self._observed.append(self._last_set)
         found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
-        if found:  # most steps: none
-            self._findings.append(found)
-            points = {n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None}
-            self._points.append(points or _NONE)
-        else:
-            self._findings.append(_NONE)
-            self._points.append(_NONE)
+        self._findings.append(found)  # most steps: none
+        self._points.append({n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None})
 
     def _conclude(self, read: CanonicalLog, guard: Guard, fitted: Mapping[str, int]) -> Diagnosis:
         log, keys, rule = read.log, read.keys, self.rule
@@ -196,6 +202,47 @@ class DoctorFold:
 _NONE: Mapping[str, Any] = {}
 
 
+class _Sparse(Sequence[Mapping[str, _V]]):
+    """Each step's mapping (its findings, their change points) where most steps have none: the others kept by
+    position, so that a step without one costs nothing (a list would hold a pointer a step: 8 MB a million); an
+    empty one reads as the shared :data:`_NONE`."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, Mapping[str, _V]] = {}
+        self._n = 0
+
+    def append(self, item: Mapping[str, _V]) -> None:
+        """Add the next step's mapping."""
+        if item:
+            self._at[self._n] = item
+        self._n += 1
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` steps."""
+        for k in [k for k in self._at if k >= n]:
+            del self._at[k]
+        self._n = min(self._n, n)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, _V]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Mapping[str, _V]]: ...
+    def __getitem__(self, index: int | slice) -> Mapping[str, _V] | list[Mapping[str, _V]]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(self._n))]
+        if not -self._n <= index < self._n:
+            raise IndexError(f"step {index} of {self._n}")
+        item = self._at.get(index % self._n)
+        return _NONE if item is None else item
+
+    def __iter__(self) -> Iterator[Mapping[str, _V]]:
+        at = self._at
+        return (at.get(k, _NONE) for k in range(self._n))
+
+
 def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, int]:
     """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
     most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
@@ -208,9 +255,10 @@ def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, 
     first observations while the reward rises. ``rows``: each step's canonical stats, read once. Returns detector ->
     its own warm-up, for those whose warm-up was shortened. The live guard counts its warm-ups in optimizer steps
     (``GuardConfig.warmup_unit``), with at least ``MIN_BASELINE`` observations."""
-    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0))
     dets = guard.detectors.items()
-    plan = _fit_plan({n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}, counts)
+    warmups, needs = {n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}
+    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0), _enough(warmups, needs))
+    plan = _fit_plan(warmups, needs, counts)
     fitted = {}
     for name, warmup in plan.items():
         det = guard.detectors[name]
@@ -218,16 +266,35 @@ def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, 
     return fitted
 
 
-def _count_observations(guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int]) -> dict[str, int]:
+def _count_observations(
+    guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int], enough: Mapping[str, int]
+) -> dict[str, int]:
     """``counts`` plus, per detector of ``guard``, the steps of ``rows`` that carry its evidence
-    (``Detector.observes``)."""
+    (``Detector.observes``), counted up to ``enough`` (:func:`_enough`): past it the count changes no warm-up, so a
+    long log's rows are read for the few detectors with little evidence only."""
     out = dict(counts)
-    detectors = list(guard.detectors.items())
+    counting = [(name, det) for name, det in guard.detectors.items() if out[name] < enough[name]]
     for stats in rows:
-        for name, det in detectors:
+        if not counting:
+            break
+        done = False
+        for name, det in counting:
             if det.observes(stats):
                 out[name] += 1
+                done = done or out[name] >= enough[name]
+        if done:
+            counting = [(name, det) for name, det in counting if out[name] < enough[name]]
     return out
+
+
+def _enough(warmups: Mapping[str, int], needs: Mapping[str, int | None]) -> dict[str, int]:
+    """Detector -> the observations from which :func:`_fit_plan` no longer depends on its count: its warm-up is then
+    its own (``WARMUP_SHARE`` times it) or the fixed one its judgement needs, and it has a baseline and a window to
+    judge (``2 * MIN_BASELINE``)."""
+    return {
+        name: max(2 * MIN_BASELINE, WARMUP_SHARE * own if needs.get(name) is None else 0)
+        for name, own in warmups.items()
+    }
 
 
 def _fit_plan(warmups: Mapping[str, int], needs: Mapping[str, int | None], counts: Mapping[str, int]) -> dict[str, int]:
@@ -254,6 +321,9 @@ class _Series(Mapping[str, Sequence[float]]):
         if name not in self._names:
             raise KeyError(name)
         return self._rows.series(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without reading the series (Mapping's own test reads it)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

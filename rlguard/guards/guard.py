@@ -143,8 +143,9 @@ class Guard:
                 ),
             )
             proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
-        decision = self._decide(step, proposals, findings, new_events)
-        self._after(decision, findings, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
+        healthy = self._healthy(findings)  # the alarms change only after the decision
+        decision = self._decide(step, proposals, healthy, findings, new_events)
+        self._after(decision, healthy, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
         self._record(list(decision.events))
         return decision
 
@@ -203,9 +204,12 @@ class Guard:
         first = self._first_seen[name]
         if first is None:
             first = self._first_seen[name] = step
-        armed = warmed_up(det.warmup, self._seen[name], step - first if self.config.warmup_unit == "steps" else None)
+        seen = self._seen[name]
+        armed = seen >= det.warmup or warmed_up(
+            det.warmup, seen, step - first if self.config.warmup_unit == "steps" else None
+        )
         finding = det.check(step, stats, armed)
-        self._seen[name] += 1
+        self._seen[name] = seen + 1
         if finding is None:
             self._seen_clean.add(name)
             if armed:
@@ -220,7 +224,7 @@ class Guard:
         self._actuator_name = where
 
     def _decide(
-        self, step: int, proposals: list[Proposal], findings: Mapping[str, Finding], events: list[Event]
+        self, step: int, proposals: list[Proposal], healthy: bool, findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
         best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
@@ -229,7 +233,6 @@ class Guard:
             controls = Controls.combine([p.controls for p in proposals], scheduled)
         else:  # nothing proposed or scheduled (most steps): the neutral controls, combined once
             controls = _NO_CONTROLS
-        healthy = self._healthy(findings)
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
         if action != "continue" and best.reason:
@@ -272,11 +275,11 @@ class Guard:
             return f"{reason} [record-only: {self._actuator_name} cannot {capability}]"
         return reason
 
-    def _after(self, decision: Decision, findings: Mapping[str, Finding], *, poisoned: bool) -> None:
+    def _after(self, decision: Decision, healthy: bool, *, poisoned: bool) -> None:
         self._consecutive_skips = self._consecutive_skips + 1 if decision.outcome == "skip" and poisoned else 0
         if decision.snapshot:
             self._last_snapshot_step = decision.step
-        if self._healthy(findings) and decision.outcome == "step":
+        if healthy and decision.outcome == "step":
             self._last_healthy_step = decision.step
         if decision.outcome == "rollback":
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh

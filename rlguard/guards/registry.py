@@ -132,6 +132,8 @@ def check_members(config: GuardConfig, where: str = "GuardConfig") -> None:
 def with_plugin_stats(hook: pluggy.HookRelay, step: int, stats: Mapping[str, float]) -> Mapping[str, float]:
     """``stats`` plus what the ``rlguard_step_stats`` hooks of ``hook`` (a guard's relay) return for ``step``; a
     plugin may add names, not replace them."""
+    if not hook.rlguard_step_stats.get_hookimpls():  # no plugin adds stats (the doctor's guard): no call to make
+        return stats
     results = cast("list[Mapping[str, float] | None]", hook.rlguard_step_stats(step=step, stats=stats))
     extra: dict[str, float] = {}
     for result in results:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -154,7 +156,10 @@ class RollingWindow:
 
     def robust_z(self, value: float, floor: float) -> float:
         """``(value - median) / max(sigma, floor)``."""
-        return (value - self.median()) / self.sigma(floor)
+        if not self.values:
+            return (value - self.median()) / self.sigma(floor)
+        median, sigma = self._stats()  # both at once: the median is the one :meth:`median` reads
+        return (value - median) / max(sigma, floor)
 
     def mann_kendall_z(self) -> float:
         """:func:`mann_kendall_z` of the window's values in their order of arrival, equal to it: the sum of signs
@@ -209,3 +214,18 @@ def mann_kendall_z(values: Sequence[float]) -> float:
 def cusum_step(statistic: float, z: float, slack: float) -> float:
     """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)``."""
     return max(0.0, statistic + z - slack)
+
+
+@functools.lru_cache(maxsize=4)  # a detector asks twice a step for one n: its level judged, then taken
+def expected_maximum(n: int) -> float:
+    """The expected largest of ``n`` independent standard normal values (0 for ``n <= 1``), by Blom's approximation
+    ``Phi^-1((n - 0.375) / (n + 0.25))`` (Blom 1958, *Statistical Estimates and Transformed Beta-Variables*; within
+    0.03 of the exact value for n <= 10^6, about ``sqrt(2 ln n)`` for large n). An EWMA's values are positively
+    correlated, and positive correlation only lowers the maximum of Gaussian values (Slepian 1962): the excess of a
+    stationary EWMA's running maximum over its level, in its sigmas, is at most this in expectation."""
+    if n <= 1:
+        return 0.0
+    return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
+
+
+_STANDARD_NORMAL = statistics.NormalDist()

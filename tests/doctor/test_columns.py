@@ -64,8 +64,8 @@ def test_columns_read_back_what_dict_rows_hold() -> None:
 
 
 def test_a_row_costs_its_floats_not_a_dict() -> None:
-    """10,000 rows of 20 keys: about 8 + 20 * 9 bytes a row (float64 and a presence byte), where dicts cost
-    about 950 bytes a row (its slots and 20 float objects)."""
+    """10,000 rows of 20 keys logged at every row: about 8 + 20 * 8 bytes a row (float64s; no presence byte for a
+    key no row lacks), where dicts cost about 950 bytes a row (its slots and 20 float objects)."""
     keys = [f"k{i}" for i in range(20)]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -74,8 +74,26 @@ def test_a_row_costs_its_floats_not_a_dict() -> None:
         table.append(step, dict.fromkeys(keys, float(step) + 0.5))
     per_row = (tracemalloc.get_traced_memory()[0] - before) / 10_000
     tracemalloc.stop()
-    assert per_row < 8 + 20 * 9 + 20, per_row  # array growth slack
+    assert per_row < 8 + 20 * 8 + 16, per_row  # array growth slack (a presence byte per key: 8 + 20 * 9)
     assert sys.getsizeof(dict.fromkeys(keys, 0.5)) + 20 * sys.getsizeof(0.5) > 4 * per_row  # a dict and its floats
+
+
+def test_a_key_missing_from_a_row_after_rows_that_had_it_reads_back_absent() -> None:
+    """A key logged at every row keeps no presence bytes until a row lacks it: from then on it is absent exactly
+    where it was not logged, merged rows and copies included."""
+    table = Columns()
+    given = [(0, {"a": 1.0, "b": 2.0}), (1, {"a": 3.0, "b": 4.0}), (2, {"a": 5.0}), (3, {"b": 6.0, "c": 7.0})]
+    for step, row in given:
+        table.append(step, row)
+    table.append(3, {"a": 8.0})  # merged into the last row
+    expected = [
+        (0, {"a": 1.0, "b": 2.0}),
+        (1, {"a": 3.0, "b": 4.0}),
+        (2, {"a": 5.0}),
+        (3, {"b": 6.0, "c": 7.0, "a": 8.0}),
+    ]
+    assert list(table) == expected and [table[k] for k in range(4)] == expected
+    assert table.copy() == table and list(table.copy()) == expected
 
 
 def test_two_runs_interleaved_without_a_run_column_are_refused(tmp_path: Path) -> None:

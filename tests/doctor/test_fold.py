@@ -9,9 +9,11 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlguard.doctor.diagnose import diagnose_log
-from rlguard.doctor.fold import DoctorFold
+from rlguard.doctor.fold import DoctorFold, _enough, _fit_plan
 from rlguard.doctor.stream import JsonlFollower
 from rlguard.guards import Guard
 from rlguard.guards.decision import Decision
@@ -162,3 +164,18 @@ def test_the_copy_that_judges_the_last_step_leaves_the_folds_guard_as_it_was(tmp
     reference.judge(whole.log(), final=True)
     assert "frozen_values" in fold._guard.detectors and fold._warmups == reference._warmups
     assert fold._guard.state_dict() == reference._guard.state_dict()
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 120), st.none() | st.integers(0, 30), st.integers(0, 1000)), min_size=1, max_size=30
+    )
+)
+def test_observations_counted_up_to_enough_fit_the_same_warmups(detectors: list[tuple[int, int | None, int]]) -> None:
+    """The warm-up counts stop at ``_enough``: any count from there on fits the same warm-up as the whole count."""
+    warmups = {f"d{i}": own for i, (own, _, _) in enumerate(detectors)}
+    needs = {f"d{i}": need for i, (_, need, _) in enumerate(detectors)}
+    counts = {f"d{i}": seen for i, (_, _, seen) in enumerate(detectors)}
+    enough = _enough(warmups, needs)
+    stopped = {name: min(seen, enough[name]) for name, seen in counts.items()}
+    assert _fit_plan(warmups, needs, stopped) == _fit_plan(warmups, needs, counts)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlguard.doctor import diagnose
 from rlguard.doctor.diagnose import diagnose_log
-from rlguard.doctor.fold import DoctorFold
+from rlguard.doctor.fold import DoctorFold, _Sparse
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log
 from rlguard.doctor.stream import JsonlFollower
 from tests.helpers.profiles import PROFILE, examples
@@ -102,6 +102,25 @@ class _Counted(list[Any]):
         return super().__iter__()
 
 
+class _CountedSparse(_Sparse[Any]):
+    """The fold's findings by step (``_Sparse``), counting the reads of its items by position in ``_Counted``."""
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, SupportsIndex):
+            _Counted.reads += 1
+        return super().__getitem__(k)
+
+    def __iter__(self) -> Any:
+        _Counted.reads += len(self)
+        return super().__iter__()
+
+
+def _counted_sparse(sparse: _Sparse[Any]) -> _CountedSparse:
+    counted = _CountedSparse()
+    counted.__dict__.update(sparse.__dict__)
+    return counted
+
+
 def test_a_judgement_reads_the_steps_added_since_the_last_not_the_timeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -114,7 +133,7 @@ def test_a_judgement_reads_the_steps_added_since_the_last_not_the_timeline(
     follower, fold = JsonlFollower(path), DoctorFold(path)
     follower.poll()
     fold.judge(follower.log(), final=False)
-    monkeypatch.setattr(fold, "_findings", _Counted(fold._findings))
+    monkeypatch.setattr(fold, "_findings", _counted_sparse(fold._findings))
     monkeypatch.setattr(fold, "_observed", _Counted(fold._observed))
     for first in range(2001, 2101, 20):
         with path.open("a") as fh:

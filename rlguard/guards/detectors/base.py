@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import ClassVar
 from rlguard.guards.consequence.rule import ConsequenceRule, converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
-from rlguard.guards.robust import RollingWindow, median_of
+from rlguard.guards.robust import RollingWindow, _sorted_median, median_of
 from rlguard.guards.state import PrivateState
 
 #: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
@@ -47,7 +48,8 @@ def step_noise(values: Sequence[float]) -> float:
 def differences_noise(diffs: RollingWindow) -> float:
     """:func:`step_noise` from the successive differences themselves (a window of at least 1), for a detector that
     keeps them as its values arrive."""
-    rms = math.sqrt(sum(d * d for d in diffs.values) / len(diffs))
+    values = diffs.values
+    rms = math.sqrt(sum(map(operator.mul, values, values)) / len(diffs))
     return max(diffs.sigma(), rms) / math.sqrt(2)
 
 
@@ -285,6 +287,12 @@ class Detector(PrivateState):
         warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
         stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
         detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
+        if type(self).reads is Detector.reads:  # its ``metric`` alone (most detectors): no tuple to build
+            metric = getattr(self, "metric", "")
+            if not (isinstance(metric, str) and metric):
+                return True
+            value = stats.get(metric)
+            return value is not None and math.isfinite(value)
         reads = self.reads()
         if not reads:
             return True
@@ -305,11 +313,31 @@ def _finite(stats: Mapping[str, float], name: str) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _anchor_median(anchor: list[float]) -> float | None:
-    """Median of the run's early healthy stretch (None until it holds 3 values)."""
+class _EarlySorted:
+    """``sorted(values)`` of an early baseline, a list that only grows by appends: sorted again only when it grew or
+    is another list (a restored state), not at every step that reads it (kept beside the detector's state)."""
+
+    __slots__ = ("_n", "_of", "_sorted")
+
+    def __init__(self) -> None:
+        self._of: list[float] | None = None
+        self._n = -1
+        self._sorted: list[float] = []
+
+    def __call__(self, values: list[float]) -> list[float]:
+        if values is not self._of or len(values) != self._n:
+            self._of, self._n, self._sorted = values, len(values), sorted(values)
+        return self._sorted
+
+
+def _anchor_median(anchor: list[float], early: _EarlySorted | None = None) -> float | None:
+    """Median of the run's early healthy stretch (None until it holds 3 values): :func:`median_of` it, from
+    ``early``'s sorted copy where given."""
     if len(anchor) < 3:
         return None
-    return median_of(anchor)  # what a window of them reads, without building one
+    if early is None:
+        return median_of(anchor)  # what a window of them reads, without building one
+    return _sorted_median(early(anchor))
 
 
 def _rank(finding: Finding | None) -> int:
@@ -320,6 +348,8 @@ def _absolute(
     metric: str, value: float, warn_above: float | None, critical_above: float | None, advice: str
 ) -> Finding | None:
     """A finding for a value beyond an absolute bound: these need no baseline and hold from the first step."""
+    if warn_above is None and critical_above is None:  # none set (most detectors)
+        return None
     for severity, bound in (("critical", critical_above), ("warn", warn_above)):
         if bound is not None and value >= bound:
             return Finding(

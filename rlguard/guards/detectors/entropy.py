@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _finite, _metric
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _EarlySorted, _finite, _metric
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
 
@@ -49,6 +49,7 @@ class EntropyCollapse(Detector):
         self._s_rewards = RollingWindow(self.trend_window)
         self._s_early_rewards: list[float] = []
         self._shift = LevelShift(-1.0)  # log entropy since it was last at or above its baseline
+        self._early_sorted, self._rewards_sorted = _EarlySorted(), _EarlySorted()
 
     def reads(self) -> tuple[str, ...]:
         return ("entropy", "reward_mean")
@@ -75,7 +76,7 @@ class EntropyCollapse(Detector):
         warm-up does not drag it down."""
         if len(self._s_early) < 3:
             return None
-        early = sorted(self._s_early)
+        early = self._early_sorted(self._s_early)
         return early[(3 * (len(early) - 1)) // 4]
 
     def _judge(self, stats: Mapping[str, float], armed: bool) -> Finding | None:
@@ -94,26 +95,28 @@ class EntropyCollapse(Detector):
         if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
+        if ratio >= max(self.floor_ratio, self.critical_ratio, self.warn_ratio):
+            return None  # no bound crossed, whatever the reward does
         z = self._s_rewards.mann_kendall_z() if len(self._s_rewards) >= 5 else 0.0
-        early_reward = _anchor_median(self._s_early_rewards)
+        early_reward = _anchor_median(self._s_early_rewards, self._rewards_sorted)
         gained = early_reward is not None and len(self._s_rewards) >= 5 and self._s_rewards.median() > early_reward
         improving = z > self.improving_z
-        reward_text = (
-            f"reward trend z={z:+.1f}"
-            + (
-                f", recent median {self._s_rewards.median():.3g} vs early {early_reward:.3g}"
-                if early_reward is not None
-                else ""
-            )
-            + f" ({'improving' if improving else 'gained on its start' if gained else 'not improving'})"
-        )
-        advice = "raise entropy_coef or clip_high (clip-higher), lower the LR, or roll back to a healthy step."
         for severity, bound, allowed in (
             ("critical", self.floor_ratio, True),
             ("critical", self.critical_ratio, not improving and not gained),
             ("warn", self.warn_ratio, not improving),
         ):
             if ratio < bound and allowed:
+                reward_text = (
+                    f"reward trend z={z:+.1f}"
+                    + (
+                        f", recent median {self._s_rewards.median():.3g} vs early {early_reward:.3g}"
+                        if early_reward is not None
+                        else ""
+                    )
+                    + f" ({'improving' if improving else 'gained on its start' if gained else 'not improving'})"
+                )
+                advice = "raise entropy_coef or clip_high (clip-higher), lower the LR, or roll back to a healthy step."
                 return Finding(
                     severity,  # type: ignore[arg-type]
                     ratio,
@@ -165,6 +168,7 @@ class EntropyBlowup(Detector):
             )
         self._s_anchor: list[float] = []
         self._shift = LevelShift(1.0)  # log entropy since it was last at or below its early baseline
+        self._anchor_sorted = _EarlySorted()
 
     def change_point(self) -> int | None:
         """Where the blow-up began: the least-squares change of level of the log entropy since it was last at or
@@ -176,14 +180,14 @@ class EntropyBlowup(Detector):
         if entropy is None or not math.isfinite(entropy):
             return None
         if entropy > 0:
-            anchor = _anchor_median(self._s_anchor)
+            anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
         finding = self._judge(entropy, armed)
         self._shift.judged(finding, self.clear_after)
         return finding
 
     def _judge(self, entropy: float, armed: bool) -> Finding | None:
-        anchor = _anchor_median(self._s_anchor)
+        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
         if armed and anchor is not None and anchor > 0:
             ratio = entropy / anchor
             for severity, r, nats in (

@@ -5,29 +5,22 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _metric, _RewardLevel, differences_noise
+from rlguard.guards.detectors.base import (
+    Detector,
+    LevelShift,
+    _anchor_median,
+    _EarlySorted,
+    _metric,
+    _RewardLevel,
+    differences_noise,
+)
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import RollingWindow
-
-
-def expected_maximum(n: int) -> float:
-    """The expected largest of ``n`` independent standard normal values (0 for ``n <= 1``), by Blom's approximation
-    ``Phi^-1((n - 0.375) / (n + 0.25))`` (Blom 1958, *Statistical Estimates and Transformed Beta-Variables*; within
-    0.03 of the exact value for n <= 10^6, about ``sqrt(2 ln n)`` for large n). An EWMA's values are positively
-    correlated, and positive correlation only lowers the maximum of Gaussian values (Slepian 1962): the excess of a
-    stationary EWMA's running maximum over its level, in its sigmas, is at most this in expectation."""
-    if n <= 1:
-        return 0.0
-    return _STANDARD_NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
-
-
-_STANDARD_NORMAL = statistics.NormalDist()
+from rlguard.guards.robust import RollingWindow, expected_maximum
 
 
 @dataclass(kw_only=True)
@@ -324,6 +317,7 @@ class LengthCollapse(Detector):
             )
         self._s_anchor: list[float] = []
         self._shift = LevelShift(-1.0)  # log lengths since one was last at or above the early baseline
+        self._anchor_sorted = _EarlySorted()
 
     def change_point(self) -> int | None:
         """Where the collapse began: the least-squares change of level of the log lengths since one was last at or
@@ -335,7 +329,7 @@ class LengthCollapse(Detector):
         if length is None or not math.isfinite(length):
             return None
         if length > 0:
-            anchor = _anchor_median(self._s_anchor)
+            anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(length), anchor is None or length >= anchor)
         finding = self._judge(length, armed)
         self._shift.judged(finding, self.clear_after)
@@ -354,7 +348,7 @@ class LengthCollapse(Detector):
                 + advice,
                 unrecoverable=True,  # one token carries no signal to learn from: the policy cannot climb back
             )
-        anchor = _anchor_median(self._s_anchor)
+        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
         if armed and anchor is not None and anchor > 0:
             ratio = length / anchor
             for severity, bound in (("critical", self.critical_ratio), ("warn", self.warn_ratio)):

@@ -14,6 +14,7 @@ from rlguard.guards.detectors.base import (
     LevelShift,
     _absolute,
     _anchor_median,
+    _EarlySorted,
     _finite,
     _metric,
     _rank,
@@ -78,7 +79,8 @@ class SpikeDetector(Detector):
         if finding is None and armed and len(self._s_window) >= 2 and value >= self.min_value:
             median = self._s_window.median()
             factor = math.exp(x - median)
-            z = self._s_window.robust_z(x, floor=0.05)
+            # below the warning factor (at most the critical one) nothing is found: no robust z to compute
+            z = self._s_window.robust_z(x, floor=0.05) if factor >= self.warn_factor else -math.inf
             base = math.exp(median)
             for severity, bound in (("critical", self.critical_factor), ("warn", self.warn_factor)):
                 if factor >= bound and z >= self.min_z:
@@ -168,6 +170,7 @@ class CusumDetector(Detector):
         self._s_rise_base = 0.0
         self._s_rise_steps: list[int] = []
         self._s_rise: list[float] = []
+        self._anchor_sorted, self._control_sorted = _EarlySorted(), _EarlySorted()
 
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
         """Track ``lost_control``; a description if its recent median is below its early median by more than a
@@ -179,10 +182,10 @@ class CusumDetector(Detector):
             self._s_control_anchor.append(value)
             return None
         self._s_control.push(value)
-        early, recent = _anchor_median(self._s_control_anchor), self._s_control.median()
+        early, recent = _anchor_median(self._s_control_anchor, self._control_sorted), self._s_control.median()
         n = len(self._s_control)
-        if early is None or n < min(5, self.control_window):
-            return None
+        if early is None or n < min(5, self.control_window) or recent >= early:
+            return None  # (at or above its early median it is above it less a standard error, which is >= 0)
         # a fall beyond a standard error of the recent median: a flat noisy reward does not count as lost
         standard_error = self._s_control.sigma() * math.sqrt(math.pi / 2 / n)
         if recent >= early - standard_error:
@@ -220,7 +223,8 @@ class CusumDetector(Detector):
         x = math.log(max(value, self.floor))
         lost = self._control_lost(stats)
         self._s_recent.push(x)
-        self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (_anchor_median(self._s_anchor) or 0.0))
+        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (anchor or 0.0))
         if len(self._s_window) < 3 or not armed:
             self._s_window.push(x)
             if finding is None and len(self._s_anchor) < self.anchor:
@@ -239,8 +243,6 @@ class CusumDetector(Detector):
             self._s_rise.append(x)
         sigma = self._s_window.sigma(self.min_sigma)
         self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
-        anchor = _anchor_median(self._s_anchor)
-        ratio = math.exp(x - anchor) if anchor is not None else math.inf
         drift = math.exp(self._s_recent.median() - anchor) if anchor is not None else 1.0
         if _rank(finding) < 2 and self._s_cusum >= self.warn_h:
             critical = self._s_cusum >= self.critical_h and (
@@ -248,6 +250,7 @@ class CusumDetector(Detector):
             )
             bound = self.critical_h if critical else self.warn_h
             base = math.exp(self._s_window.median())
+            ratio = math.exp(x - anchor) if anchor is not None else math.inf
             early = f", {ratio:.1f}x the early baseline {math.exp(anchor):.4g}" if anchor is not None else ""
             trend = Finding(
                 "critical" if critical else "warn",
@@ -327,8 +330,8 @@ class ThresholdDetector(Detector):
         if value is None or not math.isfinite(value):
             return None
         hit = self.level(value) if armed else None
-        near_baseline = len(self._s_window) >= 3 and value < self._s_window.median() + self.margin
-        if hit is not None and self.margin > 0 and near_baseline:
+        near = hit is not None and self.margin > 0 and len(self._s_window) >= 3  # the baseline read only then
+        if near and value < self._s_window.median() + self.margin:
             hit = None
         if hit is None:
             self._s_window.push(value)

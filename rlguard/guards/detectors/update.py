@@ -33,11 +33,13 @@ class NonFinite(Detector):
     def observes(self, stats: Mapping[str, float]) -> bool:
         """Any step that carries the loss, the gradient norm or a judged stat, finite or not (a NaN is its
         evidence)."""
-        return any(name in stats for name in _WATCHED)
+        return not stats.keys().isdisjoint(_WATCHED)
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         count = stats.get("nonfinite", 0.0)
-        bad = [k for k in _WATCHED if k != "nonfinite" and k in stats and not math.isfinite(stats[k])]
+        if not count > 0 and math.isfinite(sum(stats[k] for k in _VALUES if k in stats)):
+            return None  # a sum of values is finite only if each is (a NaN or an infinity carries through)
+        bad = [k for k in _VALUES if k in stats and not math.isfinite(stats[k])]
         if count > 0 or bad:
             what = f"{count:g} non-finite values" if count > 0 else "non-finite " + ", ".join(bad)
             return Finding(
@@ -53,6 +55,8 @@ class NonFinite(Detector):
 
 #: what ``nonfinite`` watches: the loss, then every stat a built-in detector judges (the metric table's order)
 _WATCHED: tuple[str, ...] = ("loss", *(m.name for m in METRICS if m.judged))
+#: the stats whose own value ``nonfinite`` judges: those it watches but its count
+_VALUES: tuple[str, ...] = tuple(k for k in _WATCHED if k != "nonfinite")
 
 
 class _PolicyGradientSteps(Detector):

@@ -240,7 +240,7 @@ def _verl_rollouter(threshold: float) -> Any:
         from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
 
     cls = guarded_fully_async_rollouter_class(ray_actor_class(FullyAsyncRollouter))
-    rollouter = object.__new__(cls)
+    rollouter: Any = object.__new__(cls)
     rollouter.config = SimpleNamespace(async_training=SimpleNamespace(trigger_parameter_sync_step=2))
     rollouter.staleness_threshold = rollouter.rlguard_configured_threshold = threshold
     rollouter.required_samples, rollouter.total_rollout_steps, rollouter.concurrent_samples_per_replica = 8, 1000, 16

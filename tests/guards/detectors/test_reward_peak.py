@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rlguard.guards import Guard, GuardConfig
-from rlguard.guards.detectors.rollouts import RewardCollapse, expected_maximum
+from rlguard.guards.detectors.rollouts import RewardCollapse
+from rlguard.guards.robust import expected_maximum
 from tests.helpers.synthetic import healthy_stream
 
 WARMUP = 20

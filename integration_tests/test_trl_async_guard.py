@@ -111,6 +111,6 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
     resumed = {int(r["step"]): r for r in second.state.log_history if "loss" in r and r["step"] > 9}
     assert sorted(resumed) == [10, 11, 12] and {resumed[s][STALENESS_BOUND_KEY] for s in resumed} == {1.0}
     assert max(resumed[s]["sample/staleness_max"] for s in resumed) <= 1  # TRL took no older sample
-    assert second._rollout_dataset.max_staleness == 1
+    assert getattr(second._rollout_dataset, "max_staleness", None) == 1  # TRL types the slot as None
     state = second.rlguard_guard.state_dict()  # type: ignore[union-attr]
     assert [e["step"] for e in state["events"]][: len(saved["events"])] == [e["step"] for e in saved["events"]]

@@ -5,7 +5,9 @@ One run of 9 optimizer steps: an LR back-off (the gradient scaled to 10x the med
 spike detector's baseline of 5 steps), two skips (NaN log-probs at steps 7 and 8), then a rollback (two skips in a
 row) whose restored weights the server holds at the end of that step, and the discarded policy's queued samples
 dropped. From its checkpoint-9 a new trainer resumes: two more poisoned steps, and the rollback budget of 1, spent
-before the resume, makes the guard halt at step 12; the rollout worker is stopped. 46 s to 93 s measured on two
+before the resume, makes the guard halt at step 12; the rollout worker is stopped. The checkpoint's guard state is
+given a staleness bound of 1 (as ``staleness_remedy`` would hold it): the resumed trainer takes every sample under it,
+through TRL's own ``max_staleness`` check. 46 s to 93 s measured on two
 shared CPU cores, by their load (two rollout-worker start-ups of about 20 s each).
 """
 
@@ -24,7 +26,7 @@ from trl_guard_faults import guard_config
 
 from rlguard.adapters.trl import GUARD_STATE_FILE, StabilityCallback
 from rlguard.adapters.trl.async_queue import DROPPED_DISCARDED_KEY
-from rlguard.adapters.trl.async_trainer import GuardedAsyncGRPOConfig
+from rlguard.adapters.trl.async_trainer import STALENESS_BOUND_KEY, GuardedAsyncGRPOConfig
 from rlguard.guards.decision import decision_action
 from rlguard.tasks.hf import cpu_training_arguments, save_tiny_llama
 
@@ -61,7 +63,9 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
     # the clip controller's answers to stale samples depend on the server's timing: off, so that each decision here
     # has one cause (the objective's clip controls are checked in tests/adapters/trl/test_async_trainer.py)
     rollback = {"max_consecutive_skips": 2, "max_rollbacks": 1}
-    guard = guard_config(interventions={"rollback": rollback, "clip_controller": None})
+    # staleness_remedy diagnoses nothing here (TRL's async trainer logs no gap by age); its state is set before the
+    # resume, to check that the bound it holds is in force from the resumed run's first sample
+    guard = guard_config(interventions={"rollback": rollback, "clip_controller": None, "staleness_remedy": {}})
     out = tmp_path / "out"
     with stand_in_server(model_dir) as url:
         args = GuardedAsyncGRPOConfig(output_dir=str(out), vllm_server_base_url=url, guard=guard, max_steps=9, **RUN)
@@ -88,9 +92,15 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
         observed = {int(o["step"]): o for o in callback_of(first).observed}
         assert [observed[s]["staleness_max"] for s in logs] == [logs[s]["sample/staleness_max"] for s in logs]
         assert max(logs[s]["sample/staleness_max"] for s in logs) >= 1
+        configured = float(args.max_staleness)
+        assert {logs[s][STALENESS_BOUND_KEY] for s in logs} == {configured}  # not lowered: nothing diagnosed
+        assert {observed[s]["staleness_bound"] for s in logs} == {configured}
         assert first.rollout_worker._process is None  # stopped by TRL's own finally
         saved = json.loads((out / "checkpoint-9" / GUARD_STATE_FILE).read_text())
         assert saved["last_step"] == 9
+        remedy = saved["interventions"]["staleness_remedy"]
+        remedy.update(_s_stale_step=8, _s_last_switch=8, _s_configured_bound=int(configured), _s_bound=1)
+        (out / "checkpoint-9" / GUARD_STATE_FILE).write_text(json.dumps(saved))
 
         args = GuardedAsyncGRPOConfig(output_dir=str(out), vllm_server_base_url=url, guard=guard, max_steps=20, **RUN)
         second = build(model_dir, url, args, poison_at={10, 11})
@@ -98,5 +108,9 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
     # the rollback budget of 1 was spent before the resume: two more skips in a row halt the run
     assert actions(second) == [(10, "skip_step"), (11, "skip_step"), (12, "halt")]
     assert second.state.global_step == 12 and second.rollout_worker._process is None
+    resumed = {int(r["step"]): r for r in second.state.log_history if "loss" in r and r["step"] > 9}
+    assert sorted(resumed) == [10, 11, 12] and {resumed[s][STALENESS_BOUND_KEY] for s in resumed} == {1.0}
+    assert max(resumed[s]["sample/staleness_max"] for s in resumed) <= 1  # TRL took no older sample
+    assert getattr(second._rollout_dataset, "max_staleness", None) == 1  # TRL types the slot as None
     state = second.rlguard_guard.state_dict()  # type: ignore[union-attr]
     assert [e["step"] for e in state["events"]][: len(saved["events"])] == [e["step"] for e in saved["events"]]

@@ -98,10 +98,12 @@ def trainer_capabilities(trainer: object) -> frozenset[str]:
     ``vllm_importance_sampling_*`` settings, which TRL reads at its next generation); the off-policy mask on a
     ``ControlledTrainer`` (its objective applies it) and on a stock ``GRPOTrainer`` through TRL's own
     ``off_policy_mask_threshold``, which TRL 1.16's ``_compute_loss`` reads at every loss
-    (:func:`set_trl_off_policy_mask`)."""
+    (:func:`set_trl_off_policy_mask`); and the pipeline's capabilities a ``ControlledTrainer`` declares in its
+    ``rlguard_pipeline_capabilities`` (``GuardedAsyncGRPOTrainer``: ``staleness_bound`` and ``drop_stale``, which its
+    ``rlguard_set_controls`` carries out)."""
     can = set(_BASE)
     if isinstance(trainer, ControlledTrainer):
-        can |= _OBJECTIVE | {"off_policy_mask"}
+        can |= _OBJECTIVE | {"off_policy_mask"} | set(getattr(trainer, "rlguard_pipeline_capabilities", ()))
         objective = getattr(trainer, "rlguard_configured_objective", None)
         if objective is not None and objective.applies_kept_gradient():
             can.add("kept_gradient")

@@ -20,6 +20,7 @@ Each item names the CUDA-only or vLLM-only call it routes around (paths in site-
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import warnings
 from collections.abc import Iterator
@@ -47,9 +48,11 @@ __all__ = [
     "STEP_ACCOUNTING",
     "TREE_ATTENTION_TORCH",
     "check_async_trl_compatibility",
+    "check_rollout_dataset_slot",
     "cpu_safe_trainer_init",
     "ensure_response_schema",
     "record_step_accounting",
+    "set_rollout_max_staleness",
     "trainer_module",
     "tree_attention_torch",
     "use_torch_tree_attention",
@@ -169,6 +172,41 @@ def check_async_trl_compatibility() -> None:
             f"rlguard's GuardedAsyncGRPOTrainer supports trl{SUPPORTED_TRL}; the installed trl is {trl.__version__}"
             f"{' and its AsyncGRPOTrainer lacks ' + ', '.join(missing) if missing else ''}. Install a supported trl."
         )
+
+
+#: where TRL 1.16's AsyncGRPOTrainer keeps its rollout dataset (private: set by ``get_train_dataloader`` on the main
+#: process, None before and elsewhere), whose ``max_staleness`` its ``__iter__`` reads for every sample it takes
+ROLLOUT_DATASET_SLOT = "_rollout_dataset"
+
+
+def check_rollout_dataset_slot(trainer: Any) -> None:
+    """Raise ``RuntimeError`` unless ``trainer`` (a built ``AsyncGRPOTrainer``) has the slot of its rollout dataset
+    (:data:`ROLLOUT_DATASET_SLOT`) and TRL's ``RolloutQueueDataset`` takes ``max_staleness``: how rlguard sets
+    the staleness bound in force (:func:`set_rollout_max_staleness`)."""
+    dataset_class = getattr(trainer_module, "RolloutQueueDataset", None)
+    takes = dataset_class is not None and "max_staleness" in inspect.signature(dataset_class.__init__).parameters
+    if not hasattr(trainer, ROLLOUT_DATASET_SLOT) or not takes:
+        raise RuntimeError(
+            f"rlguard sets the staleness bound on TRL's rollout dataset (AsyncGRPOTrainer.{ROLLOUT_DATASET_SLOT}, a "
+            f"RolloutQueueDataset taking max_staleness), which the installed trl {trl.__version__} lacks. "
+            "Install trl 1.16."
+        )
+
+
+def set_rollout_max_staleness(trainer: Any, bound: int) -> None:
+    """Set ``bound`` as the ``max_staleness`` of ``trainer``'s rollout dataset, which drops each sample older than it
+    as it takes it from the queue (TRL's ``RolloutQueueDataset.__iter__``, counted as ``sample/dropped_stale_total``);
+    nothing where the trainer has no dataset yet or none on this process (it takes samples on the main process
+    only). ``RuntimeError`` if the dataset has no ``max_staleness``."""
+    dataset = getattr(trainer, ROLLOUT_DATASET_SLOT, None)
+    if dataset is None:
+        return
+    if not hasattr(dataset, "max_staleness"):
+        raise RuntimeError(
+            f"TRL's rollout dataset ({type(dataset).__name__}) has no max_staleness, through which rlguard sets the "
+            f"staleness bound; the installed trl is {trl.__version__}. Install trl 1.16."
+        )
+    dataset.max_staleness = int(bound)
 
 
 #: AsyncGRPOTrainer's per-step counters that its compute_loss adds to (flushed by _log_step_metrics)

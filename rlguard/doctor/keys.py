@@ -17,10 +17,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from rlguard.doctor.domains import DOMAINS
 from rlguard.metrics import (
     CANONICAL,
     DOCTOR_ONLY,
-    DOMAINS,
     JUDGED,
     KEY_TO_CANONICAL,
     NAMESPACES,
@@ -203,7 +203,8 @@ def auto_map_refusal(key: str, name: str, rows: Rows) -> str | None:
     ``args/kl_coef`` is not a KL); a key logged only in configuration records (records that hold none of the
     log's per-step keys, :func:`step_records`); a constant series (a setting, or a stat that never moved: nothing
     to judge, and a number that cannot be told from a setting); values outside the stat's domain
-    (:data:`rlguard.metrics.DOMAINS`: an entropy >= 0, a fraction in [0, 1], a ratio near 1 that is not a fraction).
+    (:data:`rlguard.doctor.domains.DOMAINS`: an entropy >= 0, a fraction in [0, 1], a ratio near 1 that is not a
+    fraction).
     """
     segments = strip_namespace(key).lower().split("/")[:-1]
     if CONFIG_SEGMENTS & set(segments):

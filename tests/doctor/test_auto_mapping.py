@@ -1,6 +1,6 @@
 """Safe automatic mapping (issue 36, part 5): a key is mapped onto a canonical stat by its name only when its values
 are evidence for the stat: never from a configuration record or a key under ``args/``, ``config/``, ``hparams/``,
-never a constant series, only values in the stat's domain (:data:`rlguard.metrics.DOMAINS`); each mapping is
+never a constant series, only values in the stat's domain (:data:`rlguard.doctor.domains.DOMAINS`); each mapping is
 printed with its evidence, and ``--map KEY=`` refuses one."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from rlguard.cli import app
 from rlguard.doctor import classify_keys, diagnose, parse_key_map, read_log
-from rlguard.metrics import DOMAINS, METRICS
+from rlguard.doctor.domains import DOMAINS
+from rlguard.metrics import METRICS
 
 runner = CliRunner()
 

@@ -28,9 +28,12 @@ from rlguard.adapters.trl import GUARD_STATE_FILE, StabilityCallback
 from rlguard.adapters.trl.async_queue import DROPPED_DISCARDED_KEY
 from rlguard.adapters.trl.async_trainer import STALENESS_BOUND_KEY, GuardedAsyncGRPOConfig
 from rlguard.guards.decision import decision_action
+from rlguard.metrics import STALENESS_BUCKETS
 from rlguard.tasks.hf import cpu_training_arguments, save_tiny_llama
 
 pytestmark = [pytest.mark.slow]
+
+BUCKETS = [name for name, _, _ in STALENESS_BUCKETS]
 
 RUN: dict[str, Any] = {
     **cpu_training_arguments(),
@@ -63,9 +66,11 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
     # the clip controller's answers to stale samples depend on the server's timing: off, so that each decision here
     # has one cause (the objective's clip controls are checked in tests/adapters/trl/test_async_trainer.py)
     rollback = {"max_consecutive_skips": 2, "max_rollbacks": 1}
-    # staleness_remedy diagnoses nothing here (TRL's async trainer logs no gap by age); its state is set before the
-    # resume, to check that the bound it holds is in force from the resumed run's first sample
-    guard = guard_config(interventions={"rollback": rollback, "clip_controller": None, "staleness_remedy": {}})
+    # staleness_remedy reads the gap by age the loss logs, but is kept from acting here (no correction, no
+    # escalation: when it diagnoses depends on the server's timing), so that each decision has one cause; its state
+    # is set before the resume, to check that the bound it holds is in force from the resumed run's first sample
+    held = {"remedies": ("lower_bound", "drop_stale"), "escalate_on": ()}
+    guard = guard_config(interventions={"rollback": rollback, "clip_controller": None, "staleness_remedy": held})
     out = tmp_path / "out"
     with stand_in_server(model_dir) as url:
         args = GuardedAsyncGRPOConfig(output_dir=str(out), vllm_server_base_url=url, guard=guard, max_steps=9, **RUN)
@@ -92,8 +97,16 @@ def test_async_guard_backoff_skip_rollback_resume_halt(tmp_path: Path) -> None:
         observed = {int(o["step"]): o for o in callback_of(first).observed}
         assert [observed[s]["staleness_max"] for s in logs] == [logs[s]["sample/staleness_max"] for s in logs]
         assert max(logs[s]["sample/staleness_max"] for s in logs) >= 1
+        # the gap by age bucket, logged by the loss, reaches the guard with the same values (NaN where a step's
+        # log-probs were poisoned); samples older than the weights they train with are seen
+        gaps = {(s, name): logs[s][f"rlguard/{name}"] for s in logs for name in BUCKETS if f"rlguard/{name}" in logs[s]}
+        assert {name for _, name in gaps} - {BUCKETS[0]}, gaps
+        # step 1 trains on samples of the initial weights with the initial weights: the engine's numerics alone
+        assert [name for s, name in gaps if s == 1] == [BUCKETS[0]] and gaps[1, BUCKETS[0]] < 1e-4, gaps
+        for (s, name), gap in gaps.items():
+            assert observed[s][name] == pytest.approx(gap, rel=1e-9, nan_ok=True), (s, name)
         configured = float(args.max_staleness)
-        assert {logs[s][STALENESS_BOUND_KEY] for s in logs} == {configured}  # not lowered: nothing diagnosed
+        assert {logs[s][STALENESS_BOUND_KEY] for s in logs} == {configured}  # not lowered: no escalation
         assert {observed[s]["staleness_bound"] for s in logs} == {configured}
         assert first.rollout_worker._process is None  # stopped by TRL's own finally
         saved = json.loads((out / "checkpoint-9" / GUARD_STATE_FILE).read_text())

@@ -51,6 +51,7 @@ __all__ = [
     "check_rollout_dataset_slot",
     "cpu_safe_trainer_init",
     "ensure_response_schema",
+    "install_rollout_collator",
     "record_step_accounting",
     "set_rollout_max_staleness",
     "trainer_module",
@@ -207,6 +208,22 @@ def set_rollout_max_staleness(trainer: Any, bound: int) -> None:
             f"staleness bound; the installed trl is {trl.__version__}. Install trl 1.16."
         )
     dataset.max_staleness = int(bound)
+
+
+def install_rollout_collator(loader: Any, wrap: Any) -> None:
+    """Replace the collator of ``loader`` (what TRL 1.16's ``AsyncGRPOTrainer.get_train_dataloader`` returns:
+    accelerate's dispatcher over a ``DataLoader`` whose ``collate_fn`` is TRL's ``DataCollatorForRollout``) by
+    ``wrap(collator)``, before the loader is iterated. ``RuntimeError`` if the loader is not built so."""
+    base = getattr(loader, "base_dataloader", loader)  # accelerate's DataLoaderAdapter keeps the torch one there
+    collator_class = getattr(trainer_module, "DataCollatorForRollout", None)
+    collate = getattr(base, "collate_fn", None)
+    if collator_class is None or not isinstance(collate, collator_class):
+        raise RuntimeError(
+            f"rlguard carries each sample's policy version through TRL's rollout collator (a DataLoader whose "
+            f"collate_fn is DataCollatorForRollout); the installed trl {trl.__version__} builds "
+            f"{type(base).__name__} with {type(collate).__name__}. Install trl 1.16."
+        )
+    base.collate_fn = wrap(collate)
 
 
 #: AsyncGRPOTrainer's per-step counters that its compute_loss adds to (flushed by _log_step_metrics)

@@ -2,7 +2,8 @@
 
 - :class:`DiscardingQueue` stands in for the trainer's rollout queue (``AsyncGRPOTrainer.rollout_queue``, which
   TRL's ``RolloutQueueDataset`` reads with ``get(timeout=)`` and ``qsize()``): samples whose ``model_version`` a
-  rollback discarded are dropped as they are taken and counted (``rlguard/async/dropped_discarded_total``);
+  rollback discarded are dropped as they are taken and counted (``rlguard/async/dropped_discarded_total``), and each
+  sample taken is stamped with its policy version (``stamp``: :mod:`rlguard.adapters.trl.async_ages`);
 - :class:`RolloutResyncCallback` pushes the restored weights at the end of the optimizer step that rolled back,
   unless TRL's own periodic sync just did;
 - :func:`unpack_completions`: TRL's packer lays the loss tokens of every completion of a row end to end (in order,
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,11 +31,13 @@ class DiscardingQueue:
     Args:
         queue: the rollout worker's queue (``queue.Queue`` or ``multiprocessing.Queue`` of ``RolloutSample``).
         metrics: the trainer's metric lists (TRL's ``_metrics["train"]``), where each drop is counted.
+        stamp: applied to each sample taken (not dropped), its result returned; None: the sample as it is.
     """
 
-    def __init__(self, queue: Any, metrics: Any) -> None:
+    def __init__(self, queue: Any, metrics: Any, stamp: Callable[[Any], Any] | None = None) -> None:
         self.queue = queue
         self.metrics = metrics
+        self.stamp = stamp
         self.discarded: list[tuple[int, int]] = []
         self.dropped = 0
 
@@ -52,7 +56,7 @@ class DiscardingQueue:
         while True:
             sample = self.queue.get(block, timeout)
             if not self.is_discarded(int(sample.model_version)):
-                return sample
+                return sample if self.stamp is None else self.stamp(sample)
             self.dropped += 1
             self.metrics[DROPPED_DISCARDED_KEY].append(1.0)
 

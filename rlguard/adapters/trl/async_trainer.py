@@ -16,6 +16,10 @@ The same flag for the objective (``objective``, ``objective_kwargs``) and ``guar
   server's log-probs as ``pi_old``;
 - staleness: TRL's ``sample/staleness_mean``, ``sample/staleness_max`` and ``sample/dropped_stale_total`` reach the
   guard as ``staleness_mean``, ``staleness_max`` and ``stale_dropped`` (the metric table, :mod:`rlguard.metrics`);
+  each sample's policy version rides into the packed batch (:mod:`rlguard.adapters.trl.async_ages`), and the loss
+  adds the train-inference gap by age bucket (|log pi_theta - log pi_engine| per token,
+  :func:`~rlguard.guards.stats.staleness.gap_by_age_parts`, as verl's fully async adapter), logged as
+  ``rlguard/mismatch_logp_abs_mean_age*`` and judged by ``staleness_remedy``;
 - the staleness remedies (``staleness_remedy``, capabilities ``staleness_bound`` and ``drop_stale``): TRL's data
   loader takes each sample from the rollout queue through its ``RolloutQueueDataset``, which reads its
   ``max_staleness`` for every sample and drops one older than that, counted as ``sample/dropped_stale_total``. That
@@ -41,33 +45,33 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from transformers import TrainerCallback
-from trl.trainer.grpo_config import GRPOConfig
 
 from rlguard.adapters.trl.actuators import TrainerActuator
+from rlguard.adapters.trl.async_ages import PolicyVersionCollator, sample_ages, stamp_policy_version
 from rlguard.adapters.trl.async_compat import (
     check_async_trl_compatibility,
     check_rollout_dataset_slot,
     cpu_safe_trainer_init,
     ensure_response_schema,
+    install_rollout_collator,
     record_step_accounting,
     set_rollout_max_staleness,
     trainer_module,
     use_torch_tree_attention,
 )
+from rlguard.adapters.trl.async_config import GuardedAsyncGRPOConfig, map_async_config
 from rlguard.adapters.trl.async_queue import DiscardingQueue, RolloutResyncCallback, unpack_completions
 from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import check_logged_metrics, logged_metrics
-from rlguard.adapters.trl.config import guard_field, objective_field, objective_kwargs_field, parse_guard_flag
-from rlguard.adapters.trl.mapping import TRLLossMapping, map_trl_config
 from rlguard.adapters.trl.objective_glue import ObjectiveGlue
 from rlguard.core_losses import Controls, Objective, PolicyBatch
-from rlguard.guards import Guard, GuardConfig, StepStats
+from rlguard.guards import Guard, StepStats
+from rlguard.guards.stats.staleness import gap_by_age_parts
 from rlguard.metrics import RLGUARD_PREFIX
 
 if TYPE_CHECKING:
@@ -88,76 +92,6 @@ __all__ = [
 
 #: the logged staleness bound in force (policy versions): the metric table's ``staleness_bound``
 STALENESS_BOUND_KEY = f"{RLGUARD_PREFIX}staleness_bound"
-
-
-@dataclass
-class GuardedAsyncGRPOConfig(AsyncGRPOConfig):
-    """``AsyncGRPOConfig`` plus the rlguard objective and guard, as in ``GuardedGRPOConfig`` (every TRL field keeps
-    its meaning; ``epsilon``/``epsilon_high`` are TRL's clip range, given to the objective).
-
-    Attributes:
-        objective: a registered rlguard objective; None is TRL's own loss (``dapo``).
-        objective_kwargs: the objective's arguments, overriding the mapped ones (a dict or a JSON object string).
-        guard: a preset name, a ``GuardConfig`` or a JSON object of its fields (``--guard``); None for none.
-    """
-
-    objective: str | None = objective_field("None is AsyncGRPOTrainer's own loss, dapo's.")
-    objective_kwargs: dict[str, Any] | str | None = objective_kwargs_field()  # noqa: RUF009  # a field()
-    guard: GuardConfig | str | dict[str, Any] | None = guard_field()  # noqa: RUF009  # a field()
-
-    _VALID_DICT_FIELDS = [*AsyncGRPOConfig._VALID_DICT_FIELDS, "objective_kwargs"]  # noqa: RUF012
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # type: ignore[no-untyped-call]  # parses a JSON string given for objective_kwargs
-        if self.objective_kwargs is None:
-            self.objective_kwargs = {}
-        if not isinstance(self.objective_kwargs, dict):
-            raise ValueError(f"objective_kwargs must be a dict or a JSON object string; got {self.objective_kwargs!r}.")
-        self.guard = parse_guard_flag(self.guard)
-        #: how this config translates into an rlguard objective
-        self.rlguard_mapping: TRLLossMapping = map_async_config(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """TRL's dict of the settings, JSON-ready (a ``GuardConfig`` given as ``guard`` appears as its repr)."""
-        out: dict[str, Any] = super().to_dict()
-        if isinstance(out.get("guard"), GuardConfig):
-            out["guard"] = repr(out["guard"])
-        return out
-
-
-def _grpo_defaults() -> dict[str, Any]:
-    """``GRPOConfig``'s field defaults, without building one (building runs transformers' device set-up)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(GRPOConfig):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
-def map_async_config(args: AsyncGRPOConfig) -> TRLLossMapping:
-    """``args`` as the ``GRPOConfig`` whose loss ``AsyncGRPOTrainer``'s is (``loss_type="dapo"``: the clipped token
-    terms summed and divided by the step's loss tokens), translated by :func:`map_trl_config`, the one translation."""
-    settings = {
-        **_grpo_defaults(),
-        "loss_type": "dapo",
-        "epsilon": args.epsilon,
-        "epsilon_high": args.epsilon_high,
-        "beta": 0.0,
-        "max_completion_length": args.max_completion_length,
-        "use_vllm": False,
-        "objective": getattr(args, "objective", None),
-        "objective_kwargs": getattr(args, "objective_kwargs", None) or {},
-    }
-    return map_trl_config(cast(GRPOConfig, _Settings(settings)))
-
-
-class _Settings:
-    """Attribute access to a dict of config values (what :func:`map_trl_config` reads)."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
 
 
 def staleness_bound_in_force(configured: int, controls: Controls) -> int:
@@ -219,7 +153,11 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         rlguard_configured_staleness: ``args.max_staleness``, the bound the guard never raises.
         rlguard_staleness_bound: the bound in force (:func:`staleness_bound_in_force`), which TRL's rollout dataset
             applies to each sample it takes from the queue.
+        rlguard_weight_syncs: the weight syncs to the rollout side so far, counted alike on every process (TRL's
+            ``model_version`` is the main process's): the clock of the samples' ages (:mod:`async_ages`).
     """
+
+    rlguard_weight_syncs = 0
 
     #: the pipeline's capabilities beyond ``GuardedGRPOTrainer``'s (added by ``trainer_capabilities``): both carried
     #: out by TRL's per-sample ``max_staleness`` check (the module docstring)
@@ -259,7 +197,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         self._rlguard_resync = False
         self.rlguard_queue: DiscardingQueue | None = None
         if self.rollout_queue is not None:
-            self.rlguard_queue = DiscardingQueue(self.rollout_queue, self._metrics["train"])
+            self.rlguard_queue = DiscardingQueue(self.rollout_queue, self._metrics["train"], self._rlguard_stamp)
             self.rollout_queue = self.rlguard_queue  # type: ignore[assignment]  # get/qsize, as TRL reads it
         self.rlguard_configured_staleness = int(args.max_staleness)
         self.rlguard_staleness_bound = self.rlguard_configured_staleness
@@ -289,10 +227,16 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         set_rollout_max_staleness(self, self.rlguard_staleness_bound)
 
     def get_train_dataloader(self) -> Any:
-        """TRL's data loader; its rollout dataset takes samples under the bound in force."""
+        """TRL's data loader; its rollout dataset takes samples under the bound in force, and its batches carry each
+        sample's policy version (:class:`~rlguard.adapters.trl.async_ages.PolicyVersionCollator`)."""
         loader = super().get_train_dataloader()
+        install_rollout_collator(loader, PolicyVersionCollator)
         self._rlguard_apply_staleness_bound()
         return loader
+
+    def _rlguard_stamp(self, sample: Any) -> Any:
+        """``sample``, as TRL's dataset takes it, with its policy version in weight syncs (:mod:`async_ages`)."""
+        return stamp_policy_version(sample, self.model_version, self.rlguard_weight_syncs)
 
     def rlguard_take_step_stats(self) -> StepStats:
         """The objective's stats (:class:`ObjectiveGlue`) and ``staleness_bound``, the bound this step's samples
@@ -329,6 +273,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
 
     def _sync_weight(self) -> None:
         super()._sync_weight()
+        self.rlguard_weight_syncs += 1
         self._rlguard_resync = False
 
     # -- the loss --------------------------------------------------------------------------------------
@@ -374,12 +319,14 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
             old_logprobs=fields["old"],
             entropies=fields["entropies"],
         )
+        ages = sample_ages(inputs, self.rlguard_weight_syncs, mask.size(0))  # (B,), None without versions
+        age_gap = None if ages is None else gap_by_age_parts(ages, fields["logprobs"], fields["old"], mask)
         accumulation = self.current_gradient_accumulation_steps
         out = self.rlguard_objective(batch, **self._normalisers(inputs, mask, accumulation))
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / accumulation
-        self._log_rlguard_metrics("train", out, batch, accumulation, guard=True)
+        self._log_rlguard_metrics("train", out, batch, accumulation, guard=True, age_gap=age_gap)
         record_step_accounting(self, inputs, forward_s)
         return loss
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from rlguard.adapters.trl.callback import StabilityCallback
 from rlguard.adapters.trl.compat import logged_metrics
@@ -21,6 +22,8 @@ from rlguard.guards.interventions.entropy_coef import AdaptiveEntropy
 from rlguard.guards.registry import detector_registry
 from rlguard.guards.stats.collect import add_metric_values
 from rlguard.guards.stats.reduction import reduce_rows
+from rlguard.guards.stats.staleness import add_gap_by_age
+from rlguard.metrics import STALENESS_BUCKETS
 
 __all__ = ["ObjectiveGlue"]
 
@@ -69,12 +72,24 @@ class ObjectiveGlue:
         return stats
 
     def _log_rlguard_metrics(
-        self, mode: str, out: LossOutput, batch: PolicyBatch, accumulation: int, *, guard: bool
+        self,
+        mode: str,
+        out: LossOutput,
+        batch: PolicyBatch,
+        accumulation: int,
+        *,
+        guard: bool,
+        age_gap: Tensor | None = None,
     ) -> None:
         """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather, one
         transfer to the host) and log them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's
         meaning. With ``guard`` and a guard, this process's row of the same transfer goes to the guard's stats
-        (:func:`~rlguard.guards.stats.collect.add_metric_values`)."""
+        (:func:`~rlguard.guards.stats.collect.add_metric_values`).
+
+        ``age_gap`` (``(2, K)``, :func:`~rlguard.guards.stats.staleness.gap_by_age_parts`; the asynchronous trainer's)
+        rides in the same gather: each bucket is logged as ``rlguard/<bucket>``, a ``(gap sum, tokens)`` pair over
+        all processes (TRL's async trainer logs a pair as the ratio of its window's sums), and this process's share
+        goes to the guard's stats, weighted by its tokens."""
         metrics, mask = out.metrics, batch.mask
         names = sorted(metrics)
         tokens = mask.sum().to(torch.float64)
@@ -84,6 +99,7 @@ class ObjectiveGlue:
             [*(metrics[n].detach().to(torch.float64) for n in names), tokens, sequences]
             + [out.loss.detach().to(torch.float64)]
             + [t.to(torch.float64) for t in trl.parts()]
+            + ([] if age_gap is None else list(age_gap.to(torch.float64).reshape(-1).unbind()))
         )
         # (W, K + 3 + len(trl.parts())): the only device -> host transfer of the micro-batch's metrics
         gathered = self.accelerator.gather(local.unsqueeze(0)).cpu().numpy()
@@ -94,14 +110,22 @@ class ObjectiveGlue:
         logged = logged_metrics(self, mode)
         for name, value in reduced.items():
             logged[f"rlguard/{name}"].append(value)
-        for key, value in trl.reduce(gathered[:, k + 3 :]).items():
+        end = k + 3 + len(trl.parts())
+        for key, value in trl.reduce(gathered[:, k + 3 : end]).items():
             logged[key].append(value)
+        if age_gap is not None:
+            sums, tokens = gathered[:, end:].sum(axis=0).reshape(2, -1).tolist()  # (W, 2K) -> over all processes
+            for (name, _, _), total, count in zip(STALENESS_BUCKETS, sums, tokens, strict=True):
+                if count > 0:
+                    logged[f"rlguard/{name}"].append((float(total), float(count)))
         if guard and self.rlguard_guard is not None:
             row = gathered[self.accelerator.process_index].tolist()
             stats = self._rlguard_step_stats
             add_metric_values(stats, names, row[:k], tokens=row[k], sequences=row[k + 1], loss=row[k + 2])
             if batch.rollout_logprobs is not None:  # the trainer-vs-engine probability moments
                 collect_step_stats(batch=batch, stats=stats)
+            if age_gap is not None:
+                add_gap_by_age(stats, gathered[self.accelerator.process_index, end:].reshape(2, -1).tolist())
 
 
 def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:

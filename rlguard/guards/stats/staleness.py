@@ -11,6 +11,7 @@ since sampling on top of that above it: a gap that grows with age is staleness, 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from rlguard.guards.stats.collect import StepStats
 from rlguard.metrics import STALENESS_BUCKETS
 
-__all__ = ["add_staleness_stats", "staleness_bucket"]
+__all__ = ["add_gap_by_age", "add_staleness_stats", "gap_by_age_parts", "staleness_bucket"]
 
 
 def staleness_bucket(age: float) -> str:
@@ -58,6 +59,21 @@ def add_staleness_stats(
     if not all(given):
         raise ValueError("trainer_logprobs, rollout_logprobs and mask: pass all three (the gap by age) or none.")
     assert trainer_logprobs is not None and rollout_logprobs is not None and mask is not None
+    add_gap_by_age(st, gap_by_age_parts(ages, trainer_logprobs, rollout_logprobs, mask).tolist())
+
+
+def gap_by_age_parts(ages: Tensor, trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Each age bucket's share of one micro-batch's gap: ``(2, K)`` float64 on the log-probs' device, row 0 the sum
+    of ``|log p_trainer - log p_rollout|`` over the bucket's tokens, row 1 its tokens (``K`` the buckets of
+    :data:`~rlguard.metrics.STALENESS_BUCKETS`, in order). Sums, so that they add over micro-batches and processes
+    before the division (:func:`add_gap_by_age`); no host sync.
+
+    Args:
+        ages: ``(B,)`` each sample's age in policy versions (>= 0; a fractional age counts by its whole versions).
+        trainer_logprobs, rollout_logprobs: ``(B, T)`` the trainer's and the engine's log-probs of the sampled
+            tokens.
+        mask: ``(B, T)`` 1 for completion tokens.
+    """
     if trainer_logprobs.shape != rollout_logprobs.shape or mask.shape != trainer_logprobs.shape:
         raise ValueError(
             f"trainer_logprobs {tuple(trainer_logprobs.shape)}, rollout_logprobs {tuple(rollout_logprobs.shape)} and "
@@ -67,9 +83,16 @@ def add_staleness_stats(
         raise ValueError(f"ages has {ages.numel()} samples, the log-probs {trainer_logprobs.shape[0]}.")
     keep = mask.detach().to(torch.float64)  # (B, T)
     gap = (trainer_logprobs.detach().to(torch.float64) - rollout_logprobs.detach().to(torch.float64)).abs() * keep
-    whole = ages.floor()
-    for name, low, high in STALENESS_BUCKETS:
-        rows = (whole >= low) & (whole <= high)  # (B,)
-        tokens = keep[rows].sum()
-        if float(tokens) > 0:
-            st.add(name, gap[rows].sum() / tokens, tokens)
+    whole = ages.detach().to(device=keep.device, dtype=torch.float64).reshape(-1).floor()  # (B,)
+    rows = torch.stack([(whole >= low) & (whole <= high) for _, low, high in STALENESS_BUCKETS])  # (K, B)
+    in_bucket = rows.to(torch.float64)
+    return torch.stack([in_bucket @ gap.sum(dim=-1), in_bucket @ keep.sum(dim=-1)])  # (2, K)
+
+
+def add_gap_by_age(st: StepStats, parts: Sequence[Sequence[float]]) -> None:
+    """Add the gap of each age bucket that has tokens in ``parts`` (:func:`gap_by_age_parts`, on the host: its
+    ``(2, K)`` rows as lists) to ``st``, weighted by its tokens."""
+    sums, tokens = parts
+    for (name, _, _), total, count in zip(STALENESS_BUCKETS, sums, tokens, strict=True):
+        if count > 0:
+            st.add(name, total / count, count)

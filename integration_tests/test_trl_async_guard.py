@@ -1,7 +1,7 @@
 """The guard in TRL's ``AsyncGRPOTrainer`` on CPU, end to end: a tiny Llama trained against the CPU stand-in server
 (``rlguard.adapters.trl.async_stand_in``, a subprocess), faults injected at chosen steps (``trl_async_run.py``).
 
-One run of 9 optimizer steps: an LR back-off (the gradient scaled to 10x the median norm at step 6, after the
+One run of 9 optimizer steps: an LR back-off (the gradient scaled to 10x a steady norm at step 6, after the
 spike detector's baseline of 5 steps), two skips (NaN log-probs at steps 7 and 8), then a rollback (two skips in a
 row) whose restored weights the server holds at the end of that step, and the discarded policy's queued samples
 dropped. From its checkpoint-9 a new trainer resumes: two more poisoned steps, and the rollback budget of 1, spent

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import socket
-import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -106,19 +105,25 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
 
 
 class GradSpike(TrainerCallback):
-    """Before the guard judges optimizer step ``at``: the gradients scaled so that their norm is 10x the median of the
-    logged norms so far (a spike between the spike detector's 5x warning and its 20x critical, whatever the batch).
+    """Before the guard judges each optimizer step up to ``at``: the gradients scaled to norm ``base`` (a steady
+    baseline for the spike detector, whose robust z over a few random-init steps' norms can be anything), and at
+    step ``at`` to ``10 * base``: 10x the detector's rolling median, between its 5x warning and its 20x critical,
+    with a robust z of log(10) / 0.05 (its sigma floor) = 46 >= 6. A step without gradient (norm 0) is left alone.
     Pass it in ``callbacks=``, so that it runs before the guard's callback."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, base: float = 1.0) -> None:
         self.at = at
+        self.base = base
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if state.global_step + 1 != self.at:
+        step = state.global_step + 1
+        if step > self.at:
             return
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        target = 10 * statistics.median(r["grad_norm"] for r in state.log_history if "grad_norm" in r)
+        if not (math.isfinite(norm) and norm > 0):
+            return
+        target = self.base * (10.0 if step == self.at else 1.0)
         for g in grads:
             g.mul_(target / norm)
 

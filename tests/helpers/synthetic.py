@@ -70,87 +70,88 @@ def _ramp(i: int, onset: int, length: int) -> float:
     return min(max((i - onset) / length, 0.0), 1.0)
 
 
-def _entropy_collapse(s: dict[str, float], i: int, onset: int) -> None:
+def _entropy_collapse(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     k = _ramp(i, onset, 20)
-    s["entropy"] *= 1 - 0.97 * k
-    s["reward_mean"] -= 0.1 * k
+    s["entropy"] *= (1 - 0.97 * k) ** strength
+    s["reward_mean"] -= 0.1 * k * strength
 
 
-def _entropy_blowup(s: dict[str, float], i: int, onset: int) -> None:
+def _entropy_blowup(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     # towards uniform noise: entropy up to 12x its level (at least 4.5 nats, at most ln 151936 = 11.9), reward falling
     k = _ramp(i, onset, 10)
-    s["entropy"] = min(max(s["entropy"] * (1 + 11 * k), 4.5 * k), 11.9)
-    s["reward_mean"] -= 0.3 * k
+    s["entropy"] = min(max(s["entropy"] * (1 + 11 * k) ** strength, 4.5 * k * strength), 11.9)
+    s["reward_mean"] -= 0.3 * k * strength
 
 
-def _length_collapse(s: dict[str, float], i: int, onset: int) -> None:
-    s["length_mean"] *= 1 - 0.97 * _ramp(i, onset, 5)
+def _length_collapse(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["length_mean"] *= (1 - 0.97 * _ramp(i, onset, 5)) ** strength
 
 
-def _reward_collapse(s: dict[str, float], i: int, onset: int) -> None:
-    s["reward_mean"] -= 0.5 * _ramp(i, onset, 15)
+def _reward_collapse(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["reward_mean"] -= 0.5 * _ramp(i, onset, 15) * strength
 
 
-def _grad_spike(s: dict[str, float], i: int, onset: int) -> None:
+def _grad_spike(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i == onset:
-        s["grad_norm"] *= 200.0
+        s["grad_norm"] *= 200.0**strength
 
 
-def _grad_explosion(s: dict[str, float], i: int, onset: int) -> None:
-    s["grad_norm"] *= 1.15 ** max(i - onset, 0)
+def _grad_explosion(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["grad_norm"] *= 1.15 ** (max(i - onset, 0) * strength)
 
 
-def _nonfinite(s: dict[str, float], i: int, onset: int) -> None:
+def _nonfinite(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    # a NaN has no strength
     if i == onset:
         s["loss"] = math.nan
         s["nonfinite"] = 12.0
 
 
-def _kl_ref_blowup(s: dict[str, float], i: int, onset: int) -> None:
-    s["kl_ref"] *= 1.4 ** max(i - onset, 0)
+def _kl_ref_blowup(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["kl_ref"] *= 1.4 ** (max(i - onset, 0) * strength)
 
 
-def _kl_old_blowup(s: dict[str, float], i: int, onset: int) -> None:
+def _kl_old_blowup(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i >= onset:
-        s["kl_old"] *= 300.0
+        s["kl_old"] *= 300.0**strength
 
 
-def _ratio_explosion(s: dict[str, float], i: int, onset: int) -> None:
+def _ratio_explosion(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i == onset:
-        s["ratio_max"] = 5e3
+        s["ratio_max"] = 5e3**strength
 
 
-def _clip_burst(s: dict[str, float], i: int, onset: int) -> None:
+def _clip_burst(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i >= onset:
-        s["clip_frac"] = 0.6
+        s["clip_frac"] = min(0.6 * strength, 1.0)
 
 
-def _mismatch_growth(s: dict[str, float], i: int, onset: int) -> None:
-    s["mismatch_kl"] *= 1.2 ** max(i - onset, 0)
+def _mismatch_growth(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["mismatch_kl"] *= 1.2 ** (max(i - onset, 0) * strength)
 
 
-def _length_explosion(s: dict[str, float], i: int, onset: int) -> None:
+def _length_explosion(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     k = _ramp(i, onset, 30)
-    s["length_mean"] *= 1 + 3 * k
-    s["truncated_frac"] = max(s["truncated_frac"], 0.8 * k)
+    s["length_mean"] *= (1 + 3 * k) ** strength
+    s["truncated_frac"] = max(s["truncated_frac"], min(0.8 * k * strength, 1.0))
 
 
-def _repetition(s: dict[str, float], i: int, onset: int) -> None:
-    s["repetition_rate"] = max(s["repetition_rate"], 0.5 * _ramp(i, onset, 5))
+def _repetition(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
+    s["repetition_rate"] = max(s["repetition_rate"], min(0.5 * _ramp(i, onset, 5) * strength, 1.0))
 
 
-def _too_easy(s: dict[str, float], i: int, onset: int) -> None:
+def _too_easy(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i >= onset:
-        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = 0.95, 0.9
+        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = min(0.95 * strength, 1.0), min(0.9 * strength, 1.0)
 
 
-def _too_hard(s: dict[str, float], i: int, onset: int) -> None:
+def _too_hard(s: dict[str, float], i: int, onset: int, strength: float = 1.0) -> None:
     if i >= onset:
-        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = 0.95, 0.0
+        s["frac_zero_std_groups"], s["frac_zero_std_solved"] = min(0.95 * strength, 1.0), 0.0
 
 
 #: failure mode -> (how it rewrites the stream, the detector expected to catch it)
-FAILURES: dict[str, tuple[Callable[[dict[str, float], int, int], None], str]] = {
+FAILURES: dict[str, tuple[Callable[[dict[str, float], int, int, float], None], str]] = {
     "entropy_collapse": (_entropy_collapse, "entropy_collapse"),
     "entropy_blowup": (_entropy_blowup, "entropy_blowup"),
     "length_collapse": (_length_collapse, "length_collapse"),
@@ -190,12 +191,20 @@ def sparse_stream(stream: Stream, every: int) -> Stream:
     return [{k: v for k, v in s.items() if i % every == 0 or k not in GENERATION_STATS} for i, s in enumerate(stream)]
 
 
-def failing_stream(mode: str, steps: int, onset: int, seed: int, shape: Shape = "rising") -> Stream:
-    """A healthy stream of ``shape`` with failure ``mode`` (a key of :data:`FAILURES`) from step ``onset``."""
+def failing_stream(
+    mode: str, steps: int, onset: int, seed: int, shape: Shape = "rising", strength: float = 1.0
+) -> Stream:
+    """A healthy stream of ``shape`` with failure ``mode`` (a key of :data:`FAILURES`) from step ``onset``.
+
+    ``strength`` scales the fault: the exponent of a multiplicative change (a factor ``f`` becomes ``f**strength``:
+    its size in log space, where the detectors judge it), the multiple of an additive one (a reward drop, a
+    fraction, capped at 1); a non-finite value has none. 1 is the committed stream, value for value."""
+    if not strength > 0:
+        raise ValueError(f"strength must be > 0; got {strength}.")
     if mode not in FAILURES:
         raise ValueError(f"unknown failure mode {mode!r}; modes: {', '.join(FAILURES)}.")
     stream = healthy_stream(steps, seed, shape)
     inject, _ = FAILURES[mode]
     for i, s in enumerate(stream):
-        inject(s, i, onset)
+        inject(s, i, onset, strength)
     return stream

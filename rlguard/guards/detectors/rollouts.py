@@ -223,6 +223,11 @@ class ZeroVarianceGroups(_RewardLevel, ThresholdDetector):
         of ``level_window`` rewards, so that many observations."""
         return self.level_window
 
+    def critical_condition(self, value: float) -> bool:
+        """At or above the critical share, at a reward level that has not converged (where the groups left without
+        variance are mostly solved: a warning, :meth:`check`), from the rewards seen so far."""
+        return super().critical_condition(value) and not self._converged()
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         self._see_reward(stats)
         finding = super().check(step, stats, armed)

@@ -308,10 +308,29 @@ class ThresholdDetector(Detector):
         if self.warn > self.critical:
             raise ValueError(f"{self.name}: warn ({self.warn}) must not exceed critical ({self.critical}).")
         self._s_window = RollingWindow(self.window)
+        # the step of the first observation in the critical condition in the current run of them (-1: none) and the
+        # observations out of it since the last one: warm-up observations count (the bound is absolute)
+        self._s_run_start, self._s_run_gap = -1, 0
 
     def baseline_needed(self) -> int | None:
         """None where a finding also needs the value ``margin`` above the run's own level; else 0 (absolute bounds)."""
         return None if self.margin > 0 else 0
+
+    def critical_condition(self, value: float) -> bool:
+        """Whether ``value`` is the critical condition by the absolute bound alone (before any baseline margin)."""
+        return value >= self.critical
+
+    def change_point(self) -> int | None:
+        """Where a critical condition judged by the absolute bound alone began: the first observation in the
+        critical condition (:meth:`critical_condition`) in the run of them (separated by fewer than ``clear_after``
+        others: the alarm's hysteresis) that the last observation belongs to, warm-up observations included. The
+        warm-up of such a detector learns no baseline of its stat (``baseline_needed`` is fixed), so a value in
+        the condition during it is the condition already present, not yet judged: its onset is not where the
+        warm-up ended. None with a ``margin`` (an observation is read against the run's own level, which the
+        warm-up learns) or out of the condition now."""
+        if self.baseline_needed() is None or self._s_run_start < 0 or self._s_run_gap:
+            return None
+        return self._s_run_start
 
     def level(self, value: float) -> tuple[Severity, float] | None:
         """Severity and bound crossed by ``value``, before the baseline margin."""
@@ -329,6 +348,12 @@ class ThresholdDetector(Detector):
         value = _metric(stats, self.metric)
         if value is None or not math.isfinite(value):
             return None
+        if not self.critical_condition(value):
+            self._s_run_gap += 1
+        else:
+            if self._s_run_start < 0 or self._s_run_gap >= max(self.clear_after, 1):
+                self._s_run_start = step
+            self._s_run_gap = 0
         hit = self.level(value) if armed else None
         near = hit is not None and self.margin > 0 and len(self._s_window) >= 3  # the baseline read only then
         if near and value < self._s_window.median() + self.margin:

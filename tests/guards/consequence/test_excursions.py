@@ -214,3 +214,27 @@ def test_the_change_point_of_a_rise_from_a_known_base() -> None:
     bump = [(3.0 if i >= 25 else 0.3 if i >= 10 else 0.0) + noise[i] for i in range(40)]
     assert rise_onset(bump, 0.0) == 25
     assert rise_onset([1.0, 2.0], 0.0) is None and rise_onset([-1.0, -2.0, -3.0], 0.0) is None
+
+
+def test_a_condition_over_an_absolute_bound_from_the_first_record_is_dated_there(tmp_path: Path) -> None:
+    # no learning signal from the start: every group without reward variance, the reward near 0. The share of such
+    # groups is judged against absolute bounds (zero_variance_groups); its warm-up (5 rewards: the level that tells
+    # solved from failed groups) learns no baseline of the share, so the condition's onset is its first record, not
+    # the end of the warm-up (step 6 before)
+    rows = shaped_stream(60, 0, frac_zero_std_groups=lambda i: 1.0, reward_mean=lambda i: 0.02)
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (zero,) = [f for f in d.findings if f.detector == "zero_variance_groups"]
+    (ex,) = zero.excursions
+    assert (ex.onset, ex.severity) == (1, "critical"), zero.excursions
+    assert d.onset == 1
+
+
+def test_an_absolute_condition_that_cleared_does_not_date_a_later_one(tmp_path: Path) -> None:
+    # 100% of groups without variance over the first 4 records (inside the warm-up), then 10% for 30 records (past
+    # the alarm's hysteresis), then 100% again from index 40: the later condition begins at index 40 (step 41)
+    rows = shaped_stream(
+        80, 0, frac_zero_std_groups=lambda i: 1.0 if i < 4 or i >= 40 else 0.1, reward_mean=lambda i: 0.02
+    )
+    d = diagnose(write_trainer_state(rows, tmp_path / "trainer_state.json"))
+    (zero,) = [f for f in d.findings if f.detector == "zero_variance_groups"]
+    assert [(x.onset, x.severity) for x in zero.excursions] == [(41, "critical")], zero.excursions

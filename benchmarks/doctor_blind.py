@@ -36,6 +36,7 @@ from doctor_real_logs import (  # the benchmark beside this one (its folder is o
     ONSET_WITHIN,
     WITHIN,
     Verdict,
+    _short,
     log_paths,
 )
 
@@ -152,7 +153,7 @@ def cadence(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
     for name, path in paths.items():
         verdict = ALL_VERDICTS[name]
         log, rows = read_rows(path, verdict)
-        cells = [name.split(".")[0], verdict.kind + (f" @{verdict.onset}" if verdict.onset is not None else "")]
+        cells = [_short(name), verdict.kind + (f" @{verdict.onset}" if verdict.onset is not None else "")]
         for label, thin in CADENCES.items():
             kept = thin(rows)
             j = judge_rows(log, path, kept, verdict)
@@ -276,7 +277,7 @@ def invariance(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
         mapped = _mapped(log, verdict)
         base = judge_rows(log, path, rows, verdict)
         want = signature(base, base.steps[0])
-        cells = [name.split(".")[0]]
+        cells = [_short(name)]
         for label, (how, stat, _) in PERTURBATIONS.items():
             if stat is not None and stat not in mapped.values():
                 cells.append("")

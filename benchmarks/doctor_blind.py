@@ -3,6 +3,7 @@ under changes of units, steps and column order that must not change a verdict.
 
     python benchmarks/doctor_blind.py cadence                # every 2nd, 3rd, 5th record; 20 % dropped (seed 0)
     python benchmarks/doctor_blind.py invariance             # x10, x0.1 of each log-space stat; step offsets; columns
+    python benchmarks/doctor_blind.py live                   # the live replay (guard_replay.py) at each cadence
     python benchmarks/doctor_blind.py cadence --out FILE     # also write the Markdown table there
 
 The logs are read where they are (``benchmarks/doctor_real_logs.py``'s folders and labels); each variant is built
@@ -178,7 +179,7 @@ def cadence(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("cadence", "invariance"))
+    parser.add_argument("what", choices=("cadence", "invariance", "live"))
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="folder of the real logs (doctor_foreign)")
     parser.add_argument("--logs2", type=Path, default=DEFAULT_LOGS2, help="the second folder (doctor_foreign2)")
     parser.add_argument("--only", nargs="*", default=None, help="judge only these logs (file names)")
@@ -190,12 +191,55 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"doctor_blind: no real logs in {args.logs} or {args.logs2}; nothing to do", file=sys.stderr)
         return 2
-    table, summary = cadence(paths) if args.what == "cadence" else invariance(paths)
+    table, summary = {"cadence": cadence, "invariance": invariance, "live": live}[args.what](paths)
     text = "\n".join([*table, "", *summary])
     if args.out is not None:
         args.out.write_text(f"<!-- written by `python benchmarks/doctor_blind.py {args.what}` -->\n\n{text}\n")
     print(text)
     return 0
+
+
+def live(paths: dict[str, Path]) -> tuple[list[str], list[str]]:
+    """The live replay of each cadence under ``default`` and ``stable`` (``benchmarks/guard_replay.py``'s criteria,
+    in the variant's records): healthy runs rolled back or halted; collapses first acted on within ``WITHIN``
+    records of the onset, judged where the variant keeps ``MIN_AFTER`` records from it on."""
+    from dataclasses import replace
+
+    from guard_replay import PRESETS, replay
+
+    header = ["records kept", *(f"{p}: healthy rolled back or halted" for p in PRESETS)]
+    header += [f"{p}: collapses acted on within {WITHIN} records (judged)" for p in PRESETS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    misses: list[str] = []
+    for label, thin in CADENCES.items():
+        acted = {p: [0, 0] for p in PRESETS}
+        on_time = {p: [0, 0] for p in PRESETS}
+        for name, path in paths.items():
+            verdict = ALL_VERDICTS[name]
+            log, rows = read_rows(path, verdict)
+            kept = thin(rows)
+            variant = replace(log, rows=kept)
+            onset = verdict.onset if verdict.kind == "collapse" else None
+            if onset is not None and sum(s >= onset for s, _ in kept) < MIN_AFTER:
+                continue
+            for p in PRESETS:
+                r = replay(path, verdict, p, log=variant)
+                if verdict.kind == "healthy":
+                    acted[p][1] += 1
+                    if r.rollbacks or r.halts:
+                        acted[p][0] += 1
+                        misses.append(f"{label}, {p}: {_short(name)} healthy: {r.rollbacks} rollbacks, {r.halts} halts")
+                elif verdict.kind == "collapse":
+                    on_time[p][1] += 1
+                    if r.delay is not None and 0 <= r.delay <= WITHIN:
+                        on_time[p][0] += 1
+                    else:
+                        delay = "no action" if r.delay is None else f"{r.delay:+d}"
+                        misses.append(f"{label}, {p}: {_short(name)} collapse @{verdict.onset}: first action {delay}")
+        cells = [label, *(f"{a}/{n}" for a, n in acted.values()), *(f"{a}/{n}" for a, n in on_time.values())]
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines, ["not met:", *misses]
 
 
 def _mapped(log: Any, verdict: Verdict) -> dict[str, str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rlguard.doctor.readers import MetricLog
     from rlguard.doctor.replay import LiveDecision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,12 +57,13 @@ class Replayed:
     stats: tuple[str, ...] = ()  # the canonical stats the log carries (the signals the guard could read)
 
 
-def replay(path: Path, verdict: Verdict, preset: str) -> Replayed:
-    """The replay of ``path`` under ``preset`` and, for a collapse, the delay of its first action."""
+def replay(path: Path, verdict: Verdict, preset: str, log: MetricLog | None = None) -> Replayed:
+    """The replay of ``path`` under ``preset`` and, for a collapse, the delay of its first action (``log``: the
+    log at ``path`` already read, or changed: ``benchmarks/doctor_blind.py``)."""
     from rlguard.doctor.replay import replay_live
     from rlguard.guards.interventions.skip_no_signal import NO_SIGNAL
 
-    r = replay_live(path, preset, dict(verdict.key_map) or None, run=verdict.run)
+    r = replay_live(path, preset, dict(verdict.key_map) or None, run=verdict.run, log=log)
     onset = verdict.onset if verdict.kind == "collapse" else None
 
     def no_signal(d: LiveDecision) -> bool:

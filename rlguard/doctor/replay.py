@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlguard.doctor.diagnose import EXIT_CANNOT_JUDGE, EXIT_CRITICAL, EXIT_OK, CanonicalLog, read_canonical
+from rlguard.doctor.readers import MetricLog
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.decision import Controls, Decision, Outcome
 
@@ -119,10 +120,12 @@ def replay_live(
     step_key: str | None = None,
     row_steps: bool = False,
     run: str | None = None,
+    log: MetricLog | None = None,
 ) -> Replay:
     """Replay the log at ``path`` through a live ``Guard(GuardConfig.preset(preset))``, record by record
-    (``step_key``, ``row_steps``, ``run``: as :func:`~rlguard.doctor.readers.read_log`'s)."""
-    read = read_canonical(path, key_map, auto_map=auto_map, step_key=step_key, row_steps=row_steps, run=run)
+    (``step_key``, ``row_steps``, ``run``: as :func:`~rlguard.doctor.readers.read_log`'s; ``log``: the log at
+    ``path`` already read, as :func:`~rlguard.doctor.diagnose.read_canonical` takes it)."""
+    read = read_canonical(path, key_map, auto_map=auto_map, log=log, step_key=step_key, row_steps=row_steps, run=run)
     guard = Guard(GuardConfig.preset(preset))
     decisions: list[LiveDecision] = []
     previous: dict[str, Any] = {}

@@ -96,3 +96,25 @@ def test_a_log_inside_the_warmups_cannot_be_judged(tmp_path: Path) -> None:
     path = _write(tmp_path / "run.jsonl", healthy_stream(8, 0, "plateau"))
     replay = replay_live(path, "default")
     assert not replay.judged and replay.exit_code == 3
+
+
+def test_a_log_already_read_is_replayed_as_the_file(tmp_path: Path) -> None:
+    """``replay_live(log=...)``: the rows given (here every 2nd record of a file, as a sparser cadence logs them)
+    are replayed as the same rows written to a file are."""
+    from dataclasses import replace
+
+    from rlguard.doctor.readers import read_log
+
+    stream = failing_stream("kl_ref_blowup", 120, 60, seed=0)
+    whole = _write(tmp_path / "whole.jsonl", stream)
+    sparse = tmp_path / "sparse.jsonl"
+    sparse.write_text("".join(json.dumps({"step": i + 1, **s}) + "\n" for i, s in enumerate(stream) if i % 2 == 0))
+    log = read_log(whole)
+    given = replay_live(whole, "default", log=replace(log, rows=[(s, dict(raw)) for s, raw in log.rows][::2]))
+    written = replay_live(sparse, "default")
+    assert given.replayed == written.replayed and any(d.outcome != "step" for d in given.decisions)
+    assert [(d.step, d.outcome, d.reason) for d in given.decisions] == [
+        (d.step, d.outcome, d.reason) for d in written.decisions
+    ]
+    # and not the file at ``path``: the whole log is decided otherwise
+    assert [d.step for d in replay_live(whole, "default").decisions] != [d.step for d in given.decisions]

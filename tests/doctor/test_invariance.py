@@ -91,3 +91,42 @@ def test_an_absolute_bound_is_not_scale_free(tmp_path: Path) -> None:
     run with its KL logged 100x larger (a sum over 100 tokens instead of a mean) is judged differently."""
     rows = _rows(None, seed=1)
     assert _verdict(_judge(_scaled("kl_ref", 100.0)(rows), tmp_path)) != _verdict(_judge(rows, tmp_path))
+
+
+def _blind() -> Any:
+    """``benchmarks/doctor_blind.py`` (its perturbations and the real logs' labels), imported from its folder."""
+    import importlib
+    import sys
+
+    folder = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("doctor_blind")
+
+
+BLIND = _blind()
+REAL = BLIND.log_paths()
+#: a verl log with a gradient norm (a collapse), a TRL trainer_state (a collapse), a CSV (healthy)
+REAL_LOGS = (
+    "opd-qwen3-4b-gjvwlq13.verl.jsonl",
+    "nipsgrpo-qwen25-7b-rho0.30-s42.trainer_state.json",
+    "verl-ppo-gemma2-2b-gsm8k.verl.jsonl",
+)
+
+
+@pytest.mark.parametrize("name", REAL_LOGS)
+def test_a_real_log_s_verdict_does_not_depend_on_units_steps_or_column_order(name: str) -> None:
+    """The principled invariances on real logs read in place (skipped where ``../shared`` is absent); all 42:
+    ``python benchmarks/doctor_blind.py invariance``."""
+    if name not in REAL:
+        pytest.skip(f"real log {name} not found (../shared/doctor_foreign or doctor_foreign2)")
+    verdict, path = BLIND.ALL_VERDICTS[name], REAL[name]
+    log, rows = BLIND.read_rows(path, verdict)
+    mapped = BLIND._mapped(log, verdict)
+    base = BLIND.judge_rows(log, path, rows, verdict)
+    assert base.critical or verdict.kind == "healthy", name
+    for label, (how, stat, must) in BLIND.PERTURBATIONS.items():
+        if not must or (stat is not None and stat not in mapped.values()):
+            continue
+        got = BLIND.judge_rows(log, path, how(rows, mapped), verdict)
+        assert BLIND.signature(got, got.steps[0]) == BLIND.signature(base, base.steps[0]), (name, label)

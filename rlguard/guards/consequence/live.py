@@ -27,6 +27,7 @@ from rlguard.guards.consequence.rule import (
     ConsequenceRule,
     RecoveryWatch,
     sustained_count,
+    sustained_why,
 )
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 from rlguard.guards.robust import RollingWindow
@@ -82,6 +83,7 @@ class OnlineConsequence:
     def __init__(self, detectors: Mapping[str, Detector], rule: ConsequenceRule | None = None) -> None:
         self.rule = rule or ConsequenceRule()
         self.classes = {name: det.finding_class for name, det in detectors.items()}
+        self._detectors = dict(detectors)
         #: the clean observations in a row that end a detector's episode of findings
         self._clear = {name: det.clear_after for name, det in detectors.items()}
         self.level = RewardLevel(self.rule)
@@ -147,7 +149,7 @@ class OnlineConsequence:
         labels: dict[str, tuple[Severity, str]] = {}
         intrinsic: list[str] = []
         lone: list[str] = []
-        sustained: dict[str, int] = {}
+        sustained: dict[str, str] = {}
         for name in observed:
             k, self._observations[name] = self._observations[name], self._observations[name] + 1
             f = findings.get(name)
@@ -166,18 +168,22 @@ class OnlineConsequence:
                     intrinsic.append(name)
                 else:
                     labels[name] = ("warn", "no established reward level to fall from (never clearly above its floor)")
-            elif (recent := sustained_count(self._critical[name].__contains__, k, rule)) >= rule.sustained:
-                sustained[name] = recent
+            elif (
+                why := sustained_why(
+                    sustained_count(self._critical[name].__contains__, k, rule), self._detectors[name].evidence(f), rule
+                )
+            ) is not None:
+                sustained[name] = why
                 intrinsic.append(name)
             else:
                 lone.append(name)
-        for name, recent in sustained.items():
+        for name, because in sustained.items():
             why = self.present_from_start(name, intrinsic)
             if why is not None:
                 labels[name] = ("warn", why)
                 intrinsic.remove(name)
             else:
-                labels[name] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
+                labels[name] = ("critical", because)
         for name in lone:
             lost = self._lost_control(name, intrinsic, step)
             if lost is not None:

@@ -20,6 +20,7 @@ from rlguard.guards.consequence.rule import (
     converged,
     reward_rises,
     sustained_count,
+    sustained_why,
 )
 from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
 
@@ -160,8 +161,8 @@ def _label(
         if kind == "reward" and not reward.established(ep.first):
             labels[p] = ("warn", "no established reward peak to collapse from (never clearly above its start)")
             continue
-        recent = sustained_count(is_critical.__contains__, k, rule)
-        if recent < rule.sustained:
+        sustained = sustained_why(sustained_count(is_critical.__contains__, k, rule), det.evidence(f), rule)
+        if sustained is None:
             continue  # a lone observation: judged once the others' intrinsic criticals are known
         window_end = min(ep.last + rule.horizon, n - 1)
         rising = reward.rises(ep.first, window_end)
@@ -180,7 +181,7 @@ def _label(
         elif kind in _AT_TOP and lost is None and reward.at_top(ep.first, window_end):
             labels[p] = ("warn", _AT_TOP[kind])
         else:
-            labels[p] = ("critical", f"sustained: critical in {recent} of {rule.within} observations")
+            labels[p] = ("critical", sustained)
             mine.add(p)
     # the first observations of an exempted episode (before it counted as sustained) share its label
     exempt = {episodes[p]: lab for p, lab in labels.items() if lab[0] == "warn"}

@@ -6,7 +6,9 @@ absolute bounds included.
 - the state cannot recover (``Finding.unrecoverable``: non-finite values, one-token completions), or
 - the condition is **sustained**: critical in ``sustained`` of ``within`` consecutive observations of its detector
   (the run rules of Shewhart charts: one point beyond the limits may be chance, several in a short run are a
-  shift; Western Electric, *Statistical Quality Control Handbook*, 1956), or
+  shift; Western Electric, *Statistical Quality Control Handbook*, 1956), or its own statistic already rests on
+  that many observations (``Detector.evidence``: a CUSUM's alarm accumulates at least ``critical_h / (z_cap -
+  slack)`` observations above its baseline, Page 1954; a run rule on top would wait for the same evidence again), or
 - a lone critical observation is **followed by lost control** (a sustained critical finding of a detector of
   reward, entropy, KL, length or gradients within ``horizon`` logged steps after it), or not followed by
   recovery (``recovered`` clean observations in a row of its detector, starting within the horizon).
@@ -65,6 +67,7 @@ __all__ = [
     "reward_rises",
     "reward_span",
     "sustained_count",
+    "sustained_why",
 ]
 
 #: consequence classes whose sustained critical finding is lost control (what makes a lone spike critical)
@@ -219,6 +222,17 @@ def sustained_count(critical: Callable[[int], bool], k: int, rule: ConsequenceRu
     """Critical observations among the ``rule.within`` of a detector that end at its observation ``k`` (counting
     it); ``critical(j)`` says whether observation ``j`` was. Sustained at ``>= rule.sustained``."""
     return sum(1 for j in range(max(k - rule.within + 1, 0), k + 1) if critical(j))
+
+
+def sustained_why(recent: int, evidence: int, rule: ConsequenceRule) -> str | None:
+    """Why a critical finding is sustained, or None: ``recent`` critical observations of its detector among the
+    last ``rule.within`` (:func:`sustained_count`), or a finding whose own statistic rests on ``evidence``
+    observations (``Detector.evidence``: a CUSUM alarm), either at least ``rule.sustained``."""
+    if recent >= rule.sustained:
+        return f"sustained: critical in {recent} of {rule.within} observations"
+    if evidence >= rule.sustained:
+        return f"sustained: its statistic rests on at least {evidence} observations"
+    return None
 
 
 class RecoveryWatch:

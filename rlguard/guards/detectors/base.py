@@ -269,6 +269,11 @@ class Detector(PrivateState):
         onset of an excursion is then its first finding). Read after :meth:`check` of a step with a finding."""
         return None
 
+    def evidence(self, finding: Finding) -> int:
+        """The observations ``finding`` rests on at least: 1 (one value against a baseline or a bound), more for a
+        statistic that accumulates them (a CUSUM's alarm); from ``ConsequenceRule.sustained`` on, sustained."""
+        return 1
+
     def baseline_needed(self) -> int | None:
         """Observations its judgement needs before it may fire, where that is fixed by what it judges: None (the
         default) for a robust baseline of its own stat, built over :attr:`warmup` (the doctor fits that to the log);

@@ -172,6 +172,17 @@ class CusumDetector(Detector):
         self._s_rise: list[float] = []
         self._anchor_sorted, self._control_sorted = _EarlySorted(), _EarlySorted()
 
+    def evidence(self, finding: Finding) -> int:
+        """A critical finding of the CUSUM (each observation adds at most ``z_cap - slack`` to the sum, so an
+        alarm at ``critical_h`` rests on at least ``ceil(critical_h / (z_cap - slack))`` observations above the
+        baseline: Page 1954) or of the drift check (the median of the last ``recent`` observations: more than half
+        of them beyond the ratio) rests on the smaller of the two counts; an absolute bound on one value, on 1."""
+        if finding.absolute:
+            return 1
+        per_step = self.z_cap - self.slack
+        cusum = math.ceil(self.critical_h / per_step) if per_step > 0 else 1
+        return max(1, min(cusum, self.recent // 2 + 1))
+
     def _control_lost(self, stats: Mapping[str, float]) -> str | None:
         """Track ``lost_control``; a description if its recent median is below its early median by more than a
         standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""

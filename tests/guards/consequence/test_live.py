@@ -167,6 +167,55 @@ def test_three_critical_observations_in_five_are_critical_at_the_third() -> None
     assert _hindsight(online, "kl_ref_blowup") == "critical" and _hindsight(two, "kl_ref_blowup") == "warn"
 
 
+def _grad_ramp(start: int = SPIKE, growth: float = 1.3, steps: int = 120) -> list[dict[str, float]]:
+    """A healthy plateau run whose gradient norm grows by ``growth`` a step from ``start``: a sustained rise."""
+    stream = healthy_stream(steps, 0, "plateau")
+    for step, stats in enumerate(stream):
+        if step >= start:
+            stats["grad_norm"] *= growth ** (step - start + 1)
+    return stream
+
+
+def test_a_cusum_alarm_is_sustained_at_its_first_critical_observation() -> None:
+    """A CUSUM's critical alarm already rests on at least ``critical_h / (z_cap - slack)`` observations above its
+    baseline (``Detector.evidence``): the live rule acts on it at once instead of waiting for two more."""
+    stream = _grad_ramp()
+    step_rule = _replay(stream, "step")
+    first = next(s for s, sev in _events(step_rule.guard.events, "grad_norm_explosion") if sev == "critical")
+    assert first > SPIKE
+    online = _replay(stream, "online")
+    events = _events(online.guard.events, "grad_norm_explosion")
+    assert next(s for s, sev in events if sev == "critical") == first
+    raised = next(e for e in online.guard.events if e.detector == "grad_norm_explosion" and e.severity == "critical")
+    assert "sustained: its statistic rests on at least 3 observations" in raised.message
+    assert _hindsight(online, "grad_norm_explosion") == "critical"
+
+
+def test_an_absolute_bound_of_a_cusum_detector_is_one_observation() -> None:
+    """An absolute bound judges one value: a lone critical observation, a warning live until its consequence
+    shows."""
+    stream = healthy_stream(120, 0, "plateau")
+    for stats in stream:
+        stats["mismatch_kl"] = 1e-4
+    for step in (SPIKE, SPIKE + 1):  # two: the detector's patience
+        stream[step]["mismatch_kl"] = 0.05  # above mismatch_growth's absolute critical bound (2e-2)
+    online = _replay(stream, "online")
+    assert _events(online.guard.events, "mismatch_growth")[:1] == [(SPIKE + 1, "warn")]
+    assert _events(_replay(stream, "step").guard.events, "mismatch_growth")[:1] == [(SPIKE + 1, "critical")]
+
+
+def test_the_evidence_of_a_cusum_finding_follows_its_parameters() -> None:
+    from rlguard.guards.detectors.update import GradNormExplosion
+
+    alarm = Finding("critical", 10.0, 40.0, "a sustained rise")
+    bound = Finding("critical", 10.0, 1.0, "above the absolute bound", absolute=True)
+    assert GradNormExplosion().evidence(alarm) == 3  # min(ceil(40 / (5 - 1)) = 10, 5 // 2 + 1 = 3)
+    assert GradNormExplosion(recent=21).evidence(alarm) == 10
+    assert GradNormExplosion(critical_h=8.0, recent=21).evidence(alarm) == 2
+    assert GradNormExplosion(recent=1).evidence(alarm) == 1
+    assert GradNormExplosion().evidence(bound) == 1
+
+
 def test_nonfinite_is_critical_at_once() -> None:
     stream = healthy_stream(80, 2, "plateau")
     stream[40]["loss"] = math.nan

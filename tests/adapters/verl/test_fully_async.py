@@ -330,7 +330,10 @@ def test_the_staleness_remedy_lowers_the_rollouters_bound_drops_over_age_samples
     assert bounds == [2.0] * 5 + [1.0] * 4 + [2.0] * 5, bounds
     events = [json.loads(line) for line in (tmp_path / "ckpt" / "events.jsonl").read_text().splitlines()]
     said = [(e["step"], e["message"]) for e in events if "staleness bound" in e.get("message", "")]
-    assert said == [(5, "stale samples (diagnosed at step 2) with nonfinite: staleness bound 2 -> 1")], said
+    assert said == [
+        (5, "stale samples (diagnosed at step 2) with nonfinite: staleness bound 2 -> 1"),
+        (9, "recovered: staleness bound 1 -> 2"),
+    ], said
     # the samples already queued over the lowered bound were dropped as the trainer took them, not trained on
     assert sum(data[STALE_DROPPED_KEY] for _, data in logged) == by_step[6][STALE_DROPPED_KEY] > 0
     assert all(data[AGE_KEYS[1]] <= 1.0 for s, data in logged if 6 <= s <= 9), [d[AGE_KEYS[1]] for _, d in logged]

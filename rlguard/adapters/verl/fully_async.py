@@ -20,7 +20,9 @@ calls and loads the same checkpoint. What the pipeline needs beyond the synchron
   any sample whose generation touched a discarded version, partial rollouts included), and counted
   (``rlguard/guard/dropped_samples``); samples of the restored version and older are kept (stale, not discarded).
 - **The samples' age** in policy versions (:class:`PolicyVersions`: a republished version is the policy it
-  restores) is logged as ``rlguard/staleness_mean``/``rlguard/staleness_max``; where the trainer recomputes pi_old
+  restores) is logged as ``rlguard/staleness_mean``/``rlguard/staleness_max``, and in optimizer steps (one per verl
+  step; :class:`~rlguard.guards.stats.staleness.PublishedSteps`, each version recorded at the update that made it)
+  as ``rlguard/staleness_steps_mean``/``rlguard/staleness_steps_max``; where the trainer recomputes pi_old
   beside the engine's log-probs (not verl's ``bypass_mode``), the gap ``|log pi_old - log p_rollout|`` by age bucket
   (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`): the evidence ``staleness_remedy`` diagnoses.
 - **The staleness remedies** (``staleness_remedy``): the bound in force (``Controls.max_staleness``, capability
@@ -44,7 +46,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
 from rlguard.adapters.verl.compat import STALENESS_BOUND_METHOD, check_fully_async_trainer
 from rlguard.adapters.verl.driver import _STEP_FOLDER, VerlGuardDriver, _step_of
 from rlguard.adapters.verl.fully_async_queue import DroppingQueueClient, PolicyVersions, sample_versions
@@ -53,6 +55,7 @@ from rlguard.adapters.verl.mapping import engine_log_probs_beside_pi_old
 from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuation import bind_guard
+from rlguard.guards.stats.staleness import PublishedSteps
 from rlguard.metrics import RLGUARD_PREFIX, STALENESS_BUCKETS
 
 #: the logged bound in force (policy versions) and the samples dropped over the age bound this version: the metric
@@ -139,6 +142,10 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 guard = resolve_guard_setting(self.config.trainer.get("rlguard_guard", None) or "default")
             self.rlguard = FullyAsyncGuardDriver(self, guard)
             self.rlguard_versions = PolicyVersions()
+            #: the optimizer updates made so far (one per verl step) and the update each version was made at
+            self.rlguard_updates = 0
+            self.rlguard_published = PublishedSteps()
+            self.rlguard_published.publish(self.current_param_version, 0)
             #: trajectories dropped so far because a discarded version generated them (logged every version)
             self.rlguard_dropped_samples = 0
             #: trajectories dropped over the age bound since the last logged version
@@ -188,7 +195,28 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             ages = [self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions]
             self.metrics[AGE_KEYS[0]] = sum(ages) / len(ages)
             self.metrics[AGE_KEYS[1]] = float(max(ages))
+            self.metrics.update(self._rlguard_step_ages([int(v) for v in versions]))
             return batch
+
+        def _rlguard_step_ages(self, versions: list[int]) -> dict[str, float]:
+            """The batch's ages in optimizer steps: the updates made so far minus each version's."""
+            import torch
+
+            from rlguard.guards.stats.collect import StepStats
+            from rlguard.guards.stats.staleness import add_step_ages
+
+            st = StepStats()
+            add_step_ages(st, self.rlguard_published.ages(torch.tensor(versions), self.rlguard_updates))
+            ages = st.reduce()
+            return {key: ages[key.removeprefix(RLGUARD_PREFIX)] for key in STEP_AGE_KEYS}
+
+        def _fit_update_local_step(self) -> None:
+            """verl's count of the steps of a sync cycle, after the step's update; a version made by this update
+            (the cycle's last) is recorded at it."""
+            self.rlguard_updates += 1
+            super()._fit_update_local_step()
+            if self.local_trigger_step == 1:
+                self.rlguard_published.publish(self.current_param_version, self.rlguard_updates)
 
         def _fit_compute_log_prob(self, batch: Any) -> Any:
             """verl's pi_old; where it is recomputed beside the engine's log-probs, the gap by age bucket."""
@@ -266,6 +294,9 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             self.rlguard.republish = None
             self.current_param_version = step + 1
             self.rlguard_versions.republish(self.current_param_version, restored)
+            published = self.rlguard_published
+            published.rollback(to_step=published.step_of(restored), at_step=self.rlguard_updates)
+            published.publish(self.current_param_version, self.rlguard_updates)
             await self.checkpoint_manager.update_weights(global_steps=self.current_param_version)
             await _remote(self.rollouter.reset_staleness)
             self._save_checkpoint()
@@ -307,6 +338,8 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 folder = Path(os.path.abspath(path)) if path else self.rlguard.step_folder(self.current_param_version)
                 self.rlguard.load(folder)
                 self.rlguard_versions = PolicyVersions(start=self.current_param_version)
+                self.rlguard_published = PublishedSteps()
+                self.rlguard_published.publish(self.current_param_version, self.rlguard_updates)
                 await self._rlguard_apply_bound()  # verl's task runner sets the rollouter before loading
             return result
 

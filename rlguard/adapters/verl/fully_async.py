@@ -24,7 +24,9 @@ calls and loads the same checkpoint. What the pipeline needs beyond the synchron
   step; :class:`~rlguard.guards.stats.staleness.PublishedSteps`, each version recorded at the update that made it)
   as ``rlguard/staleness_steps_mean``/``rlguard/staleness_steps_max``; where the trainer recomputes pi_old
   beside the engine's log-probs (not verl's ``bypass_mode``), the gap ``|log pi_old - log p_rollout|`` by age bucket
-  (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`): the evidence ``staleness_remedy`` diagnoses.
+  (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`): the evidence ``staleness_remedy`` diagnoses; in
+  bypass mode each row's age goes to the workers, whose loss measures ``|log pi_theta - log p_rollout|`` by bucket
+  (:mod:`~rlguard.adapters.verl.bypass_gap`, sent through verl's ``set_loss_fn``).
 - **The staleness remedies** (``staleness_remedy``): the bound in force (``Controls.max_staleness``, capability
   ``staleness_bound``) goes to the rollouter after the step that set it, through rlguard's rollouter
   (:mod:`rlguard.adapters.verl.fully_async_rollouter`, which verl's own budget then applies), and is logged as
@@ -43,19 +45,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
+from rlguard.adapters.verl.bypass_gap import AGE_COLUMN, gap_by_age_from_metrics, ppo_loss_with_gap_by_age
 from rlguard.adapters.verl.compat import STALENESS_BOUND_METHOD, check_fully_async_trainer
 from rlguard.adapters.verl.driver import _STEP_FOLDER, VerlGuardDriver, _step_of
 from rlguard.adapters.verl.fully_async_queue import DroppingQueueClient, PolicyVersions, sample_versions
 from rlguard.adapters.verl.fully_async_rollouter import staleness_bound_of
-from rlguard.adapters.verl.mapping import engine_log_probs_beside_pi_old
+from rlguard.adapters.verl.mapping import config_get, engine_log_probs_beside_pi_old
 from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuation import bind_guard
-from rlguard.guards.stats.staleness import PublishedSteps
+from rlguard.guards.stats.collect import StepStats
+from rlguard.guards.stats.staleness import PublishedSteps, add_staleness_stats, add_step_ages
 from rlguard.metrics import RLGUARD_PREFIX, STALENESS_BUCKETS
 
 #: the logged bound in force (policy versions) and the samples dropped over the age bound this version: the metric
@@ -106,6 +113,21 @@ class FullyAsyncGuardDriver(VerlGuardDriver):
         if callable(getattr(getattr(self.trainer, "rollouter", None), STALENESS_BOUND_METHOD, None)):
             can.add("staleness_bound")
         return frozenset(can)
+
+    @property
+    def bypass_mode(self) -> bool:
+        """Whether pi_old is the engine's (verl's ``algorithm.rollout_correction.bypass_mode``): the gap by age is
+        then measured in the workers' loss (:mod:`~rlguard.adapters.verl.bypass_gap`)."""
+        correction = config_get(self.trainer.config.algorithm, "rollout_correction", None)
+        return bool(config_get(correction, "bypass_mode", False))
+
+    def push_controls(self) -> None:
+        """The synchronous driver's ``ppo_loss`` with the guard's controls; in bypass mode wrapped so that it also
+        measures the gap by age bucket (:func:`~rlguard.adapters.verl.bypass_gap.ppo_loss_with_gap_by_age`)."""
+        if not self.bypass_mode:
+            super().push_controls()
+            return
+        self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss_with_gap_by_age, config=self.actor_config()))
 
     def snapshot(self, step: int) -> None:
         super().snapshot(step)
@@ -168,6 +190,8 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             """verl's; then the guard learns whether the rollouter takes the staleness bound (its capabilities)."""
             await super().set_rollouter(rollouter)
             bind_guard(self.rlguard.guard, self.rlguard, where="verl's fully async trainer")
+            if self.rlguard.bypass_mode:
+                self.rlguard.push_controls()  # the workers' loss measures the gap by age from the first step
 
         def _rlguard_why_drop(self, first: int, last: int) -> str | None:
             """Why a trajectory generated over versions ``first ... last`` is not trained on now, or None: its
@@ -190,25 +214,16 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             await _remote(self.rollouter.reset_staleness)
 
         async def _fit_generate(self, batch: Any = None) -> Any:
+            """verl's batch; its ages in versions and in optimizer steps (the updates made so far minus each
+            version's) logged."""
             batch = await super()._fit_generate(batch)
-            versions = batch.non_tensor_batch["max_global_steps"]
-            ages = [self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions]
-            self.metrics[AGE_KEYS[0]] = sum(ages) / len(ages)
-            self.metrics[AGE_KEYS[1]] = float(max(ages))
-            self.metrics.update(self._rlguard_step_ages([int(v) for v in versions]))
-            return batch
-
-        def _rlguard_step_ages(self, versions: list[int]) -> dict[str, float]:
-            """The batch's ages in optimizer steps: the updates made so far minus each version's."""
-            import torch
-
-            from rlguard.guards.stats.collect import StepStats
-            from rlguard.guards.stats.staleness import add_step_ages
-
+            versions = torch.tensor([int(v) for v in batch.non_tensor_batch["max_global_steps"]])  # (B,)
             st = StepStats()
-            add_step_ages(st, self.rlguard_published.ages(torch.tensor(versions), self.rlguard_updates))
+            add_staleness_stats(st, torch.tensor(self._rlguard_ages(batch), dtype=torch.float64))
+            add_step_ages(st, self.rlguard_published.ages(versions, self.rlguard_updates))
             ages = st.reduce()
-            return {key: ages[key.removeprefix(RLGUARD_PREFIX)] for key in STEP_AGE_KEYS}
+            self.metrics.update({key: ages[key.removeprefix(RLGUARD_PREFIX)] for key in (*AGE_KEYS, *STEP_AGE_KEYS)})
+            return batch
 
         def _fit_update_local_step(self) -> None:
             """verl's count of the steps of a sync cycle, after the step's update; a version made by this update
@@ -218,23 +233,25 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             if self.local_trigger_step == 1:
                 self.rlguard_published.publish(self.current_param_version, self.rlguard_updates)
 
+        def _rlguard_ages(self, batch: Any) -> list[int]:
+            """Each row's age in policy versions (its trajectory's last version)."""
+            versions = batch.non_tensor_batch["max_global_steps"]
+            return [self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions]
+
         def _fit_compute_log_prob(self, batch: Any) -> Any:
-            """verl's pi_old; where it is recomputed beside the engine's log-probs, the gap by age bucket."""
+            """verl's pi_old; where it is recomputed beside the engine's log-probs, the gap by age bucket; in bypass
+            mode each row's age goes to the workers' loss, which measures it there."""
             batch = super()._fit_compute_log_prob(batch)
             tensors = batch.batch
             # a TensorDict refuses `in` itself: its keys() answers
             if engine_log_probs_beside_pi_old(self.config) and "rollout_log_probs" in tensors.keys():  # noqa: SIM118
                 self.metrics.update(self._rlguard_gap_by_age(batch))
+            elif self.rlguard.bypass_mode:
+                tensors[AGE_COLUMN] = torch.tensor(self._rlguard_ages(batch), dtype=torch.float32)  # (B,)
             return batch
 
         def _rlguard_gap_by_age(self, batch: Any) -> dict[str, float]:
-            import torch
-
-            from rlguard.guards.stats.collect import StepStats
-            from rlguard.guards.stats.staleness import add_staleness_stats
-
-            versions = batch.non_tensor_batch["max_global_steps"]
-            ages = torch.tensor([self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions])
+            ages = torch.tensor(self._rlguard_ages(batch))
             st = StepStats()
             tensors = batch.batch
             mask = tensors["response_mask"]
@@ -264,6 +281,7 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 self._rlguard_close_cycle(rollout_reset_timing_raw)
 
         def _fit_postprocess_step(self) -> None:
+            self.metrics.update(gap_by_age_from_metrics(self.metrics))  # bypass mode: measured by the workers' loss
             super()._fit_postprocess_step()  # adds this step's metrics to verl's aggregator
             if self._rlguard_cycle is not None:
                 timing, self._rlguard_cycle = self._rlguard_cycle, None

@@ -260,7 +260,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
     def rlguard_on_snapshot(self) -> None:
         """The policy version the server holds when the guard snapshots (it, and older ones, are not discarded)."""
         self._rlguard_snapshot_version = int(self.model_version)
-        self._rlguard_snapshot_step = int(self.state.global_step)
+        self._rlguard_snapshot_step = int(self.state.global_step)  # before the step's update: the weights' count
 
     def rlguard_on_restore(self) -> None:
         """After a rollback: the versions published since the snapshot are discarded, and the restored weights are
@@ -268,7 +268,9 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         first = 0 if self._rlguard_snapshot_version is None else self._rlguard_snapshot_version + 1
         if self.rlguard_queue is not None and first <= self.model_version:
             self.rlguard_queue.discard(first, int(self.model_version))
-        self.rlguard_published.rollback(to_step=self._rlguard_snapshot_step, at_step=int(self.state.global_step))
+        # the guard acts before the optimizer step (global_step is the step's own minus 1); once the step ends the
+        # counter is the step's own and the weights are the snapshot's
+        self.rlguard_published.rollback(to_step=self._rlguard_snapshot_step, at_step=int(self.state.global_step) + 1)
         self._rlguard_resync = True
 
     def rlguard_resync_if_needed(self) -> bool:

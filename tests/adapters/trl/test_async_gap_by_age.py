@@ -221,19 +221,23 @@ def test_every_process_counts_the_weight_syncs(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_rollback_counts_the_kept_versions_from_the_restored_weights(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A snapshot at step STEP - 1, a rollback at STEP: the versions made after the snapshot are forgotten, the
-    restored weights republished at STEP; a sample of the last kept sync is as old as the snapshot's lead over it."""
+    """As the guard acts, before the optimizer step (``global_step`` one below the step judged): a snapshot at step
+    STEP (weights of STEP - 1 updates), a rollback at step STEP + 1; when that step ends the restored weights are
+    pushed at step STEP + 1. The syncs made after the snapshot are forgotten; a sample of the last kept sync
+    (made at STEP - 2) is one update older than the snapshot, a sample of the pushed weights none."""
     monkeypatch.setattr(trainer_module.AsyncGRPOTrainer, "_sync_weight", lambda self: None)
     trainer = _trainer(None)
     trainer.rlguard_queue, trainer._rlguard_snapshot_version = None, None
-    trainer.state.global_step = STEP - 1
+    trainer.state.global_step = STEP - 1  # judging step STEP
     GuardedAsyncGRPOTrainer.rlguard_on_snapshot(trainer)
-    trainer.state.global_step = STEP
+    trainer.state.global_step = STEP  # judging step STEP + 1
     GuardedAsyncGRPOTrainer.rlguard_on_restore(trainer)
+    trainer.state.global_step = STEP + 1  # the step ended
     GuardedAsyncGRPOTrainer._sync_weight(trainer)  # the restored weights pushed
     published = trainer.rlguard_published
-    last_kept = SYNCS  # made at 3 SYNCS = STEP - 2, one update before the snapshot
-    assert published.ages(torch.tensor([float(last_kept), float(SYNCS + 1)]), STEP).tolist() == [1.0, 0.0]
+    last_kept = SYNCS  # made at 3 SYNCS = STEP - 2
+    ages = published.ages(torch.tensor([float(last_kept), float(SYNCS + 1)]), STEP + 1)
+    assert ages.tolist() == [1.0, 0.0]
 
 
 def test_a_batch_not_from_the_guarded_loader_is_refused_clearly() -> None:

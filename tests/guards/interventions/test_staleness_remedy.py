@@ -13,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlguard.cli import app
+from rlguard.doctor.events_only import events_only
+from rlguard.doctor.html import events_table
 from rlguard.guards import Controls, Guard, GuardConfig
 from rlguard.guards.actuation import CAPABILITIES
 from rlguard.guards.decision import Proposal, decision_action
@@ -159,6 +161,10 @@ def test_restoring_the_bound_is_an_event_as_lowering_it_is(tmp_path: Path) -> No
     bounds = [d.controls.max_staleness for d in decisions]
     assert bounds == [None] * 3 + [2, 1, 1, 1, 2, 2, 2, None, None], bounds
     assert [decision_action(d) for d in decisions].count("set_clip") == 4
+    # the doctor's view of a run folder holding only events.jsonl, and its HTML table, list the restore
+    found = events_only(tmp_path)
+    assert found is not None and [e.step for e in found.events if "staleness bound" in e.message] == [4, 5, 8, 11]
+    assert "recovered: staleness bound 2 -&gt; 4" in events_table(found.events)
 
 
 def test_only_a_control_whose_neutral_is_none_can_be_put_back_as_configured() -> None:

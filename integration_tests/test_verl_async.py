@@ -33,7 +33,7 @@ from verl_async_guards import LR_SCALE, NARROW, WIDE
 from verl_async_run import FULLY_ASYNC, ONE_STEP_OFF
 from verl_main_ppo_run import checkpoint_state, launch  # pytest puts this folder on sys.path
 
-from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
 from rlguard.adapters.verl.fully_async import BOUND_KEY, STALE_DROPPED_KEY
 from rlguard.guards.decision import LOGGED_ACTIONS
 from rlguard.guards.events import read_events
@@ -57,6 +57,7 @@ GUARDED = [
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
     "+trainer.rlguard_guard=verl_async_guards:scripted_async_guard",
 ]
+GAP_PREFIX = "rlguard/mismatch_logp_abs_mean_age"
 SAMPLES_PER_STEP = 16  # 4 prompts x 4 samples (rlguard.verl_cpu.example)
 
 
@@ -177,6 +178,18 @@ def test_guarded_fully_async_trainer_and_resume(tmp_path: Path) -> None:
     assert steps[3][AGE_KEYS[1]] == 0.0 and steps[3]["actor/ppo_kl"] < 1e-5, steps[3]
     # before the rollback the pipeline ran asynchronously: some samples were a version old
     assert max(s[AGE_KEYS[1]] for s in steps[1:3]) >= 1.0, [s[AGE_KEYS[1]] for s in steps]
+    # one update per version: the ages in optimizer steps are the ages in versions
+    assert [s[STEP_AGE_KEYS[1]] for s in steps] == [s[AGE_KEYS[1]] for s in steps]
+    # bypass mode: the gap by age bucket measured in the workers' loss (rlguard's ppo_loss wrapper, sent through
+    # set_loss_fn), logged on the trainer; at versions 1 and 5 the samples' weights are the trainer's (age 0), so the
+    # gap is the engine's numerics alone, and a version-old bucket's is the drift of one update on top of it
+    gaps = [{k.removeprefix("rlguard/"): v for k, v in s.items() if k.startswith(GAP_PREFIX)} for s in steps]
+    print("gap by age bucket:", gaps)
+    assert all(gaps) and not any("_gap_" in k for s in steps for k in s), gaps
+    engine = max(gaps[0]["mismatch_logp_abs_mean_age0"], gaps[3]["mismatch_logp_abs_mean_age0"])
+    assert engine < 1e-3, gaps
+    older = [g["mismatch_logp_abs_mean_age1"] for g in gaps[1:3] if "mismatch_logp_abs_mean_age1" in g]
+    assert older and min(older) > engine, gaps
     assert (checkpoints / "global_step_4" / GUARD_STATE_FILE).is_file()
     before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
 

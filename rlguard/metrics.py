@@ -245,6 +245,11 @@ METRICS: tuple[Metric, ...] = (
     # trajectory's param_version); read by staleness_remedy (evidence), by no detector
     _M("staleness_mean", "mean", "samples", ("sample/staleness_mean",), doc="mean age of the samples"),
     _M("staleness_max", "max", "equal", ("sample/staleness_max",), doc="largest age of the samples"),
+    # the same ages in optimizer steps: the updates between the weights that sampled and the weights updated, which
+    # differ from versions where weights are published every k > 1 steps (TRL's weight_sync_steps, verl's
+    # trigger_parameter_sync_step); logged by rlguard's adapters (PublishedSteps), by neither framework
+    _M("staleness_steps_mean", "mean", "samples", doc="mean age of the samples in optimizer steps"),
+    _M("staleness_steps_max", "max", "equal", doc="largest age of the samples in optimizer steps"),
     # TRL pushes 1 per dropped sample and sums the logging window ("total" in its name: a counter of deltas)
     _M("stale_dropped", "sum", "equal", ("sample/dropped_stale_total",), doc="samples dropped over the age bound"),
     _M("policy_version", "max", "equal", (), ("fully_async/count/current_param_version",), doc="trainer's version"),

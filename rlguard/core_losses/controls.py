@@ -123,13 +123,14 @@ class Controls:
         return {f.name: f.metadata["logged_as"] for f in _FIELDS}
 
     @classmethod
-    def combine(cls, proposed: Sequence[Mapping[str, float]], scheduled: Mapping[str, float]) -> Controls:
+    def combine(cls, proposed: Sequence[Mapping[str, float | None]], scheduled: Mapping[str, float]) -> Controls:
         """One step's controls from the interventions' ``proposed`` values (in their order) and the schedules'
         values: multipliers multiply (in that order, then the schedule's), other controls take the schedule's
-        value, replaced by the last intervention that proposes one; what nobody sets stays neutral."""
+        value, replaced by the last intervention that proposes one; what nobody sets stays neutral. A proposed
+        ``None`` sets nothing (the control as configured, or as scheduled)."""
         values: dict[str, Any] = {}
         for f in _FIELDS:
-            given = [p[f.name] for p in proposed if f.name in p]
+            given = [v for p in proposed if (v := p.get(f.name)) is not None]
             if f.metadata["combine"] == "product":
                 value = math.prod(given)
                 values[f.name] = value * scheduled[f.name] if f.name in scheduled else value

@@ -61,6 +61,7 @@ DOMAINS: dict[str, Domain] = {
     ),
     **dict.fromkeys(("mismatch_logp_abs_mean", "mismatch_logp_abs_max"), _NONNEGATIVE),
     **dict.fromkeys(("staleness_mean", "staleness_max", "stale_dropped", "policy_version"), _NONNEGATIVE),
+    **dict.fromkeys(("staleness_steps_mean", "staleness_steps_max"), _NONNEGATIVE),
     "clip_log_width": _NONNEGATIVE,
     **dict.fromkeys(("staleness_bound", *(name for name, _, _ in STALENESS_BUCKETS)), _NONNEGATIVE),
     **dict.fromkeys(("clip_frac", "clip_frac_low", "clip_frac_high", "masked_frac", "truncated_frac"), _FRACTION),

@@ -53,7 +53,9 @@ class Proposal:
         reason: why. A ``step`` with a reason announces a change of the controls it sets (an event); without one
             it restates its persistent scales.
         controls: the :class:`Controls` it sets, by name (``{"lr_scale": 0.5}``): the guard combines those of all
-            interventions (``Controls.combine``: multipliers multiply); the others are left alone.
+            interventions (``Controls.combine``: multipliers multiply); the others are left alone. ``None`` for a
+            control whose neutral value is None puts it back as configured, which a ``step`` with a reason
+            announces as the change it is (a lowered staleness bound restored).
         rollback_to: the healthy step to restore, for ``rollback``.
         poisoned: for ``skip``, whether the batch is poisoned (its update would harm the weights): poisoned skips in
             a row roll back (``Rollback.max_consecutive_skips``). ``False`` for a batch skipped because it carries
@@ -62,7 +64,7 @@ class Proposal:
 
     outcome: Outcome = "step"
     reason: str = ""
-    controls: Mapping[str, float] = field(default_factory=dict)
+    controls: Mapping[str, float | None] = field(default_factory=dict)
     rollback_to: int | None = None
     poisoned: bool = True
 
@@ -72,11 +74,18 @@ class Proposal:
         unknown = [name for name in self.controls if name not in _LOGGED_AS]
         if unknown:
             raise ValueError(f"Proposal controls {unknown} are not controls; known: {list(_LOGGED_AS)}.")
+        restorable = [name for name, value in self.controls.items() if value is None and name not in _RESTORABLE]
+        if restorable:
+            raise ValueError(
+                f"Proposal controls {restorable} are None: only a control whose neutral value is None "
+                f"({sorted(_RESTORABLE)}) can be put back as configured; propose its neutral value instead."
+            )
         # the values' ranges are checked where the guard combines them into the step's Controls
         object.__setattr__(self, "controls", MappingProxyType(dict(self.controls)))
 
 
 _LOGGED_AS = Controls.logged_as()
+_RESTORABLE = frozenset(name for name, neutral in Controls().to_dict().items() if neutral is None)
 
 
 def logged_action(proposal: Proposal) -> str:

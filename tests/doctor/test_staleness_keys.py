@@ -78,3 +78,22 @@ def test_age_buckets_cover_every_age_once() -> None:
     rows = {m.name: m for m in METRICS}
     for name, _, _ in STALENESS_BUCKETS:
         assert (rows[name].reduction, rows[name].weight) == ("mean", "tokens")
+
+
+def test_the_doctor_reads_the_ages_in_optimizer_steps(tmp_path: Path) -> None:
+    """rlguard's adapters log the ages in optimizer steps as ``rlguard/staleness_steps_*`` (TRL's log under
+    ``train/``, verl's as they are): the doctor maps both beside TRL's ages in versions."""
+    records = [
+        {"step": i + 1, "train/reward": 0.5, "train/sample/staleness_max": 1.0,
+         "train/rlguard/staleness_steps_mean": 2.5, "train/rlguard/staleness_steps_max": float(3 + i % 2)}
+        for i in range(12)
+    ]  # fmt: skip
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    log = read_canonical(path)
+    assert log.keys.mapped["train/rlguard/staleness_steps_mean"] == "staleness_steps_mean"
+    assert log.keys.mapped["train/rlguard/staleness_steps_max"] == "staleness_steps_max"
+    by_step = dict(log.rows)
+    assert (by_step[2]["staleness_steps_max"], by_step[2]["staleness_max"]) == (4.0, 1.0)
+    assert (REDUCTIONS["staleness_steps_mean"], WEIGHTS["staleness_steps_mean"]) == ("mean", "samples")
+    assert REDUCTIONS["staleness_steps_max"] == "max"

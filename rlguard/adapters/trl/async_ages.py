@@ -18,7 +18,11 @@ Three pieces carry the version through TRL's own path, on the main process, whic
   log-probs the loss takes against the engine's. It is TRL's age at the take plus the syncs since: accelerate's
   dispatcher fetches one micro-batch ahead, so the micro-batch after a step boundary is taken before that step's
   sync and trained after it (TRL's ``sample/staleness_*`` count it one version younger than the policy it trains).
-  This is verl's age (the trainer's version when pi_old is computed, minus the sample's).
+  This is verl's age (the trainer's version when pi_old is computed, minus the sample's);
+- :func:`sample_step_ages`, likewise: the age in optimizer steps, ``state.global_step`` minus the step each version
+  was published at (:class:`~rlguard.guards.stats.staleness.PublishedSteps`, recorded at each sync). With
+  ``weight_sync_steps = k`` it is ``k`` times the age in versions plus the trainer's lead over the last version
+  (0 ... k - 1 steps); with ``k = 1`` the two are equal.
 """
 
 from __future__ import annotations
@@ -30,7 +34,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["POLICY_VERSION_KEY", "PolicyVersionCollator", "StampedMetrics", "sample_ages", "stamp_policy_version"]
+from rlguard.guards.stats.staleness import PublishedSteps
+
+__all__ = [
+    "POLICY_VERSION_KEY",
+    "PolicyVersionCollator",
+    "StampedMetrics",
+    "sample_ages",
+    "sample_step_ages",
+    "sample_versions",
+    "stamp_policy_version",
+]
 
 #: the batch key of each sample's policy version, counted in the trainer's weight syncs
 POLICY_VERSION_KEY = "rlguard_policy_version"
@@ -96,7 +110,22 @@ def sample_ages(inputs: dict[str, Any], syncs: int, completions: int) -> Tensor 
     """``(B,)`` float64 the age of each of the micro-batch's first ``completions`` samples (the rows of
     :func:`~rlguard.adapters.trl.async_queue.unpack_completions`): ``syncs`` (the trainer's weight syncs now) minus
     its policy version; None where the batch carries no versions (not built by the guarded trainer's loader)."""
+    versions = sample_versions(inputs, completions)
+    return None if versions is None else float(syncs) - versions
+
+
+def sample_step_ages(inputs: dict[str, Any], published: PublishedSteps, step: int, completions: int) -> Tensor | None:
+    """``(B,)`` float64 the same samples' ages in optimizer steps: ``step`` (the updates in the weights the loss
+    runs with, TRL's ``state.global_step``) minus the step each one's version was published at (``published``,
+    recorded at each weight sync); None where the batch carries no versions."""
+    versions = sample_versions(inputs, completions)
+    return None if versions is None else published.ages(versions, step)
+
+
+def sample_versions(inputs: dict[str, Any], completions: int) -> Tensor | None:
+    """``(B,)`` float64 the policy version, in weight syncs, of each of the micro-batch's first ``completions``
+    samples on this process; None where the batch carries no versions."""
     versions: Tensor | None = inputs.get(POLICY_VERSION_KEY)
     if versions is None:
         return None
-    return float(syncs) - versions[0, :completions].to(torch.float64)  # this process's row
+    return versions[0, :completions].to(torch.float64)  # this process's row

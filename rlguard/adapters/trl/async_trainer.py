@@ -19,7 +19,9 @@ The same flag for the objective (``objective``, ``objective_kwargs``) and ``guar
   each sample's policy version rides into the packed batch (:mod:`rlguard.adapters.trl.async_ages`), and the loss
   adds the train-inference gap by age bucket (|log pi_theta - log pi_engine| per token,
   :func:`~rlguard.guards.stats.staleness.gap_by_age_parts`, as verl's fully async adapter), logged as
-  ``rlguard/mismatch_logp_abs_mean_age*`` and judged by ``staleness_remedy``;
+  ``rlguard/mismatch_logp_abs_mean_age*`` and judged by ``staleness_remedy``; each sample's age in optimizer steps
+  (the step of each sync recorded in :class:`~rlguard.guards.stats.staleness.PublishedSteps`) is logged beside
+  TRL's age in versions as ``rlguard/staleness_steps_mean`` and ``rlguard/staleness_steps_max``;
 - the staleness remedies (``staleness_remedy``, capabilities ``staleness_bound`` and ``drop_stale``): TRL's data
   loader takes each sample from the rollout queue through its ``RolloutQueueDataset``, which reads its
   ``max_staleness`` for every sample and drops one older than that, counted as ``sample/dropped_stale_total``. That
@@ -52,7 +54,7 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 
 from rlguard.adapters.trl.actuators import TrainerActuator
-from rlguard.adapters.trl.async_ages import PolicyVersionCollator, sample_ages, stamp_policy_version
+from rlguard.adapters.trl.async_ages import PolicyVersionCollator, sample_ages, sample_step_ages, stamp_policy_version
 from rlguard.adapters.trl.async_compat import (
     check_async_trl_compatibility,
     check_rollout_dataset_slot,
@@ -71,7 +73,7 @@ from rlguard.adapters.trl.compat import check_logged_metrics, logged_metrics
 from rlguard.adapters.trl.objective_glue import ObjectiveGlue
 from rlguard.core_losses import Controls, Objective, PolicyBatch
 from rlguard.guards import Guard, StepStats
-from rlguard.guards.stats.staleness import gap_by_age_parts
+from rlguard.guards.stats.staleness import PublishedSteps, gap_by_age_parts
 from rlguard.metrics import RLGUARD_PREFIX
 
 if TYPE_CHECKING:
@@ -155,6 +157,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
             applies to each sample it takes from the queue.
         rlguard_weight_syncs: the weight syncs to the rollout side so far, counted alike on every process (TRL's
             ``model_version`` is the main process's): the clock of the samples' ages (:mod:`async_ages`).
+        rlguard_published: the optimizer step of each of those syncs, for the ages in optimizer steps.
     """
 
     rlguard_weight_syncs = 0
@@ -194,6 +197,8 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         self.rlguard_objective = objective
         self._rlguard_step_stats = StepStats()
         self._rlguard_snapshot_version: int | None = None
+        self._rlguard_snapshot_step = 0  # the optimizer step of the last snapshot (a rollback's weights)
+        self.rlguard_published = PublishedSteps()
         self._rlguard_resync = False
         self.rlguard_queue: DiscardingQueue | None = None
         if self.rollout_queue is not None:
@@ -255,6 +260,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
     def rlguard_on_snapshot(self) -> None:
         """The policy version the server holds when the guard snapshots (it, and older ones, are not discarded)."""
         self._rlguard_snapshot_version = int(self.model_version)
+        self._rlguard_snapshot_step = int(self.state.global_step)  # before the step's update: the weights' count
 
     def rlguard_on_restore(self) -> None:
         """After a rollback: the versions published since the snapshot are discarded, and the restored weights are
@@ -262,6 +268,9 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         first = 0 if self._rlguard_snapshot_version is None else self._rlguard_snapshot_version + 1
         if self.rlguard_queue is not None and first <= self.model_version:
             self.rlguard_queue.discard(first, int(self.model_version))
+        # the guard acts before the optimizer step (global_step is the step's own minus 1); once the step ends the
+        # counter is the step's own and the weights are the snapshot's
+        self.rlguard_published.rollback(to_step=self._rlguard_snapshot_step, at_step=int(self.state.global_step) + 1)
         self._rlguard_resync = True
 
     def rlguard_resync_if_needed(self) -> bool:
@@ -274,6 +283,7 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
     def _sync_weight(self) -> None:
         super()._sync_weight()
         self.rlguard_weight_syncs += 1
+        self.rlguard_published.publish(self.rlguard_weight_syncs, int(self.state.global_step))
         self._rlguard_resync = False
 
     # -- the loss --------------------------------------------------------------------------------------
@@ -321,12 +331,14 @@ class GuardedAsyncGRPOTrainer(ObjectiveGlue, AsyncGRPOTrainer):  # type: ignore[
         )
         ages = sample_ages(inputs, self.rlguard_weight_syncs, mask.size(0))  # (B,), None without versions
         age_gap = None if ages is None else gap_by_age_parts(ages, fields["logprobs"], fields["old"], mask)
+        step = int(self.state.global_step)
+        step_ages = sample_step_ages(inputs, self.rlguard_published, step, mask.size(0))  # (B,)
         accumulation = self.current_gradient_accumulation_steps
         out = self.rlguard_objective(batch, **self._normalisers(inputs, mask, accumulation))
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / accumulation
-        self._log_rlguard_metrics("train", out, batch, accumulation, guard=True, age_gap=age_gap)
+        self._log_rlguard_metrics("train", out, batch, accumulation, guard=True, age_gap=age_gap, step_ages=step_ages)
         record_step_accounting(self, inputs, forward_s)
         return loss
 

@@ -7,6 +7,7 @@ supplies only how its loss reaches the objective.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +23,7 @@ from rlguard.guards.interventions.entropy_coef import AdaptiveEntropy
 from rlguard.guards.registry import detector_registry
 from rlguard.guards.stats.collect import add_metric_values
 from rlguard.guards.stats.reduction import reduce_rows
-from rlguard.guards.stats.staleness import add_gap_by_age
+from rlguard.guards.stats.staleness import add_gap_by_age, add_step_ages
 from rlguard.metrics import STALENESS_BUCKETS
 
 __all__ = ["ObjectiveGlue"]
@@ -80,6 +81,7 @@ class ObjectiveGlue:
         *,
         guard: bool,
         age_gap: Tensor | None = None,
+        step_ages: Tensor | None = None,
     ) -> None:
         """Reduce the objective's metrics and TRL's (:func:`trl_metric_parts`) over processes (one gather, one
         transfer to the host) and log them: the objective's as ``rlguard/<name>``, TRL's under TRL's keys with TRL's
@@ -89,7 +91,9 @@ class ObjectiveGlue:
         ``age_gap`` (``(2, K)``, :func:`~rlguard.guards.stats.staleness.gap_by_age_parts`; the asynchronous trainer's)
         rides in the same gather: each bucket is logged as ``rlguard/<bucket>``, a ``(gap sum, tokens)`` pair over
         all processes (TRL's async trainer logs a pair as the ratio of its window's sums), and this process's share
-        goes to the guard's stats, weighted by its tokens."""
+        goes to the guard's stats, weighted by its tokens. ``step_ages`` (``(B,)``, each sample's age in optimizer
+        steps) rides in it too, as ``(sum, count, max)``: logged as ``rlguard/staleness_steps_mean`` (a pair) and
+        ``rlguard/staleness_steps_max`` over all processes, this process's to the guard's stats."""
         metrics, mask = out.metrics, batch.mask
         names = sorted(metrics)
         tokens = mask.sum().to(torch.float64)
@@ -100,6 +104,7 @@ class ObjectiveGlue:
             + [out.loss.detach().to(torch.float64)]
             + [t.to(torch.float64) for t in trl.parts()]
             + ([] if age_gap is None else list(age_gap.to(torch.float64).reshape(-1).unbind()))
+            + ([] if step_ages is None else list(_age_parts(step_ages).unbind()))
         )
         # (W, K + 3 + len(trl.parts())): the only device -> host transfer of the micro-batch's metrics
         gathered = self.accelerator.gather(local.unsqueeze(0)).cpu().numpy()
@@ -113,8 +118,11 @@ class ObjectiveGlue:
         end = k + 3 + len(trl.parts())
         for key, value in trl.reduce(gathered[:, k + 3 : end]).items():
             logged[key].append(value)
+        gap_end = end + (0 if age_gap is None else age_gap.numel())
+        if step_ages is not None:
+            _log_step_ages(logged, gathered[:, gap_end:])
         if age_gap is not None:
-            sums, tokens = gathered[:, end:].sum(axis=0).reshape(2, -1).tolist()  # (W, 2K) -> over all processes
+            sums, tokens = gathered[:, end:gap_end].sum(axis=0).reshape(2, -1).tolist()  # (W, 2K) -> all processes
             for (name, _, _), total, count in zip(STALENESS_BUCKETS, sums, tokens, strict=True):
                 if count > 0:
                     logged[f"rlguard/{name}"].append((float(total), float(count)))
@@ -125,7 +133,9 @@ class ObjectiveGlue:
             if batch.rollout_logprobs is not None:  # the trainer-vs-engine probability moments
                 collect_step_stats(batch=batch, stats=stats)
             if age_gap is not None:
-                add_gap_by_age(stats, gathered[self.accelerator.process_index, end:].reshape(2, -1).tolist())
+                add_gap_by_age(stats, gathered[self.accelerator.process_index, end:gap_end].reshape(2, -1).tolist())
+            if step_ages is not None:
+                add_step_ages(stats, step_ages.cpu())  # its values reached the host with the gather
 
 
 def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:
@@ -143,3 +153,25 @@ def _add_adaptive_entropy(guard: Guard, adaptive: AdaptiveEntropy) -> None:
             "one of them (GuardConfig.schedules['entropy_coef'] or use_adaptive_entropy)."
         )
     guard.interventions[adaptive.name] = adaptive
+
+
+def _age_parts(ages: Tensor) -> Tensor:
+    """``(3,)`` float64 ``(sum, count, max)`` of ``ages`` ``(B,)`` (max 0 where there are none), on their device."""
+    ages = ages.detach().to(torch.float64).reshape(-1)
+    largest = ages.max() if ages.numel() else ages.new_zeros(())
+    return torch.stack([ages.sum(), ages.new_tensor(float(ages.numel())), largest])
+
+
+def _log_step_ages(logged: Any, parts: Any) -> None:
+    """Log ``(W, 3)`` processes' ``(sum, count, max)`` of the ages in optimizer steps, refusing a version with no
+    recorded step (a NaN age, :meth:`~rlguard.guards.stats.staleness.PublishedSteps.ages`)."""
+    total, count, largest = float(parts[:, 0].sum()), float(parts[:, 1].sum()), float(parts[:, 2].max())
+    if not (math.isfinite(total) and math.isfinite(largest)) or min(total, largest) < 0:
+        raise RuntimeError(
+            "a sample's policy version has no recorded weight sync, or one after the trainer's step (ages in "
+            f"optimizer steps: sum {total}, max {largest}): the trainer's sync count and its samples' versions "
+            "disagree. Report it with the TRL version."
+        )
+    if count > 0:
+        logged["rlguard/staleness_steps_mean"].append((total, count))
+        logged["rlguard/staleness_steps_max"].append(largest)

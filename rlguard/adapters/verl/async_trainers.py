@@ -27,7 +27,7 @@ from rlguard.adapters.verl.compat import check_one_step_off_trainer
 from rlguard.adapters.verl.driver import GuardHalt
 from rlguard.adapters.verl.trainers import guarded_tracking_for, guarded_trainer_class
 
-__all__ = ["AGE_KEYS", "DROPPED_KEY", "guarded_async_trainer_class"]
+__all__ = ["AGE_KEYS", "DROPPED_KEY", "STEP_AGE_KEYS", "guarded_async_trainer_class"]
 
 #: the logged count of samples dropped because the policy that generated them was rolled back (cumulative)
 DROPPED_KEY = "rlguard/guard/dropped_samples"
@@ -35,6 +35,9 @@ DROPPED_KEY = "rlguard/guard/dropped_samples"
 #: them and the weights they update), exact for this pipeline: the canonical ``staleness_mean``/``staleness_max`` of
 #: rlguard's metric table (``rlguard/<name>``), which the driver reads as any logged stat
 AGE_KEYS = ("rlguard/staleness_mean", "rlguard/staleness_max")
+#: the same ages in optimizer steps (the metric table's ``staleness_steps_mean``/``staleness_steps_max``): equal to
+#: the ages in versions in the one-step-off trainer, which publishes its weights after every step
+STEP_AGE_KEYS = ("rlguard/staleness_steps_mean", "rlguard/staleness_steps_max")
 
 
 def guarded_async_trainer_class(base: type) -> type:
@@ -83,7 +86,7 @@ def guarded_async_trainer_class(base: type) -> type:
 
         def _fit_postprocess_step(self) -> None:
             self.metrics[DROPPED_KEY] = float(self.rlguard_dropped_samples)  # logged by verl's step
-            self.metrics.update(dict.fromkeys(AGE_KEYS, float(self._rlguard_age)))
+            self.metrics.update(dict.fromkeys((*AGE_KEYS, *STEP_AGE_KEYS), float(self._rlguard_age)))
             super()._fit_postprocess_step()
 
     GuardedAsync.__name__ = GuardedAsync.__qualname__ = f"Guarded{base.__name__}"

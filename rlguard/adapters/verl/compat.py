@@ -90,6 +90,7 @@ FULLY_ASYNC_PRIVATE = {
     "_fit_compute_log_prob": ("batch",),
     "_fit_log_aggregated_training_metrics": ("rollout_reset_timing_raw",),
     "_fit_postprocess_step": (),
+    "_fit_update_local_step": (),
     "_save_checkpoint": (),
     "_shutdown_dump_executor": (),
     "set_message_queue_client": ("message_queue_client",),

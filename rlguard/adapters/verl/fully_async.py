@@ -20,9 +20,13 @@ calls and loads the same checkpoint. What the pipeline needs beyond the synchron
   any sample whose generation touched a discarded version, partial rollouts included), and counted
   (``rlguard/guard/dropped_samples``); samples of the restored version and older are kept (stale, not discarded).
 - **The samples' age** in policy versions (:class:`PolicyVersions`: a republished version is the policy it
-  restores) is logged as ``rlguard/staleness_mean``/``rlguard/staleness_max``; where the trainer recomputes pi_old
+  restores) is logged as ``rlguard/staleness_mean``/``rlguard/staleness_max``, and in optimizer steps (one per verl
+  step; :class:`~rlguard.guards.stats.staleness.PublishedSteps`, each version recorded at the update that made it)
+  as ``rlguard/staleness_steps_mean``/``rlguard/staleness_steps_max``; where the trainer recomputes pi_old
   beside the engine's log-probs (not verl's ``bypass_mode``), the gap ``|log pi_old - log p_rollout|`` by age bucket
-  (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`): the evidence ``staleness_remedy`` diagnoses.
+  (:func:`~rlguard.guards.stats.staleness.add_staleness_stats`): the evidence ``staleness_remedy`` diagnoses; in
+  bypass mode each row's age goes to the workers, whose loss measures ``|log pi_theta - log p_rollout|`` by bucket
+  (:mod:`~rlguard.adapters.verl.bypass_gap`, sent through verl's ``set_loss_fn``).
 - **The staleness remedies** (``staleness_remedy``): the bound in force (``Controls.max_staleness``, capability
   ``staleness_bound``) goes to the rollouter after the step that set it, through rlguard's rollouter
   (:mod:`rlguard.adapters.verl.fully_async_rollouter`, which verl's own budget then applies), and is logged as
@@ -41,18 +45,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
+import torch
+
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
+from rlguard.adapters.verl.bypass_gap import AGE_COLUMN, gap_by_age_from_metrics, ppo_loss_with_gap_by_age
 from rlguard.adapters.verl.compat import STALENESS_BOUND_METHOD, check_fully_async_trainer
 from rlguard.adapters.verl.driver import _STEP_FOLDER, VerlGuardDriver, _step_of
 from rlguard.adapters.verl.fully_async_queue import DroppingQueueClient, PolicyVersions, sample_versions
 from rlguard.adapters.verl.fully_async_rollouter import staleness_bound_of
-from rlguard.adapters.verl.mapping import engine_log_probs_beside_pi_old
+from rlguard.adapters.verl.mapping import config_get, engine_log_probs_beside_pi_old
 from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuation import bind_guard
+from rlguard.guards.stats.collect import StepStats
+from rlguard.guards.stats.staleness import PublishedSteps, add_staleness_stats, add_step_ages
 from rlguard.metrics import RLGUARD_PREFIX, STALENESS_BUCKETS
 
 #: the logged bound in force (policy versions) and the samples dropped over the age bound this version: the metric
@@ -104,6 +114,21 @@ class FullyAsyncGuardDriver(VerlGuardDriver):
             can.add("staleness_bound")
         return frozenset(can)
 
+    @property
+    def bypass_mode(self) -> bool:
+        """Whether pi_old is the engine's (verl's ``algorithm.rollout_correction.bypass_mode``): the gap by age is
+        then measured in the workers' loss (:mod:`~rlguard.adapters.verl.bypass_gap`)."""
+        correction = config_get(self.trainer.config.algorithm, "rollout_correction", None)
+        return bool(config_get(correction, "bypass_mode", False))
+
+    def push_controls(self) -> None:
+        """The synchronous driver's ``ppo_loss`` with the guard's controls; in bypass mode wrapped so that it also
+        measures the gap by age bucket (:func:`~rlguard.adapters.verl.bypass_gap.ppo_loss_with_gap_by_age`)."""
+        if not self.bypass_mode:
+            super().push_controls()
+            return
+        self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss_with_gap_by_age, config=self.actor_config()))
+
     def snapshot(self, step: int) -> None:
         super().snapshot(step)
         self.trainer.last_ckpt_version = step  # verl's own save at this version would repeat it
@@ -139,6 +164,10 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 guard = resolve_guard_setting(self.config.trainer.get("rlguard_guard", None) or "default")
             self.rlguard = FullyAsyncGuardDriver(self, guard)
             self.rlguard_versions = PolicyVersions()
+            #: the optimizer updates made so far (one per verl step) and the update each version was made at
+            self.rlguard_updates = 0
+            self.rlguard_published = PublishedSteps()
+            self.rlguard_published.publish(self.current_param_version, 0)
             #: trajectories dropped so far because a discarded version generated them (logged every version)
             self.rlguard_dropped_samples = 0
             #: trajectories dropped over the age bound since the last logged version
@@ -161,6 +190,8 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             """verl's; then the guard learns whether the rollouter takes the staleness bound (its capabilities)."""
             await super().set_rollouter(rollouter)
             bind_guard(self.rlguard.guard, self.rlguard, where="verl's fully async trainer")
+            if self.rlguard.bypass_mode:
+                self.rlguard.push_controls()  # the workers' loss measures the gap by age from the first step
 
         def _rlguard_why_drop(self, first: int, last: int) -> str | None:
             """Why a trajectory generated over versions ``first ... last`` is not trained on now, or None: its
@@ -183,30 +214,44 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             await _remote(self.rollouter.reset_staleness)
 
         async def _fit_generate(self, batch: Any = None) -> Any:
+            """verl's batch; its ages in versions and in optimizer steps (the updates made so far minus each
+            version's) logged."""
             batch = await super()._fit_generate(batch)
-            versions = batch.non_tensor_batch["max_global_steps"]
-            ages = [self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions]
-            self.metrics[AGE_KEYS[0]] = sum(ages) / len(ages)
-            self.metrics[AGE_KEYS[1]] = float(max(ages))
+            versions = torch.tensor([int(v) for v in batch.non_tensor_batch["max_global_steps"]])  # (B,)
+            st = StepStats()
+            add_staleness_stats(st, torch.tensor(self._rlguard_ages(batch), dtype=torch.float64))
+            add_step_ages(st, self.rlguard_published.ages(versions, self.rlguard_updates))
+            ages = st.reduce()
+            self.metrics.update({key: ages[key.removeprefix(RLGUARD_PREFIX)] for key in (*AGE_KEYS, *STEP_AGE_KEYS)})
             return batch
 
+        def _fit_update_local_step(self) -> None:
+            """verl's count of the steps of a sync cycle, after the step's update; a version made by this update
+            (the cycle's last) is recorded at it."""
+            self.rlguard_updates += 1
+            super()._fit_update_local_step()
+            if self.local_trigger_step == 1:
+                self.rlguard_published.publish(self.current_param_version, self.rlguard_updates)
+
+        def _rlguard_ages(self, batch: Any) -> list[int]:
+            """Each row's age in policy versions (its trajectory's last version)."""
+            versions = batch.non_tensor_batch["max_global_steps"]
+            return [self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions]
+
         def _fit_compute_log_prob(self, batch: Any) -> Any:
-            """verl's pi_old; where it is recomputed beside the engine's log-probs, the gap by age bucket."""
+            """verl's pi_old; where it is recomputed beside the engine's log-probs, the gap by age bucket; in bypass
+            mode each row's age goes to the workers' loss, which measures it there."""
             batch = super()._fit_compute_log_prob(batch)
             tensors = batch.batch
             # a TensorDict refuses `in` itself: its keys() answers
             if engine_log_probs_beside_pi_old(self.config) and "rollout_log_probs" in tensors.keys():  # noqa: SIM118
                 self.metrics.update(self._rlguard_gap_by_age(batch))
+            elif self.rlguard.bypass_mode:
+                tensors[AGE_COLUMN] = torch.tensor(self._rlguard_ages(batch), dtype=torch.float32)  # (B,)
             return batch
 
         def _rlguard_gap_by_age(self, batch: Any) -> dict[str, float]:
-            import torch
-
-            from rlguard.guards.stats.collect import StepStats
-            from rlguard.guards.stats.staleness import add_staleness_stats
-
-            versions = batch.non_tensor_batch["max_global_steps"]
-            ages = torch.tensor([self.rlguard_versions.age(self.current_param_version, int(v)) for v in versions])
+            ages = torch.tensor(self._rlguard_ages(batch))
             st = StepStats()
             tensors = batch.batch
             mask = tensors["response_mask"]
@@ -236,6 +281,7 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 self._rlguard_close_cycle(rollout_reset_timing_raw)
 
         def _fit_postprocess_step(self) -> None:
+            self.metrics.update(gap_by_age_from_metrics(self.metrics))  # bypass mode: measured by the workers' loss
             super()._fit_postprocess_step()  # adds this step's metrics to verl's aggregator
             if self._rlguard_cycle is not None:
                 timing, self._rlguard_cycle = self._rlguard_cycle, None
@@ -266,6 +312,9 @@ def guarded_fully_async_trainer_class(base: type) -> type:
             self.rlguard.republish = None
             self.current_param_version = step + 1
             self.rlguard_versions.republish(self.current_param_version, restored)
+            published = self.rlguard_published
+            published.rollback(to_step=published.step_of(restored), at_step=self.rlguard_updates)
+            published.publish(self.current_param_version, self.rlguard_updates)
             await self.checkpoint_manager.update_weights(global_steps=self.current_param_version)
             await _remote(self.rollouter.reset_staleness)
             self._save_checkpoint()
@@ -307,6 +356,8 @@ def guarded_fully_async_trainer_class(base: type) -> type:
                 folder = Path(os.path.abspath(path)) if path else self.rlguard.step_folder(self.current_param_version)
                 self.rlguard.load(folder)
                 self.rlguard_versions = PolicyVersions(start=self.current_param_version)
+                self.rlguard_published = PublishedSteps()
+                self.rlguard_published.publish(self.current_param_version, self.rlguard_updates)
                 await self._rlguard_apply_bound()  # verl's task runner sets the rollouter before loading
             return result
 

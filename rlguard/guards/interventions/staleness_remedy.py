@@ -28,6 +28,10 @@ declares:
    one (the controls then leave it as configured): a lower bound costs the pipeline its throughput, paid only
    while the gap's consequence lasts.
 
+Every change of the bound, lowered or doubled back, is an ``action:set_clip`` event whose reason says
+``staleness bound <before> -> <after>``; the step that puts it back as configured proposes the bound's controls as
+None, which announces the change (:class:`~rlguard.guards.decision.Proposal`).
+
 Measured on the long-completion benchmark's ``async<A>`` stressors: ``benchmarks/README.md`` ("Asynchronous
 pipelines").
 """
@@ -52,6 +56,7 @@ STALENESS_REMEDIES: dict[str, tuple[str, str]] = {
 }
 _CORRECTIONS = ("rollout_is", "kept_gradient")
 _BOUNDS = ("lower_bound", "drop_stale")
+_BOUND_CONTROLS = {"lower_bound": "max_staleness", "drop_stale": "stale_drop_age"}  # remedy -> its control
 _AGE0 = STALENESS_BUCKETS[0][0]
 
 
@@ -146,10 +151,7 @@ class StalenessRemedy(Intervention):
         elif self._s_corrected == "rollout_is":
             out["rollout_is_cap"] = self.rollout_is_cap
         if self._s_bound is not None:
-            if "lower_bound" in self._allowed:
-                out["max_staleness"] = self._s_bound
-            if "drop_stale" in self._allowed:
-                out["stale_drop_age"] = self._s_bound
+            out.update({c: self._s_bound for r, c in _BOUND_CONTROLS.items() if r in self._allowed})
         return out
 
     def propose(self, ctx: StepContext) -> Proposal | None:
@@ -202,7 +204,10 @@ class StalenessRemedy(Intervention):
         self._s_bound = None if doubled >= self._s_configured_bound else doubled
         self._s_last_switch = self._s_last_trouble = step  # the next doubling waits recovery_steps again
         after = self._s_configured_bound if self._s_bound is None else self._s_bound
-        return Proposal("step", f"recovered: staleness bound {before} -> {after}", self.controls())
+        controls: dict[str, Any] = self.controls()
+        if self._s_bound is None:  # back as configured: None announces it (an event, as the lowering was)
+            controls.update({c: None for r, c in _BOUND_CONTROLS.items() if r in self._allowed})
+        return Proposal("step", f"recovered: staleness bound {before} -> {after}", controls)
 
     def _recovered(self, step: int) -> bool:
         since = self._s_last_trouble if self._s_last_trouble is not None else self._s_last_switch

@@ -3,14 +3,18 @@ bucket (:data:`rlguard.metrics.STALENESS_BUCKETS`), added to a :class:`~rlguard.
 
 An asynchronous pipeline (TRL's ``AsyncGRPOTrainer``, verl's fully async and one-step-off trainers) trains on
 samples that an older policy generated. The age of a sample is the trainer's policy version minus the version that
-sampled it. Its gap ``|log p_trainer - log p_rollout|`` is the engine's numerics at age 0 and the policy's drift
-since sampling on top of that above it: a gap that grows with age is staleness, one that does not is the engine's
-(the cause table, :mod:`rlguard.guards.interventions.causes`).
+sampled it; its age in optimizer steps (:class:`PublishedSteps`) is the updates between the weights that sampled it
+and the weights it trains, which a pipeline that publishes every ``k`` optimizer steps counts apart from versions.
+Its gap ``|log p_trainer - log p_rollout|`` is the engine's numerics at age 0 and the policy's drift since sampling
+on top of that above it: a gap that grows with age is staleness, one that does not is the engine's (the cause
+table, :mod:`rlguard.guards.interventions.causes`).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -19,7 +23,14 @@ from torch import Tensor
 from rlguard.guards.stats.collect import StepStats
 from rlguard.metrics import STALENESS_BUCKETS
 
-__all__ = ["add_gap_by_age", "add_staleness_stats", "gap_by_age_parts", "staleness_bucket"]
+__all__ = [
+    "PublishedSteps",
+    "add_gap_by_age",
+    "add_staleness_stats",
+    "add_step_ages",
+    "gap_by_age_parts",
+    "staleness_bucket",
+]
 
 
 def staleness_bucket(age: float) -> str:
@@ -46,13 +57,8 @@ def add_staleness_stats(
         trainer_logprobs, rollout_logprobs: ``(B, T)`` the trainer's and the engine's log-probs of the sampled
             tokens; ``mask``: ``(B, T)`` 1 for completion tokens. All three or none.
     """
-    ages = ages.detach().to(torch.float64).reshape(-1)  # (B,)
-    if ages.numel() == 0:
+    if not _add_ages(st, ages, "staleness", "policy versions"):
         return
-    if not bool(torch.isfinite(ages).all()) or bool((ages < 0).any()):
-        raise ValueError(f"ages must be finite and >= 0 policy versions; got {ages.tolist()}.")
-    st.add("staleness_mean", ages.mean(), float(ages.numel()))
-    st.add("staleness_max", ages.max())
     given = [x is not None for x in (trainer_logprobs, rollout_logprobs, mask)]
     if not any(given):
         return
@@ -96,3 +102,91 @@ def add_gap_by_age(st: StepStats, parts: Sequence[Sequence[float]]) -> None:
     for (name, _, _), total, count in zip(STALENESS_BUCKETS, sums, tokens, strict=True):
         if count > 0:
             st.add(name, total / count, count)
+
+
+def add_step_ages(st: StepStats, ages: Tensor) -> None:
+    """Add ``staleness_steps_mean`` (weighted by samples) and ``staleness_steps_max`` to ``st``: ``ages`` ``(B,)``,
+    each sample's age in optimizer steps (:meth:`PublishedSteps.ages`, >= 0)."""
+    _add_ages(st, ages, "staleness_steps", "optimizer steps")
+
+
+def _add_ages(st: StepStats, ages: Tensor, stat: str, unit: str) -> bool:
+    """Add ``<stat>_mean`` and ``<stat>_max`` of ``ages`` ``(B,)`` to ``st``; whether there were any."""
+    ages = ages.detach().to(torch.float64).reshape(-1)  # (B,)
+    if ages.numel() == 0:
+        return False
+    if not bool(torch.isfinite(ages).all()) or bool((ages < 0).any()):
+        raise ValueError(f"ages must be finite and >= 0 {unit}; got {ages.tolist()}.")
+    st.add(f"{stat}_mean", ages.mean(), float(ages.numel()))
+    st.add(f"{stat}_max", ages.max())
+    return True
+
+
+class PublishedSteps:
+    """The optimizer step at which each published policy version was made: a sample's age in optimizer steps.
+
+    A pipeline that publishes its weights every ``k`` optimizer steps (TRL's ``weight_sync_steps``, verl's
+    ``async_training.trigger_parameter_sync_step``) numbers them as versions, ``k`` updates apart, and the trainer
+    runs up to ``k - 1`` updates ahead of the last one published. A sample's age in optimizer steps is the updates
+    between the weights that generated it and the weights it trains: ``step - step_of(version)``, ``step`` the
+    updates in the trainer's weights when its loss runs. After a rollback from step ``at`` to the weights of step
+    ``to`` (:meth:`rollback`), the versions made after ``to`` are gone and the kept ones are ``at - to`` steps
+    nearer than their step numbers say: the discarded updates are in no weights.
+    """
+
+    def __init__(self) -> None:
+        self._versions: list[int] = []  # published versions, increasing
+        self._steps: list[int] = []  # the optimizer step of each (along the kept lineage), non-decreasing
+
+    def publish(self, version: int, step: int) -> None:
+        """Version ``version`` holds the weights after ``step`` optimizer steps. A version after the last published
+        one, at a step no earlier than its; publishing the last version again (the same weights sent again) keeps
+        the step it was made at."""
+        version, step = _whole("version", version), _whole("step", step)
+        if self._versions and version == self._versions[-1]:
+            return
+        if self._versions and (version < self._versions[-1] or step < self._steps[-1]):
+            raise ValueError(
+                f"publish(version={version}, step={step}): versions and their steps go forward; the last published "
+                f"is version {self._versions[-1]} at step {self._steps[-1]}."
+            )
+        self._versions.append(version)
+        self._steps.append(step)
+
+    def rollback(self, to_step: int, at_step: int) -> None:
+        """At optimizer step ``at_step`` the trainer's weights went back to those of step ``to_step``: the versions
+        made after ``to_step`` are forgotten, the kept ones count from ``at_step`` on."""
+        to_step, at_step = _whole("to_step", to_step), _whole("at_step", at_step)
+        if to_step > at_step:
+            raise ValueError(f"rollback(to_step={to_step}, at_step={at_step}): to_step must not be after at_step.")
+        kept = bisect.bisect_right(self._steps, to_step)
+        self._versions = self._versions[:kept]
+        self._steps = [s + at_step - to_step for s in self._steps[:kept]]
+
+    def step_of(self, version: int) -> int:
+        """The optimizer step of ``version``'s weights: that of the last version published at or before it."""
+        i = bisect.bisect_right(self._versions, version) - 1
+        if i < 0:
+            first = f"the first is {self._versions[0]}" if self._versions else "none was"
+            raise ValueError(f"policy version {version} was never published ({first}): no optimizer step to count.")
+        return self._steps[i]
+
+    def ages(self, versions: Tensor, step: int) -> Tensor:
+        """``(B,)`` float64 on ``versions``' device: each sample's age in optimizer steps at the trainer's optimizer
+        step ``step``, ``step - step_of(version)``, of ``versions`` ``(B,)`` (a fractional version counts by its
+        whole versions); NaN for a version never published (no host sync: the caller checks where its values reach
+        the host, as :func:`add_step_ages` does)."""
+        whole = versions.detach().to(torch.float64).reshape(-1).floor()  # (B,)
+        known = torch.tensor(self._versions, dtype=torch.float64, device=whole.device)  # (P,)
+        made = torch.tensor(self._steps, dtype=torch.float64, device=whole.device)  # (P,)
+        i = torch.searchsorted(known, whole, right=True) - 1  # (B,) the last version published at or before
+        if not self._versions:
+            return whole * math.nan
+        at = torch.where((i >= 0) & whole.isfinite(), made[i.clamp(min=0)], math.nan)
+        return float(_whole("step", step)) - at
+
+
+def _whole(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0; got {value!r}.")
+    return int(value)

@@ -25,10 +25,13 @@ from rlguard.adapters.trl.async_config import GuardedAsyncGRPOConfig
 from rlguard.adapters.trl.async_queue import DiscardingQueue
 from rlguard.adapters.trl.async_trainer import GuardedAsyncGRPOTrainer, RolloutSyncActuator
 from rlguard.guards import Guard, GuardConfig, StepStats
+from rlguard.guards.stats.staleness import PublishedSteps
 from rlguard.metrics import STALENESS_BUCKETS
 
 VERSION = 9  # the trainer's model_version while the samples are taken (not a multiple of TRL's trace interval)
-SYNCS = 4  # the weight syncs the trainer counted by then (a resumed run: model_version started above 0)
+SYNCS = 8  # the weight syncs the trainer counted by then (a resumed run: model_version started above 0)
+SYNC_EVERY = 3  # weight_sync_steps: sync v was made at optimizer step 3 v
+STEP = SYNC_EVERY * SYNCS + 2  # the trainer's optimizer step: two updates ahead of the last sync
 PROMPT = 3  # prompt tokens of each sample; completions of COMPLETION tokens
 COMPLETION = 4
 
@@ -68,6 +71,7 @@ def _trainer(guard: Guard | None, max_staleness: int = 8) -> Any:
         rlguard_configured_objective=args.rlguard_mapping.build(),
         rlguard_configured_staleness=max_staleness, rlguard_staleness_bound=max_staleness,
         _rlguard_step_bound=max_staleness, model_version=VERSION, rlguard_weight_syncs=SYNCS,
+        rlguard_published=_published(), state=SimpleNamespace(global_step=STEP),
     )  # fmt: skip
     trainer.rlguard_objective = trainer.rlguard_configured_objective
     trainer.rlguard_queue = DiscardingQueue(queue.Queue(), metrics, trainer._rlguard_stamp)
@@ -77,6 +81,14 @@ def _trainer(guard: Guard | None, max_staleness: int = 8) -> Any:
         check_health_fn=_empty, stale_after_s=1.0, metrics=metrics, max_staleness=max_staleness, poll_interval_s=0.01,
     )  # fmt: skip
     return trainer
+
+
+def _published() -> PublishedSteps:
+    """Syncs 0 ... SYNCS, made every SYNC_EVERY optimizer steps."""
+    published = PublishedSteps()
+    for version in range(SYNCS + 1):
+        published.publish(version, SYNC_EVERY * version)
+    return published
 
 
 def _loader(trainer: Any, microbatch: int, *, dispatch: bool = False) -> Any:
@@ -157,6 +169,13 @@ def test_a_batch_of_known_ages_yields_each_buckets_gap() -> None:
         ((total, count),) = logged[f"rlguard/{name}"]  # TRL logs a (sum, count) pair as its window's ratio
         assert total / count == pytest.approx(value, rel=1e-12, abs=0)
     assert [logged[f"rlguard/{n}"][0][1] for n, _, _ in STALENESS_BUCKETS] == [8.0, 4.0, 8.0, 8.0]  # tokens
+    # the ages in optimizer steps: version v = SYNCS - age was made at step 3 v, the trainer is at 3 SYNCS + 2
+    in_steps = [SYNC_EVERY * age + 2 for age in ages]
+    assert in_steps == [2, 2, 5, 8, 11, 17, 23]
+    assert logged["rlguard/staleness_steps_mean"] == [(float(sum(in_steps)), 7.0)]
+    assert logged["rlguard/staleness_steps_max"] == [23.0]
+    assert judged["staleness_steps_mean"] == pytest.approx(sum(in_steps) / 7, rel=1e-12)
+    assert judged["staleness_steps_max"] == 23.0
 
 
 def test_a_weight_sync_between_the_take_and_the_loss_ages_the_samples() -> None:
@@ -175,6 +194,8 @@ def test_a_weight_sync_between_the_take_and_the_loss_ages_the_samples() -> None:
     assert judged["mismatch_logp_abs_mean_age1"] == pytest.approx(1 / 32, rel=1e-12)
     trainer.model_version += 1  # the step's sync, as TRL's _sync_weight bumps it
     trainer.rlguard_weight_syncs += 1  # and as GuardedAsyncGRPOTrainer._sync_weight counts it
+    trainer.state.global_step += 1
+    trainer.rlguard_published.publish(trainer.rlguard_weight_syncs, trainer.state.global_step)
     for i in (4, 5):  # what the dispatcher fetches ahead of the second: samples of the new version
         trainer.rlguard_queue.queue.put(_sample(i, -1, _engine(i, 0.0)))
     second = next(batches)  # samples 2 and 3: TRL counted ages 0 and 1 as it took them
@@ -184,6 +205,8 @@ def test_a_weight_sync_between_the_take_and_the_loss_ages_the_samples() -> None:
     assert judged["mismatch_logp_abs_mean_age1"] == pytest.approx(1 / 16, rel=1e-12)
     assert judged["mismatch_logp_abs_mean_age2_3"] == pytest.approx(1 / 4, rel=1e-12)
     assert "mismatch_logp_abs_mean_age0" not in judged
+    # in optimizer steps: versions SYNCS and SYNCS - 1, made at 3 SYNCS and 3 SYNCS - 3, at step 3 SYNCS + 3
+    assert judged["staleness_steps_mean"] == 4.5 and judged["staleness_steps_max"] == 6.0
 
 
 def test_every_process_counts_the_weight_syncs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,6 +217,27 @@ def test_every_process_counts_the_weight_syncs(monkeypatch: pytest.MonkeyPatch) 
     trainer._rlguard_resync = True
     GuardedAsyncGRPOTrainer._sync_weight(trainer)
     assert trainer.rlguard_weight_syncs == SYNCS + 1 and not trainer._rlguard_resync
+    assert trainer.rlguard_published.step_of(SYNCS + 1) == STEP  # and the optimizer step each was made at
+
+
+def test_a_rollback_counts_the_kept_versions_from_the_restored_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the guard acts, before the optimizer step (``global_step`` one below the step judged): a snapshot at step
+    STEP (weights of STEP - 1 updates), a rollback at step STEP + 1; when that step ends the restored weights are
+    pushed at step STEP + 1. The syncs made after the snapshot are forgotten; a sample of the last kept sync
+    (made at STEP - 2) is one update older than the snapshot, a sample of the pushed weights none."""
+    monkeypatch.setattr(trainer_module.AsyncGRPOTrainer, "_sync_weight", lambda self: None)
+    trainer = _trainer(None)
+    trainer.rlguard_queue, trainer._rlguard_snapshot_version = None, None
+    trainer.state.global_step = STEP - 1  # judging step STEP
+    GuardedAsyncGRPOTrainer.rlguard_on_snapshot(trainer)
+    trainer.state.global_step = STEP  # judging step STEP + 1
+    GuardedAsyncGRPOTrainer.rlguard_on_restore(trainer)
+    trainer.state.global_step = STEP + 1  # the step ended
+    GuardedAsyncGRPOTrainer._sync_weight(trainer)  # the restored weights pushed
+    published = trainer.rlguard_published
+    last_kept = SYNCS  # made at 3 SYNCS = STEP - 2
+    ages = published.ages(torch.tensor([float(last_kept), float(SYNCS + 1)]), STEP + 1)
+    assert ages.tolist() == [1.0, 0.0]
 
 
 def test_a_batch_not_from_the_guarded_loader_is_refused_clearly() -> None:

@@ -19,6 +19,7 @@ from rlguard.adapters.trl.async_trainer import (
     map_async_config,
 )
 from rlguard.guards import StepStats
+from rlguard.guards.stats.staleness import PublishedSteps
 
 
 class _Policy(torch.nn.Module):
@@ -69,7 +70,7 @@ def _fake_trainer(cls: type, args: Any, accumulation: int) -> Any:
         _step_forward_tokens=0.0, _step_trained_tokens=0.0, _step_seq_len_weighted=0.0, _step_samples=0.0,
         _step_forward_s=0.0,
         rlguard_guard=None,
-        rlguard_weight_syncs=0,
+        rlguard_weight_syncs=0, rlguard_published=PublishedSteps(), state=SimpleNamespace(global_step=0),
         _rlguard_step_stats=StepStats(),
         rlguard_mapping=args.rlguard_mapping,
         rlguard_objective=args.rlguard_mapping.build(),

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, guarded_async_trainer_class
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS, guarded_async_trainer_class
 from rlguard.guards import GuardConfig
 from tests.helpers.verl_async_stand_in import FakeOneStepOffTrainer
 from tests.helpers.verl_stand_in import poisoned_run, trainer_config
@@ -45,6 +45,8 @@ def test_after_a_rollback_the_next_step_trains_on_samples_of_the_restored_weight
     assert ages == [0.0] + [1.0] * 8 + [0.0, 1.0, 1.0]
     assert [trainer.trained_on[s] for s in (1, 2, 9, 10, 11)] == [0, 0, 7, 5, 5]  # the versions these ages are from
     assert all(by_step[s][AGE_KEYS[1]] == by_step[s][AGE_KEYS[0]] for s in range(1, 13))
+    # the one-step-off trainer publishes after every step: the ages in optimizer steps are the same
+    assert all(by_step[s][k] == ages[s - 1] for s in range(1, 13) for k in STEP_AGE_KEYS)
     # then one update old again: step 11 on the weights step 10 started from (the restored ones), 12 on step 10's
     assert (trainer.trained_on[11], trainer.trained_on[12]) == (5, 10)
     assert trainer.ran == list(range(1, 13))

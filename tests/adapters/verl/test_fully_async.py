@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
 from rlguard.adapters.verl.compat import check_fully_async_trainer
 from rlguard.adapters.verl.fully_async import (
     BOUND_KEY,
@@ -157,6 +157,9 @@ def test_one_record_per_version_judged_with_its_own_metrics(
     # lookahead 2: step 1's sample and the two queued behind it came from the initial weights
     assert [data[AGE_KEYS[0]] for _, data in logged] == [0.0, 1.0, 2.0, 2.0]
     assert [data[AGE_KEYS[1]] for _, data in logged] == [0.0, 1.0, 2.0, 2.0]
+    # one sync per step: the ages in optimizer steps are the ages in versions
+    assert [data[STEP_AGE_KEYS[0]] for _, data in logged] == [0.0, 1.0, 2.0, 2.0]
+    assert [data[STEP_AGE_KEYS[1]] for _, data in logged] == [0.0, 1.0, 2.0, 2.0]
 
 
 def test_a_sync_cycle_of_several_steps_is_one_judged_record(
@@ -172,6 +175,13 @@ def test_a_sync_cycle_of_several_steps_is_one_judged_record(
         mean = (steps[first]["actor/pg_loss"] + steps[first + 1]["actor/pg_loss"]) / 2
         assert data["actor/pg_loss"] == pytest.approx(mean, rel=1e-12)
     assert [s for s, _ in trainer.checkpoint_manager.published] == [0, 1, 2, 3]
+    # steps 1-4 trained on version 0's samples (made at update 0), 5-6 on version 1's (made at update 2); step g
+    # runs with g - 1 updates: ages in steps 0, 1 | 2, 3 | 2, 3, against 0 | 1 | 1 in versions
+    assert [trainer.trained_on[g][1][0] for g in range(1, 7)] == [0, 0, 0, 0, 1, 1]
+    assert [data[AGE_KEYS[1]] for _, data in logged] == [0.0, 1.0, 1.0]
+    assert [data[STEP_AGE_KEYS[0]] for _, data in logged] == [0.5, 2.5, 2.5]
+    assert [data[STEP_AGE_KEYS[1]] for _, data in logged] == [1.0, 3.0, 3.0]
+    assert [trainer.rlguard_published.step_of(v) for v in range(4)] == [0, 2, 4, 6]
 
 
 def test_a_rollback_republishes_the_restored_weights_and_drops_the_discarded_samples(
@@ -196,7 +206,9 @@ def test_a_rollback_republishes_the_restored_weights_and_drops_the_discarded_sam
     assert trainer.rollouter.reset_calls == 1 + 12 + 1 + 2  # the first push, each step, the republish, each drop
     # the first step after the rollback trains on the restored weights' samples: age 0
     assert trained_after[0] == ([restored] * TRAJECTORIES, [10] * TRAJECTORIES)
-    assert by_step[11][AGE_KEYS[1]] == 0.0
+    assert by_step[11][AGE_KEYS[1]] == by_step[11][STEP_AGE_KEYS[1]] == 0.0
+    # the restored version 5 counts from the republish on: its samples are as old as the restored weights
+    assert trainer.rlguard_published.step_of(5) == trainer.rlguard_published.step_of(10) == 9
     assert 9 in trainer.rlguard.discarded and 10 not in trainer.rlguard.discarded
 
 
@@ -330,7 +342,10 @@ def test_the_staleness_remedy_lowers_the_rollouters_bound_drops_over_age_samples
     assert bounds == [2.0] * 5 + [1.0] * 4 + [2.0] * 5, bounds
     events = [json.loads(line) for line in (tmp_path / "ckpt" / "events.jsonl").read_text().splitlines()]
     said = [(e["step"], e["message"]) for e in events if "staleness bound" in e.get("message", "")]
-    assert said == [(5, "stale samples (diagnosed at step 2) with nonfinite: staleness bound 2 -> 1")], said
+    assert said == [
+        (5, "stale samples (diagnosed at step 2) with nonfinite: staleness bound 2 -> 1"),
+        (9, "recovered: staleness bound 1 -> 2"),
+    ], said
     # the samples already queued over the lowered bound were dropped as the trainer took them, not trained on
     assert sum(data[STALE_DROPPED_KEY] for _, data in logged) == by_step[6][STALE_DROPPED_KEY] > 0
     assert all(data[AGE_KEYS[1]] <= 1.0 for s, data in logged if 6 <= s <= 9), [d[AGE_KEYS[1]] for _, d in logged]

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from rlguard.cli import app
+from rlguard.doctor.events_only import events_only
+from rlguard.doctor.html import events_table
 from rlguard.guards import Controls, Guard, GuardConfig
 from rlguard.guards.actuation import CAPABILITIES
-from rlguard.guards.decision import Proposal
-from rlguard.guards.events import Finding
+from rlguard.guards.decision import Proposal, decision_action
+from rlguard.guards.events import Finding, read_events
 from rlguard.guards.interventions import CAUSES, StepContext
 from rlguard.guards.interventions.staleness_remedy import StalenessRemedy
 from tests.helpers.mismatch import NO_ROLLOUT, WITH_ROLLOUT, trouble
@@ -126,8 +129,49 @@ def test_the_bound_is_halved_per_failure_and_doubled_back_after_recovery() -> No
     assert p.controls["max_staleness"] == 2 and "recovered: staleness bound 1 -> 2" in p.reason
     assert step(r, at(81, stats)).controls["max_staleness"] == 4
     p = step(r, at(101, stats))
-    assert "max_staleness" not in p.controls and "4 -> 8" in p.reason
-    assert Controls.from_dict(p.controls).max_staleness is None
+    # back as configured: the bound's controls proposed as None, which announces the change
+    assert p.controls == {"kept_gradient": True, "max_staleness": None, "stale_drop_age": None}
+    assert "4 -> 8" in p.reason and Controls.from_dict(p.controls).max_staleness is None
+    assert step(r, at(102, stats)).controls == {"kept_gradient": True}  # and then left as configured
+
+
+def test_restoring_the_bound_is_an_event_as_lowering_it_is(tmp_path: Path) -> None:
+    """Only the bounds (no correction, whose control would announce itself): the step that puts the bound back as
+    configured writes an ``action:set_clip`` event to events.jsonl, read back by the doctor's reader, and leaves
+    the step's controls as configured."""
+    remedy = {"remedies": ("lower_bound", "drop_stale"), "escalate_on": ("nonfinite",), "trial_steps": 1,
+              "recovery_steps": 3}  # fmt: skip
+    off = dict.fromkeys(("clip_controller", "halt", "lr_backoff", "rollback", "skip_no_signal", "skip_step"))
+    events_path = tmp_path / "events.jsonl"
+    interventions = {**off, "staleness_remedy": remedy}
+    guard = Guard(GuardConfig.preset("default", events_path=str(events_path), interventions=interventions))
+    decisions = []
+    for s in range(1, 13):
+        stats = {AGE0: 0.0, AGE4: 0.2, "staleness_bound": 4.0} | ({"nonfinite": 1.0} if s in (4, 5) else {})
+        decisions.append(guard.observe(s, stats))
+    assert guard.events_log is not None
+    guard.events_log.close()
+    said = [(e.step, e.detector, e.message) for e in read_events(events_path).events if "staleness" in e.message]
+    assert said == [
+        (4, "action:set_clip", "stale samples (diagnosed at step 1) with nonfinite: staleness bound 4 -> 2"),
+        (5, "action:set_clip", "stale samples (diagnosed at step 1) with nonfinite: staleness bound 2 -> 1"),
+        (8, "action:set_clip", "recovered: staleness bound 1 -> 2"),
+        (11, "action:set_clip", "recovered: staleness bound 2 -> 4"),
+    ], said
+    bounds = [d.controls.max_staleness for d in decisions]
+    assert bounds == [None] * 3 + [2, 1, 1, 1, 2, 2, 2, None, None], bounds
+    assert [decision_action(d) for d in decisions].count("set_clip") == 4
+    # the doctor's view of a run folder holding only events.jsonl, and its HTML table, list the restore
+    found = events_only(tmp_path)
+    assert found is not None and [e.step for e in found.events if "staleness bound" in e.message] == [4, 5, 8, 11]
+    assert "recovered: staleness bound 2 -&gt; 4" in events_table(found.events)
+
+
+def test_only_a_control_whose_neutral_is_none_can_be_put_back_as_configured() -> None:
+    assert Controls.combine([{"max_staleness": 2}, {"max_staleness": None}], {}).max_staleness == 2
+    assert Controls.combine([{"max_staleness": None}], {"max_staleness": 3}).max_staleness == 3  # as scheduled
+    with pytest.raises(ValueError, match=r"\['lr_scale'\] are None.*propose its neutral value"):
+        Proposal("step", "x", {"lr_scale": None})
 
 
 def test_an_actuator_without_the_capabilities_gets_no_bound_and_trainer_pi_old_waits_for_trouble() -> None:

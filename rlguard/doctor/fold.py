@@ -199,7 +199,7 @@ class DoctorFold:
             live,
             live_path,
             live_warnings,
-            recovered_incidents(steps, rewards, critical, rule),
+            recovered_incidents(steps, rewards, critical, rule, self._index.history),
         )
 
 

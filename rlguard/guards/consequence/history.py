@@ -98,6 +98,7 @@ class RewardHistory:
         self._paths: dict[float, array[float]] = {}  # alpha -> the EWMA after each reward read so far
         self._sigmas: dict[int, float] = {}  # count -> robust sigma of the first `count` differences
         self._tops: dict[tuple[float, int, int], float] = {}  # (alpha, m, k) -> the k-th highest of the path's first m
+        self._scans: dict[int, _Recovery] = {}  # first reward after an onset -> the recovery's scans from there
 
     def read(self, rewards: Sequence[float]) -> None:
         """Read the timeline's rewards (``reward_mean`` per position, NaN where absent) from :attr:`seen` on."""
@@ -123,6 +124,7 @@ class RewardHistory:
         for path in self._paths.values():
             del path[count:]
         self._sigmas = {c: s for c, s in self._sigmas.items() if c < count}
+        self._scans = {k: scan for k, scan in self._scans.items() if scan.upto <= count}
         self._tops = {key: t for key, t in self._tops.items() if key[1] <= count}
 
     def span(self) -> float:
@@ -139,13 +141,32 @@ class RewardHistory:
         if m < rule.anchor + rule.peak_observations:
             return False
         count = m - 1  # their successive differences
-        sigma = self._sigmas.get(count)
-        if sigma is None:
-            diffs = np.diff(np.frombuffer(self.values[:m], dtype=np.float64))  # (count,)
-            sigma = self._sigmas[count] = robust_sigma(np.sort(diffs), diffs)
-        margin = margin_from_noise(sigma, self._squares[count - 1], count, self.span(), rule)
+        margin = margin_from_noise(self.sigma(count), self.squares(count), count, self.span(), rule)
         start = statistics.median(self.values[: rule.anchor].tolist())
         return self._top(rule.alpha, m, rule.peak_observations) > start + margin
+
+    def sigma(self, count: int) -> float:
+        """``RollingWindow(count, diffs).sigma()`` of the first ``count`` successive differences (0 for none)."""
+        if not count:
+            return 0.0
+        if count not in self._sigmas:
+            diffs = np.diff(np.frombuffer(self.values[: count + 1], dtype=np.float64))  # (count,)
+            self._sigmas[count] = robust_sigma(np.sort(diffs), diffs)
+        return self._sigmas[count]
+
+    def squares(self, count: int) -> float:
+        """The sum of the squares of the first ``count`` successive differences, in order (0 for none)."""
+        return self._squares[count - 1] if count else 0.0
+
+    def recovery(self, k0: int, bound: float, margin: float, n: int) -> tuple[int, int] | None:
+        """(first reward of the fall's window, first reward back) after reward ``k0``: the scans of
+        :func:`~rlguard.guards.consequence.excursions.recovered_incidents` (:class:`_Recovery`), resumed where the
+        last judgement left them; None while the reward did not fall and come back."""
+        scan = self._scans.get(k0)
+        if scan is None or (scan.bound, scan.margin, scan.n) != (bound, margin, n):
+            scan = self._scans[k0] = _Recovery(k0, bound, margin, n)
+        scan.run(self.values, len(self.values) - 1)  # the windows before the last reward: kept (never forgotten)
+        return scan.ends(self.values)
 
     def _top(self, alpha: float, m: int, k: int) -> float:
         """The ``k``-th highest of the EWMA (``alpha``) after each of the first ``m`` rewards: ``k`` of them are
@@ -159,3 +180,53 @@ class RewardHistory:
                 path.append(ewma)
             self._tops[key] = float(np.partition(np.frombuffer(path[:m], dtype=np.float64), m - k)[m - k])
         return self._tops[key]
+
+
+class _Recovery:
+    """The reward's fall and return after reward ``k0`` (the definition: :mod:`rlguard.guards.consequence.excursions`):
+    the first window of ``n`` rewards from ``k0`` whose median is below ``bound`` (fell), then the first later window
+    whose median is at least ``bound`` and the median of the rewards since the fall plus ``margin`` (back); each
+    window tested once as rewards are appended (:meth:`run`)."""
+
+    def __init__(self, k0: int, bound: float, margin: float, n: int) -> None:
+        self.bound, self.margin, self.n = bound, margin, n
+        self.k = k0  # the next window of the fall's scan
+        self.start: int | None = None  # the fall's window
+        self.since: list[float] = []  # the rewards since the fall, sorted
+        self.kb = 0  # the next window of the return's scan
+        self.back: int | None = None  # the first reward back
+        self.upto = 0  # the rewards the windows tested end before
+
+    def run(self, values: Sequence[float], upto: int) -> None:
+        """Test the windows that end before reward ``upto``."""
+        n, bound = self.n, self.bound
+        self.upto = max(self.upto, upto)
+        while self.start is None and self.k + n <= upto:
+            if statistics.median(values[self.k : self.k + n]) < bound:
+                self.start, self.kb = self.k, self.k + n
+                self.since = sorted(values[self.k : self.k + n])
+            else:
+                self.k += 1
+        while self.start is not None and self.back is None and self.kb + n <= upto:
+            since, kb = self.since, self.kb
+            mid = len(since) // 2
+            above = max(bound, (since[mid] if len(since) % 2 else (since[mid - 1] + since[mid]) / 2) + self.margin)
+            if statistics.median(values[kb : kb + n]) >= above:
+                self.back = next(j for j in range(kb, kb + n) if values[j] >= above)
+            else:
+                bisect.insort(since, values[kb])
+                self.kb += 1
+
+    def ends(self, values: Sequence[float]) -> tuple[int, int] | None:
+        """(fall's window, first reward back) with every window of ``values`` tested: those ending at its last
+        reward tested on a copy of the scans' state (that reward may be forgotten, :meth:`RewardHistory.forget`)."""
+        state = (self.k, self.start, self.kb, self.back, self.upto)
+        self.run(values, len(values))
+        found = None if self.start is None or self.back is None else (self.start, self.back)
+        if state[1] is None:
+            self.since = []
+        else:
+            for k in range(state[2], self.kb):
+                del self.since[bisect.bisect_left(self.since, values[k])]
+        self.k, self.start, self.kb, self.back, self.upto = state
+        return found

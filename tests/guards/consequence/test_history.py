@@ -12,6 +12,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
 from rlguard.guards.consequence.history import RewardHistory, _Ranked
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
@@ -102,3 +103,67 @@ def test_the_ranked_blocks_give_every_order_statistic() -> None:
         bulk.remove(x)
         kept.remove(x)
     assert [ranked.kth(k) for k in range(len(kept))] == kept == [bulk.kth(k) for k in range(len(kept))]
+
+
+def _fall(n: int, seed: int, back_at: int | None) -> list[float]:
+    """Rewards at 0.8 that fall to 0.3 from position 100 and come back at ``back_at`` (never: None), with noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        level = 0.3 if i >= 100 and (back_at is None or i < back_at) else 0.8
+        out.append(level + 0.02 * float(rng.standard_normal()))
+    return out
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    back_at=st.sampled_from([None, 140, 260]),
+    chunks=st.lists(st.integers(1, 60), min_size=1, max_size=8),
+)
+@examples(quick=20, long=200)
+def test_the_recovery_kept_across_judgements_equals_the_recovery_read_whole(
+    seed: int, back_at: int | None, chunks: list[int]
+) -> None:
+    """The incidents after a critical excursion at step 101, judged as the rewards grow (a last step read by a
+    copy, then forgotten) with the history kept, equal those of the rewards so far read whole."""
+    rewards = _fall(300, seed, back_at)
+    steps = list(range(1, 301))
+    critical = [_excursion("reward_collapse", 101, 120), _excursion("entropy", 280, 290)]
+    history, at = RewardHistory(), 0
+    for size in [*chunks, 300]:
+        end = min(at + size, 300)
+        for cut in (min(end + 1, 300), end):  # the copy's step, then the step kept
+            got = recovered_incidents(steps[:cut], rewards[:cut], critical, RULE, history)
+            assert got == recovered_incidents(steps[:cut], rewards[:cut], critical, RULE), cut
+            history.forget(end)
+        at = end
+
+
+def test_the_recovery_tests_each_window_once_however_many_judgements_ask(monkeypatch: Any) -> None:
+    """A fall that never comes back: 50 judgements of 20 more rewards each compute the median of about the 20
+    windows appended (and the copy's), not of every window since the fall."""
+    import statistics
+
+    medians = [0]
+    median = statistics.median
+
+    def counted(data: Any) -> Any:
+        medians[0] += 1
+        return median(data)
+
+    monkeypatch.setattr(statistics, "median", counted)
+    rewards = _fall(3_000, 1, None)
+    steps = list(range(1, 3_001))
+    critical = [_excursion("reward_collapse", 101, 120)]
+    history = RewardHistory()
+    recovered_incidents(steps[:2_000], rewards[:2_000], critical, RULE, history)
+    calls = []
+    for end in range(2_020, 3_001, 20):
+        medians[0] = 0
+        recovered_incidents(steps[:end], rewards[:end], critical, RULE, history)
+        calls.append(medians[0])
+    assert max(calls) <= 30, calls
+
+
+def _excursion(detector: str, onset: int, end: int) -> Excursion:
+    return Excursion(detector, onset, end, "critical", onset, "unresolved", end - onset + 1, onset)

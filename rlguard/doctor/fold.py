@@ -52,9 +52,11 @@ class DoctorFold:
     consequence rule's hindsight (:func:`~rlguard.guards.consequence.offline.label_findings`, ``judge_log``,
     ``excursions``: a finding is judged by what followed it) reads the kept timeline through a
     :class:`~rlguard.guards.consequence.index.FindingIndex` brought up to date with the steps added since the last
-    judgement, then works on the findings and the steps near them, not on every step (the reward's established peak
-    and a critical excursion's recovery still read the reward series whole: :mod:`rlguard.guards.consequence.peak`,
-    :func:`~rlguard.guards.consequence.excursions.recovered_incidents`).
+    judgement, then works on the findings and the steps near them, not on every step; the reward's established peak
+    and a critical excursion's recovery read the index's
+    :class:`~rlguard.guards.consequence.history.RewardHistory`, kept as the timeline grows. The table judged is a
+    snapshot of the follower's (:meth:`~rlguard.doctor.columns.Columns.copy`), its steps with a stat kept from the
+    last judgement (``CanonicalRows(previous=...)``), and the diagnosis reads a stat's values when asked for.
     The last step of a log that may still grow (``final=False``) can still be merged with a record of the same
     step: it is judged by a copy of the guard (its state, :meth:`~rlguard.guards.Guard.state_dict`) and fed for
     good at the next judgement.

@@ -16,8 +16,8 @@ from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
 from rlguard.guards.consequence.history import RewardHistory, _Ranked
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
-from tests.guards.consequence.test_peak import _series
 from tests.helpers.profiles import examples
+from tests.helpers.rewards import reward_series as _series
 
 RULE = ConsequenceRule()
 

@@ -131,8 +131,14 @@ class DoctorFold:
             guard = Guard(self.config)
             for name, warmup in self._warmups.items():
                 guard.detectors[name].warmup = warmup
-            # a copy: a detector's state_dict hands out its own lists and dicts, which the copy's step would change
-            guard.load_state_dict(copy.deepcopy(self._guard.state_dict()))
+            # a copy: a detector's state_dict hands out its own lists and dicts, which the copy's step would change;
+            # without the events recorded (they grow with the log's alarms, and the diagnosis does not read them)
+            recorded, self._guard.events = self._guard.events, []
+            try:
+                state = copy.deepcopy(self._guard.state_dict())
+            finally:
+                self._guard.events = recorded
+            guard.load_state_dict(state)
             step, stats = rows[keep]
             self._observe(guard, step, stats)
         try:

@@ -151,11 +151,21 @@ class _StepsAt(Sequence[int]):
 
 
 class _Observed:
-    """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection."""
+    """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection: through
+    the timeline's steps and the observed positions (``bisect`` of a step among the observed steps is that of its
+    position among the observed positions: steps increase with positions)."""
 
-    def __init__(self, steps: Sequence[int], groups: list[range]) -> None:
+    def __init__(self, steps: _StepsAt, groups: list[range]) -> None:
         self.steps = steps
         self.ends = [steps[g[-1]] for g in groups]
+
+    def bisect_left(self, step: int) -> int:
+        """``bisect.bisect_left(self.steps, step)``."""
+        return bisect.bisect_left(self.steps._obs, bisect.bisect_left(self.steps._steps, step))
+
+    def bisect_right(self, step: int) -> int:
+        """``bisect.bisect_right(self.steps, step)``."""
+        return bisect.bisect_left(self.steps._obs, bisect.bisect_right(self.steps._steps, step))
 
 
 def _backdate(
@@ -168,7 +178,7 @@ def _backdate(
     ``horizon`` logged steps of its onset, where the shift has up to that many observations after it (at the onset
     itself a shift's few observations weigh less than a longer, smaller elevation before it)."""
     points, steps = timeline.change_points, observed.steps
-    k = bisect.bisect_left(steps, ex.onset)
+    k = observed.bisect_left(ex.onset)
     if not points or k == len(steps) or steps[k] != ex.onset:
         return ex
     cp = None
@@ -181,9 +191,9 @@ def _backdate(
     # the previous episode ends at the last episode end before the onset (an episode that ends before it starts
     # before it); the new onset is the first observed step at or after the estimate and after that end
     before = bisect.bisect_left(observed.ends, ex.onset)
-    first = bisect.bisect_left(steps, cp)
+    first = observed.bisect_left(cp)
     if before:
-        first = max(first, bisect.bisect_right(steps, observed.ends[before - 1]))
+        first = max(first, observed.bisect_right(observed.ends[before - 1]))
     return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 

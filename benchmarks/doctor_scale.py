@@ -149,11 +149,13 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
     """What ``rlguard watch`` spends on a ``shape``-shaped JSONL of ``steps`` records that grows by ``per_poll``
     records ``polls`` times, judged after each (every poll: more often than the watch's schedule judges), in CPU
     seconds of this process: ``read`` (the appended bytes parsed and merged) and ``fed`` (the appended steps through
-    the doctor's fold, the guard's observe) per appended record, and ``hindsight`` (the rest of a judgement: the
-    table's copy, the mapping of keys, the consequence rule over the whole timeline) per judgement."""
+    the doctor's fold, the guard's observe) per appended record, ``hindsight`` (the rest of a judgement: the
+    table's snapshot, the mapping of keys, the consequence rule over the timeline) and ``view`` (the watch's live
+    view of the diagnosis: its latest stats and findings) per judgement."""
     sys.path.insert(0, str(ROOT))
     from rlguard.doctor.fold import DoctorFold
     from rlguard.doctor.stream import JsonlFollower
+    from rlguard.watch import live_view
 
     whole = write_log(shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl")
     lines = whole.read_bytes().splitlines(keepends=True)
@@ -172,43 +174,70 @@ def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: i
         fed[0] += time.process_time() - start
 
     fold._feed = timed_feed  # type: ignore[method-assign,assignment]
-    read = judged = 0.0
+    read = judged = view = 0.0
     for k in range(polls):
         with path.open("ab") as fh:
             fh.write(b"".join(lines[steps + k * per_poll : steps + (k + 1) * per_poll]))
         start = time.process_time()
         follower.poll()
         middle = time.process_time()
-        fold.judge(follower.log(), final=False)
-        read, judged = read + middle - start, judged + time.process_time() - middle
+        d = fold.judge(follower.log(), final=False)
+        end = time.process_time()
+        live_view(path, d, None, "watching")
+        read, judged, view = read + middle - start, judged + end - middle, view + time.process_time() - end
     appended = polls * per_poll
     return {
         "read_us": 1e6 * read / appended,
         "fed_us": 1e6 * fed[0] / appended,
         "hindsight_s": (judged - fed[0]) / polls,
+        "view_s": view / polls,
         "per_poll": per_poll,
         "replays": fold.replays,
     }
 
 
-def reward_history_cost(steps: int, seed: int = 0) -> dict[str, float]:
-    """CPU seconds of the two parts of a judgement that still read the reward series whole, on ``steps`` rewards
-    (a rise from 0 to 1 with noise): the established peak (``PeakHistory``, built once per judgement where a reward
-    finding is critical, and one position asked) and the reward's recovery after a critical excursion 500 records
-    before the end (``_reward_recovery``, once per critical excursion judged)."""
+def reward_history_cost(steps: int, seed: int = 0, polls: int = 5, per_poll: int = 200) -> dict[str, float]:
+    """CPU seconds of the two parts of a judgement that ask of the whole reward series, on ``steps`` rewards (a
+    rise from 0 to 1 with noise): the established peak (one position asked) and the reward's recovery after a
+    critical excursion 500 records before the end. Read whole (``PeakHistory``; ``_reward_recovery`` with a
+    history of its own), as a judgement from scratch does; and kept (the watch's ``RewardHistory``, in the fold's
+    index), per judgement after ``per_poll`` rewards appended, ``polls`` times, asked at the same position (an
+    ongoing episode's first finding; a new episode's first costs a sort of the differences before it, once)."""
     sys.path.insert(0, str(ROOT))
     from rlguard.guards.consequence.excursions import _reward_recovery
+    from rlguard.guards.consequence.history import RewardHistory
     from rlguard.guards.consequence.peak import PeakHistory
     from rlguard.guards.consequence.rule import ConsequenceRule
 
     rng = np.random.default_rng(seed)
-    rewards = array("d", np.minimum(1.0, np.arange(steps) / steps + rng.normal(0, 0.05, steps)).tolist())
+    total = steps + polls * per_poll
+    every = np.minimum(1.0, np.arange(total) / total + rng.normal(0, 0.05, total)).tolist()
+    rewards, positions = array("d", every[:steps]), array("q", range(total))
     rule = ConsequenceRule()
     start = time.process_time()
     PeakHistory(rewards, rule).established(steps - 100)
     middle = time.process_time()
-    _reward_recovery(array("q", range(steps)), rewards, steps - 500, rule)
-    return {"peak_s": middle - start, "recovery_s": time.process_time() - middle}
+    _reward_recovery(positions, rewards, steps - 500, rule)
+    end = time.process_time()
+    history = RewardHistory()
+    history.read(rewards)
+    history.established(steps - 100, rule)
+    _reward_recovery(positions, rewards, steps - 500, rule, history)
+    peak = recovery = 0.0
+    for k in range(polls):
+        rewards.extend(every[steps + k * per_poll : steps + (k + 1) * per_poll])
+        t0 = time.process_time()
+        history.read(rewards)
+        history.established(steps - 100, rule)  # an episode's first finding: asked again at each judgement
+        t1 = time.process_time()
+        _reward_recovery(positions, rewards, steps - 500, rule, history)
+        peak, recovery = peak + t1 - t0, recovery + time.process_time() - t1
+    return {
+        "peak_s": middle - start,
+        "recovery_s": end - middle,
+        "kept_peak_s": peak / polls,
+        "kept_recovery_s": recovery / polls,
+    }
 
 
 def main() -> None:
@@ -225,11 +254,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.reward_history is not None:
-        print("| rewards | established peak CPU s | recovery after an excursion CPU s |")
-        print("|---|---|---|")
+        print(
+            "| rewards | established peak, read whole CPU s | recovery after an excursion, read whole CPU s "
+            "| established peak, kept ms / judgement | recovery, kept ms / judgement |"
+        )
+        print("|---|---|---|---|---|")
         for steps in args.reward_history or (100_000, 1_000_000):
             c = reward_history_cost(steps)
-            print(f"| {steps} | {c['peak_s']:.2f} | {c['recovery_s']:.2f} |", flush=True)
+            print(
+                f"| {steps} | {c['peak_s']:.2f} | {c['recovery_s']:.2f} | {1e3 * c['kept_peak_s']:.2f} "
+                f"| {1e3 * c['kept_recovery_s']:.2f} |",
+                flush=True,
+            )
         return
     if args.write_only is not None:
         write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
@@ -237,16 +273,17 @@ def main() -> None:
     if args.watch is not None:
         print(
             "| shape | records in the log | read µs / record | fed µs / record | rest of a judgement ms "
-            "| rest µs / record | replays |"
+            "| rest µs / record | live view ms | replays |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
             for shape in args.shapes or ("trl",):
                 for steps in args.watch or (10_000, 100_000, 1_000_000):
                     c = watch_cost(shape, steps, Path(tmp))
                     print(
                         f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {1e3 * c['hindsight_s']:.1f} "
-                        f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {c['replays']:.0f} |",
+                        f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {1e3 * c['view_s']:.1f} "
+                        f"| {c['replays']:.0f} |",
                         flush=True,
                     )
         return

@@ -9,9 +9,11 @@ log so far (the consequence rule judges a finding by what followed it). A JSONL 
 said), each appended record parsed and merged once (:class:`rlguard.doctor.steps.RunMerger`) and its step fed once
 to the doctor's own judgement (:class:`rlguard.doctor.fold.DoctorFold`, whose verdict equals ``rlguard
 doctor``'s on the log so far), on a schedule (:data:`REJUDGE_GROWTH`, :data:`REJUDGE_EVERY`); other logs are read
-whole at each change. What a judgement does again over the whole log (the fold's docstring): the mapping of keys
-and the table's copy, and the reward's peak where a reward finding is critical; the consequence rule's hindsight
-reads the steps added since the last judgement and the findings (:mod:`rlguard.guards.consequence.index`).
+whole at each change. What a judgement does again over the whole log (the fold's docstring): the mapping of keys,
+and the reward's peak where a reward finding is critical; the table is a snapshot that shares the follower's arrays
+(:meth:`rlguard.doctor.columns.Columns.copy`), the steps with a stat are those of the last judgement and the rows
+appended since, the consequence rule's hindsight reads the steps added since the last judgement and the findings
+(:mod:`rlguard.guards.consequence.index`), and the live view reads each stat's last values, not its series.
 
 The watch ends when the job does, as far as its files tell: TRL wrote its end-of-training summary or its last
 checkpoint (``global_step`` reached ``max_steps``), the live guard

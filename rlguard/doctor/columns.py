@@ -46,6 +46,39 @@ class _Rows(Sequence[tuple[int, dict[str, float]]]):
         return self._row(index % n)
 
 
+class _Picked(Sequence[int]):
+    """``items[i]`` for each ``i`` of ``index``, read in place: a snapshot's steps (the first rows of an array that
+    goes on growing, :meth:`Columns.copy`) or the steps of the rows that hold a stat (:class:`CanonicalRows`)."""
+
+    def __init__(self, items: Sequence[int], index: Sequence[int]) -> None:
+        self._items, self._index = items, index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[int]: ...
+    def __getitem__(self, k: int | slice) -> int | list[int]:
+        if isinstance(k, slice):
+            return [self._items[i] for i in self._index[k]]
+        return self._items[self._index[k]]
+
+    def __iter__(self) -> Iterator[int]:
+        return map(self._items.__getitem__, self._index)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # reads a mutable array
+
+    def __repr__(self) -> str:
+        return f"_Picked({len(self)} of {len(self._items)})"
+
+
 class Columns(_Rows):
     """Rows ``(step, {key: value})`` by increasing step, one per step, stored by column (module docstring).
 
@@ -61,15 +94,25 @@ class Columns(_Rows):
         self._present: dict[str, bytearray | None] = {}
         self.conflicts: list[int] = []
         self.conflict_steps = 0
+        self._n: int | None = None  # a snapshot's rows (:meth:`copy`); None: every row of its arrays
+        self._shared = 0  # the rows of this table that a snapshot shares
+        self._cow: set[str] = set()  # the keys whose arrays a snapshot shares: copied before a shared row changes
 
     def append(self, step: int, metrics: Mapping[str, float]) -> int:
         """Add ``metrics`` at ``step`` (>= the last step): a new row, or merged into the last one when ``step`` is
         its step. Returns the number of values replaced by a different one (a NaN replacing a NaN is no change)."""
+        if self._n is not None:
+            self._own()
         n = len(self._steps)
         replaced = 0
         if n and self._steps[-1] == step:
             i = n - 1
             for key, value in metrics.items():
+                if i < self._shared and key in self._cow:  # a snapshot reads this row: its arrays stay as they are
+                    self._cow.discard(key)
+                    self._values[key] = array("d", self._values[key])
+                    mark = self._present[key]
+                    self._present[key] = None if mark is None else bytearray(mark)
                 if self._logged(key, i):
                     old = self._values[key][i]
                     if not (old == value or (math.isnan(old) and math.isnan(value))):
@@ -110,13 +153,26 @@ class Columns(_Rows):
         return 0
 
     def copy(self) -> Columns:
-        """A copy that later appends to this table do not change (arrays copied whole: no per-row work)."""
+        """A copy that later appends to this table do not change, in time per key, not per row (``rlguard watch``
+        takes one at each judgement while its follower goes on appending): a snapshot that shares this table's
+        arrays and reads only its first ``len(self)`` rows. Rows appended later lie past its end; the one row an
+        append changes in place (the last, merged with a record of its step) has the arrays of the keys it changes
+        copied first (once per snapshot and key); appending to the snapshot copies its rows into arrays of its
+        own first."""
         out = Columns()
-        out._steps = array("q", self._steps)
-        out._values = {k: array("d", v) for k, v in self._values.items()}
-        out._present = {k: None if v is None else bytearray(v) for k, v in self._present.items()}
+        out._steps, out._values, out._present = self._steps, dict(self._values), dict(self._present)
+        out._n = len(self)
         out.conflicts, out.conflict_steps = list(self.conflicts), self.conflict_steps
+        self._shared, self._cow = len(self), set(self._values)
         return out
+
+    def _own(self) -> None:
+        """A snapshot's rows copied into arrays of its own (before it changes)."""
+        n = len(self)
+        self._steps = self._steps[:n]
+        self._values = {k: v[:n] for k, v in self._values.items()}
+        self._present = {k: None if v is None else v[:n] for k, v in self._present.items()}
+        self._n = None
 
     def _set(self, key: str, i: int, value: float) -> None:
         column = self._values.get(key)
@@ -147,33 +203,36 @@ class Columns(_Rows):
         return list(self._values)
 
     @property
-    def steps(self) -> array[int]:
-        """The steps, increasing."""
-        return self._steps
+    def steps(self) -> Sequence[int]:
+        """The steps, increasing (the table's own array; a snapshot's first rows of it: :class:`_Picked`)."""
+        return self._steps if self._n is None else _Picked(self._steps, range(self._n))
 
     def column(self, key: str) -> tuple[array[float], bytearray | None]:
         """The values of ``key`` at every row and whether it was logged there (None: at every row; ``KeyError``
-        for a key never logged)."""
+        for a key never logged). A snapshot's arrays may go on past its rows (:meth:`copy`): read the first
+        ``len(self)``."""
         return self._values[key], self._present[key]
 
     def __len__(self) -> int:
-        return len(self._steps)
+        return len(self._steps) if self._n is None else self._n
 
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
         return self._steps[i], {k: v[i] for k, v in self._values.items() if self._logged(k, i)}
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         items = [(v, self._present[k], k) for k, v in self._values.items()]
-        for i, step in enumerate(self._steps):
+        for i, step in enumerate(self.steps):
             yield step, {k: v[i] for v, present, k in items if present is None or present[i]}
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Columns):  # by bytes: a NaN equals a NaN (evidence read the same way)
+            n = len(self)
             return (
-                self._steps == other._steps
+                n == len(other)
+                and self._steps[:n] == other._steps[:n]
                 and self._present.keys() == other._present.keys()
                 and all(self._marks(k) == other._marks(k) for k in self._present)
-                and all(v.tobytes() == other._values[k].tobytes() for k, v in self._values.items())
+                and all(v[:n].tobytes() == other._values[k][:n].tobytes() for k, v in self._values.items())
             )
         if not isinstance(other, Sequence):
             return NotImplemented
@@ -183,8 +242,8 @@ class Columns(_Rows):
 
     def _marks(self, key: str) -> bytes:
         """Whether ``key`` was logged at each row, a byte a row."""
-        mark = self._present[key]
-        return b"\x01" * len(self._steps) if mark is None else bytes(mark)
+        mark, n = self._present[key], len(self)
+        return b"\x01" * n if mark is None else bytes(mark[:n])
 
     def __repr__(self) -> str:
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
@@ -201,12 +260,21 @@ class CanonicalRows(_Rows):
     ``canonical_stats`` itself.
     """
 
-    def __init__(self, rows: Sequence[tuple[int, Mapping[str, float]]], key_map: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        rows: Sequence[tuple[int, Mapping[str, float]]],
+        key_map: Mapping[str, str],
+        previous: CanonicalRows | None = None,
+    ) -> None:
+        """``previous``: the stats of an earlier snapshot of the same table (``rlguard watch`` judges its growing
+        table again and again): the row numbers it kept are kept, only the rows appended since are read."""
         self._rows, self._key_map = rows, dict(key_map)
         #: stat -> its keys' (values, presence), highest priority first (ties: the key first in a row)
         self._sources: dict[str, list[tuple[array[float], bytearray | None]]] = {}
         self._plan: list[tuple[str, int, array[float], bytearray | None]] = []  # mapped keys in row order
-        self._index: array[int] | None = None  # row numbers kept; None: every row
+        self._index: array[int] | None = None  # row numbers kept (append only; the first `_kept`); None: every row
+        self._kept = 0
+        self._full: list[int] = []  # the plan's keys logged at every row (while there is one, every row is kept)
         self._single = False  # every stat has one key of the table
         if isinstance(rows, Columns):
             ranked: dict[str, list[tuple[int, int, str]]] = {}
@@ -219,18 +287,51 @@ class CanonicalRows(_Rows):
             for name, keys in ranked.items():
                 self._sources[name] = [rows.column(key) for _, _, key in sorted(keys)]
             self._single = all(len(keys) == 1 for keys in ranked.values())
-            n = len(rows)
-            if not any(present is None or present.count(0) == 0 for _, _, _, present in self._plan):
-                hits = 0
-                for _, _, _, present in self._plan:
-                    hits |= int.from_bytes(present or b"", "little")
-                mask = hits.to_bytes(n, "little") if n else b""
-                self._index = array("q", (i for i, b in enumerate(mask) if b))
+            self._keep(previous if previous is not None and self._extends(previous) else None)
         else:
             self._index = array("q", (i for i, (_, raw) in enumerate(rows) if canonical_stats(raw, self._key_map)))
+            self._kept = len(self._index)
+
+    def _extends(self, previous: CanonicalRows) -> bool:
+        """Whether ``previous`` read a snapshot of this table's first rows (snapshots share the steps' array: it
+        only grows) under the same keys."""
+        before, now = previous._rows, self._rows
+        return (
+            isinstance(before, Columns)
+            and isinstance(now, Columns)
+            and before._steps is now._steps
+            and len(before) <= len(now)
+            and previous._key_map == self._key_map
+            and [p[:2] for p in previous._plan] == [p[:2] for p in self._plan]
+        )
+
+    def _keep(self, previous: CanonicalRows | None) -> None:
+        """The rows that hold a stat: every row while a mapped key was logged at each, else the row numbers of
+        those where one was (``previous``'s, then the rows appended since; a row is never dropped: a merged
+        record only adds keys)."""
+        n = len(self._rows)  # a snapshot's arrays may go on past its rows
+        start = 0 if previous is None else len(previous._rows)
+        candidates = range(len(self._plan)) if previous is None else previous._full
+        self._full = [j for j in candidates if (present := self._plan[j][3]) is None or present.count(0, start, n) == 0]
+        if self._full:
+            return
+        if previous is None or previous._index is None:  # every row read (once: the index is kept from here on)
+            hits = 0
+            for _, _, _, present in self._plan:
+                hits |= int.from_bytes((present or b"")[:n], "little")
+            mask = hits.to_bytes(n, "little") if n else b""
+            self._index = array("q", (i for i, b in enumerate(mask) if b))
+        else:
+            self._index, kept = previous._index, previous._kept
+            del self._index[kept:]  # what a judgement since (never finished) added
+            if not (kept and self._index[-1] == start - 1):  # the previous last row, merged since, may hold one now
+                start = max(start - 1, 0)
+            marks = [present for _, _, _, present in self._plan]
+            self._index.extend(i for i in range(start, n) if any(m is None or m[i] for m in marks))
+        self._kept = len(self._index)
 
     def __len__(self) -> int:
-        return len(self._rows) if self._index is None else len(self._index)
+        return len(self._rows) if self._index is None else self._kept
 
     def _stats(self, i: int) -> dict[str, float]:
         if not isinstance(self._rows, Columns):
@@ -249,9 +350,12 @@ class CanonicalRows(_Rows):
         if isinstance(self._rows, Columns) and self._index is None:
             return self._rows.steps
         if isinstance(self._rows, Columns):
-            steps = self._rows.steps
-            return array("q", (steps[i] for i in self._index or ()))
+            return _Picked(self._rows.steps, self._kept_rows())
         return [self._rows[i][0] for i in self._index or ()]
+
+    def _kept_rows(self) -> Sequence[int]:
+        """The row numbers kept (every row: a range)."""
+        return range(len(self._rows)) if self._index is None else _Picked(self._index, range(self._kept))
 
     @property
     def names(self) -> list[str]:
@@ -262,7 +366,7 @@ class CanonicalRows(_Rows):
 
     def series(self, name: str) -> array[float]:
         """``name`` at each step kept (NaN where the step did not log it)."""
-        rows = range(len(self._rows)) if self._index is None else self._index
+        rows = self._kept_rows()
         out = array("d")
         sources = self._sources.get(name)
         if sources is None:
@@ -271,6 +375,17 @@ class CanonicalRows(_Rows):
         for i in rows:
             out.append(next((values[i] for values, present in sources if present is None or present[i]), math.nan))
         return out
+
+    def value(self, name: str, k: int) -> float:
+        """``name`` at the ``k``-th step kept (NaN where the step did not log it): ``series(name)[k]``, read alone."""
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"step {k} of {len(self)}")
+        k %= len(self)
+        sources = self._sources.get(name)
+        if sources is None:
+            return self._row(k)[1].get(name, math.nan)
+        i = k if self._index is None else self._index[k]
+        return next((values[i] for values, present in sources if present is None or present[i]), math.nan)
 
     def _row(self, k: int) -> tuple[int, dict[str, float]]:
         i = k if self._index is None else self._index[k]

@@ -218,13 +218,15 @@ def read_canonical(
     step_key: str | None = None,
     row_steps: bool = False,
     run: str | None = None,
+    previous: CanonicalRows | None = None,
 ) -> CanonicalLog:
     """Read the log at ``path`` and its canonical stats, step by step (``key_map``: ``--map``; ``auto_map``: map
     keys that match exactly one canonical stat and whose values are evidence for it). The one reading of a log
     that the doctor and its live replay (:mod:`rlguard.doctor.live`) share. LogInputError when no key maps to a
     stat a detector reads, or for a ``key_map`` naming a key the log lacks or a stat it has. ``log``: the log at
     ``path`` already read (the watch reads it by increments); ``step_key``, ``row_steps``, ``run``: as
-    :func:`~rlguard.doctor.readers.read_log`'s."""
+    :func:`~rlguard.doctor.readers.read_log`'s; ``previous``: the stats of an earlier snapshot of ``log``'s table
+    (:class:`~rlguard.doctor.columns.CanonicalRows`: only the rows appended since are read)."""
     log = read_log(path, step_key=step_key, row_steps=row_steps, run=run) if log is None else log
     _check_key_map(log, key_map or {})
     keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows)
@@ -236,7 +238,7 @@ def read_canonical(
             "to a stat the detectors read (e.g. TRL's reward, entropy, kl, grad_norm; verl's actor/entropy)"
             + (f"; try {hint}" if hint else "; map your own names with --map KEY=CANONICAL")
         )
-    return CanonicalLog(log, keys, CanonicalRows(log.rows, keys.key_map))
+    return CanonicalLog(log, keys, CanonicalRows(log.rows, keys.key_map, previous))
 
 
 def diagnose(

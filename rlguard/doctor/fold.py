@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import numpy as np
+
 from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.diagnose import (
     WARMUP_SHARE,
@@ -50,9 +52,11 @@ class DoctorFold:
     consequence rule's hindsight (:func:`~rlguard.guards.consequence.offline.label_findings`, ``judge_log``,
     ``excursions``: a finding is judged by what followed it) reads the kept timeline through a
     :class:`~rlguard.guards.consequence.index.FindingIndex` brought up to date with the steps added since the last
-    judgement, then works on the findings and the steps near them, not on every step (the reward's established peak
-    and a critical excursion's recovery still read the reward series whole: :mod:`rlguard.guards.consequence.peak`,
-    :func:`~rlguard.guards.consequence.excursions.recovered_incidents`).
+    judgement, then works on the findings and the steps near them, not on every step; the reward's established peak
+    and a critical excursion's recovery read the index's
+    :class:`~rlguard.guards.consequence.history.RewardHistory`, kept as the timeline grows. The table judged is a
+    snapshot of the follower's (:meth:`~rlguard.doctor.columns.Columns.copy`), its steps with a stat kept from the
+    last judgement (``CanonicalRows(previous=...)``), and the diagnosis reads a stat's values when asked for.
     The last step of a log that may still grow (``final=False``) can still be merged with a record of the same
     step: it is judged by a copy of the guard (its state, :meth:`~rlguard.guards.Guard.state_dict`) and fed for
     good at the next judgement.
@@ -74,6 +78,7 @@ class DoctorFold:
         self.config = config or GuardConfig.preset("monitor")
         self.replays = 0
         self._mapped: dict[str, str] | None = None  # the key map the kept steps were read with
+        self._canonical: CanonicalRows | None = None  # the last table's stats (their steps kept, read again from)
         self._start()
 
     def _start(self) -> None:
@@ -97,7 +102,7 @@ class DoctorFold:
         """The diagnosis of ``log`` (the log last judged, grown; or another, judged from its first step).
         ``final``: no record will be added to its last step (a whole file); otherwise that step is judged by a copy
         of the guard and fed at the next judgement (module docstring)."""
-        read = read_canonical(self.path, self.key_map, auto_map=self.auto_map, log=log)
+        read = read_canonical(self.path, self.key_map, auto_map=self.auto_map, log=log, previous=self._canonical)
         rows = read.rows
         keep = len(rows) if final else max(len(rows) - 1, 0)
         steps = rows.steps
@@ -105,6 +110,8 @@ class DoctorFold:
         if read.keys.key_map != self._mapped or not extends:
             self._mapped = dict(read.keys.key_map)
             self._restart()
+        # the next judgement's table extends this one where the log grew (another log is judged from its start)
+        self._canonical = rows
         enough = _enough(self._defaults, self._needs)
         counts = _count_observations(
             self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts, enough
@@ -124,8 +131,14 @@ class DoctorFold:
             guard = Guard(self.config)
             for name, warmup in self._warmups.items():
                 guard.detectors[name].warmup = warmup
-            # a copy: a detector's state_dict hands out its own lists and dicts, which the copy's step would change
-            guard.load_state_dict(copy.deepcopy(self._guard.state_dict()))
+            # a copy: a detector's state_dict hands out its own lists and dicts, which the copy's step would change;
+            # without the events recorded (they grow with the log's alarms, and the diagnosis does not read them)
+            recorded, self._guard.events = self._guard.events, []
+            try:
+                state = copy.deepcopy(self._guard.state_dict())
+            finally:
+                self._guard.events = recorded
+            guard.load_state_dict(state)
             step, stats = rows[keep]
             self._observe(guard, step, stats)
         try:
@@ -194,7 +207,7 @@ class DoctorFold:
             live,
             live_path,
             live_warnings,
-            recovered_incidents(steps, rewards, critical, rule),
+            recovered_incidents(steps, rewards, critical, rule, self._index.history),
         )
 
 
@@ -320,7 +333,7 @@ class _Series(Mapping[str, Sequence[float]]):
     def __getitem__(self, name: str) -> Sequence[float]:
         if name not in self._names:
             raise KeyError(name)
-        return self._rows.series(name)
+        return _Stat(self._rows, name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names  # without reading the series (Mapping's own test reads it)
@@ -330,3 +343,29 @@ class _Series(Mapping[str, Sequence[float]]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+class _Stat(Sequence[float]):
+    """One stat at each step of ``rows``, read when asked for: a value alone (``rlguard watch`` shows the last
+    values of a growing log at each judgement: the last steps read, not the series) or the series whole, once."""
+
+    def __init__(self, rows: CanonicalRows, name: str) -> None:
+        self._rows, self._name = rows, name
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, k: int) -> float: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[float]: ...
+    def __getitem__(self, k: int | slice) -> float | Sequence[float]:
+        if isinstance(k, slice):
+            return self._rows.series(self._name)[k]
+        return self._rows.value(self._name, k)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._rows.series(self._name))
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        return np.asarray(self._rows.series(self._name), dtype=dtype)

@@ -44,15 +44,15 @@ cannot be seen.
 from __future__ import annotations
 
 import bisect
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from rlguard.guards.consequence.history import RewardHistory
 from rlguard.guards.consequence.index import episode_bounds
 from rlguard.guards.consequence.offline import timeline_index
-from rlguard.guards.consequence.rule import ConsequenceRule, level_margin, reward_span
+from rlguard.guards.consequence.rule import ConsequenceRule, level_margin_from_noise
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
 
 if TYPE_CHECKING:
@@ -151,11 +151,21 @@ class _StepsAt(Sequence[int]):
 
 
 class _Observed:
-    """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection."""
+    """A detector's observed steps (increasing) and the last step of each of its episodes, for bisection: through
+    the timeline's steps and the observed positions (``bisect`` of a step among the observed steps is that of its
+    position among the observed positions: steps increase with positions)."""
 
-    def __init__(self, steps: Sequence[int], groups: list[range]) -> None:
+    def __init__(self, steps: _StepsAt, groups: list[range]) -> None:
         self.steps = steps
         self.ends = [steps[g[-1]] for g in groups]
+
+    def bisect_left(self, step: int) -> int:
+        """``bisect.bisect_left(self.steps, step)``."""
+        return bisect.bisect_left(self.steps._obs, bisect.bisect_left(self.steps._steps, step))
+
+    def bisect_right(self, step: int) -> int:
+        """``bisect.bisect_right(self.steps, step)``."""
+        return bisect.bisect_left(self.steps._obs, bisect.bisect_right(self.steps._steps, step))
 
 
 def _backdate(
@@ -168,7 +178,7 @@ def _backdate(
     ``horizon`` logged steps of its onset, where the shift has up to that many observations after it (at the onset
     itself a shift's few observations weigh less than a longer, smaller elevation before it)."""
     points, steps = timeline.change_points, observed.steps
-    k = bisect.bisect_left(steps, ex.onset)
+    k = observed.bisect_left(ex.onset)
     if not points or k == len(steps) or steps[k] != ex.onset:
         return ex
     cp = None
@@ -181,9 +191,9 @@ def _backdate(
     # the previous episode ends at the last episode end before the onset (an episode that ends before it starts
     # before it); the new onset is the first observed step at or after the estimate and after that end
     before = bisect.bisect_left(observed.ends, ex.onset)
-    first = bisect.bisect_left(steps, cp)
+    first = observed.bisect_left(cp)
     if before:
-        first = max(first, bisect.bisect_right(steps, observed.ends[before - 1]))
+        first = max(first, observed.bisect_right(observed.ends[before - 1]))
     return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 
@@ -291,41 +301,43 @@ class Incident:
 
 
 def _reward_recovery(
-    steps: Sequence[int], rewards: Sequence[float], onset: int, rule: ConsequenceRule
+    steps: Sequence[int],
+    rewards: Sequence[float],
+    onset: int,
+    rule: ConsequenceRule,
+    history: RewardHistory | None = None,
 ) -> tuple[float, int, int] | None:
     """(level, step it fell, step it was back) for the reward after ``onset``, or None where it did not fall and
-    come back (or had no level before: fewer than ``rule.anchor`` rewards)."""
-    finite = [(s, float(r)) for s, r in zip(steps, rewards, strict=True) if math.isfinite(r)]
-    values = [r for _, r in finite]
-    k0 = bisect.bisect_left([s for s, _ in finite], onset)
+    come back (or had no level before: fewer than ``rule.anchor`` rewards). ``history``: the finite rewards
+    (:class:`~rlguard.guards.consequence.history.RewardHistory`, read up to the end of ``rewards``; one of its own
+    without)."""
+    history = history if history is not None else RewardHistory()
+    history.read(rewards)
+    positions, values = history.positions, history.values
+    k0 = bisect.bisect_left(positions, bisect.bisect_left(steps, onset))  # finite rewards before the onset
     n = rule.peak_observations
     if k0 < rule.anchor:
         return None
-    level = statistics.median(values[k0 - rule.anchor : k0])
-    margin = level_margin(values[:k0], reward_span(values), n, rule.anchor, rule)
-    bound = level - margin
-    start = next((k for k in range(k0, len(values) - n + 1) if statistics.median(values[k : k + n]) < bound), None)
-    if start is None:
+    level = statistics.median(values[k0 - rule.anchor : k0].tolist())
+    count = k0 - 1  # successive differences of the rewards before the onset
+    margin = level_margin_from_noise(
+        history.sigma(count), history.squares(count), count, history.span(), n, rule.anchor, rule
+    )
+    found = history.recovery(k0, level - margin, margin, n)
+    if found is None:
         return None
-    # back: a window whose median is at the level and clearly above the rewards since the fall (their median,
-    # by the same margin); the reward is back from the first of the window's rewards that is (3 of its 5 are)
-    since, back = sorted(values[start : start + n]), None  # the rewards since the fall, sorted
-    for k in range(start + n, len(values) - n + 1):
-        mid = len(since) // 2
-        above = max(bound, (since[mid] if len(since) % 2 else (since[mid - 1] + since[mid]) / 2) + margin)
-        if statistics.median(values[k : k + n]) >= above:
-            back = next(j for j in range(k, k + n) if values[j] >= above)
-            break
-        bisect.insort(since, values[k])
-    if back is None:
-        return None
+    start, back = found
     # the first reward below the bound in the window whose median is: at least 3 of its 5 are
-    low = next(k for k in range(start, start + n) if values[k] < bound)
-    return level, finite[low][0], finite[back][0]
+    low = next(k for k in range(start, start + n) if values[k] < level - margin)
+    return level, steps[positions[low]], steps[positions[back]]
 
 
 def recovered_incidents(
-    steps: Sequence[int], rewards: Sequence[float], critical: Sequence[Excursion], rule: ConsequenceRule | None = None
+    steps: Sequence[int],
+    rewards: Sequence[float],
+    critical: Sequence[Excursion],
+    rule: ConsequenceRule | None = None,
+    history: RewardHistory | None = None,
 ) -> list[Incident]:
     """The critical excursions the run recovered from, in order: from the earliest critical excursion, while the
     reward fell after its onset and came back to its level (:func:`_reward_recovery`) and a critical excursion
@@ -333,12 +345,14 @@ def recovered_incidents(
     starts again from the first one after it. The run's onset is the earliest onset of a critical excursion from
     the last incident's recovery on (the earliest of all without incidents). ``steps``, ``rewards``: the log's
     steps and ``reward_mean`` at each (NaN where absent); ``critical``: the critical excursions of every
-    detector."""
+    detector; ``history``: their finite rewards kept as the log grows (the timeline's index; read here whole
+    without one)."""
     rule = rule or ConsequenceRule()
+    history = history if history is not None else RewardHistory()
     pending = sorted(critical, key=lambda x: (x.onset, x.detector))
     out: list[Incident] = []
     while pending:
-        found = _reward_recovery(steps, rewards, pending[0].onset, rule)
+        found = _reward_recovery(steps, rewards, pending[0].onset, rule, history)
         if found is None:
             break
         level, fell, back = found

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlguard.guards.consequence.history import RewardHistory
+
 if TYPE_CHECKING:
     from rlguard.guards.events import Finding
 
@@ -53,6 +55,8 @@ class FindingIndex:
         self._sparse: dict[str, array[int]] = {}  # detector -> its observed positions, once it skipped one
         self._found: dict[str, list[tuple[int, int, Finding]]] = {}  # detector -> (observation, position, finding)
         self._dense: set[str] = set()  # the detectors that observed every position so far
+        #: the finite rewards, read when the rule first asks of the whole series (an established peak)
+        self.history = RewardHistory()
 
     def sync(
         self, observed: Sequence[frozenset[str]], findings: Sequence[Mapping[str, Finding]], rewards: Sequence[float]
@@ -105,6 +109,7 @@ class FindingIndex:
     def restore(self, mark: IndexMark) -> None:
         """Forget the positions read since ``mark`` was taken."""
         self.n, self.lowest, self.highest = mark.n, mark.lowest, mark.highest
+        self.history.forget(mark.n)
         self._counts = dict(mark.counts)
         for name in list(self._sparse):
             if name in mark.lengths:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from rlguard.guards.consequence.index import FindingIndex, episode_bounds
-from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
@@ -84,21 +83,20 @@ def _episodes(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> di
 
 
 class _Reward:
-    """What the labels ask of the reward, computed once per log and cached per episode: the established peak
-    (:class:`PeakHistory`), whether it rose over an episode's window and whether it was at the top there.
-    ``lowest``, ``highest``: the extremes of the finite rewards over the log."""
+    """What the labels ask of the reward, cached per episode: the established peak (the index's
+    :class:`~rlguard.guards.consequence.history.RewardHistory`, brought up to the timeline's end when first asked),
+    whether it rose over an episode's window and whether it was at the top there. ``index``: the timeline's."""
 
-    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule, lowest: float, highest: float) -> None:
-        self.rewards, self.rule = rewards, rule
-        self.peak: PeakHistory | None = None
+    def __init__(self, rewards: Sequence[float], rule: ConsequenceRule, index: FindingIndex) -> None:
+        self.rewards, self.rule, self.history = rewards, rule, index.history
         self.cache: dict[tuple[str, int, int], bool] = {}
-        self.lowest, self.highest = lowest, highest
+        self.lowest, self.highest = index.lowest, index.highest
 
     def established(self, before: int) -> bool:
         key = ("peak", before, 0)
         if key not in self.cache:
-            self.peak = self.peak or PeakHistory(self.rewards, self.rule)
-            self.cache[key] = self.peak.established(before)
+            self.history.read(self.rewards)
+            self.cache[key] = self.history.established(before, self.rule)
         return self.cache[key]
 
     def rises(self, lo: int, hi: int) -> bool:
@@ -297,7 +295,7 @@ def label_findings(
     intrinsic: dict[str, list[int]] = {
         name: [p for _, p, f in found[name] if f.severity == "critical"] for name in detectors
     }
-    reward = _Reward(timeline.rewards, rule, index.lowest, index.highest)
+    reward = _Reward(timeline.rewards, rule, index)
     labels: dict[str, dict[int, tuple[Severity, str]]] = {}
     for _ in range(3):  # exemptions need the others' intrinsic criticals, which need theirs: iterate to a fixpoint
         results = {

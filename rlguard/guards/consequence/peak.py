@@ -23,7 +23,7 @@ import numpy as np
 from rlguard.guards.consequence.rule import ConsequenceRule, ewma_path, margin_from_noise, reward_span
 from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA
 
-__all__ = ["PeakHistory"]
+__all__ = ["PeakHistory", "robust_sigma"]
 
 
 def _kth_smallest_v(dev: np.ndarray, k: int) -> float:
@@ -31,6 +31,22 @@ def _kth_smallest_v(dev: np.ndarray, k: int) -> float:
     (the absolute deviations of sorted values from a point among them): its ``k`` smallest values are contiguous,
     so it is the least over windows of ``k`` of the larger of their two ends."""
     return float(np.maximum(dev[: len(dev) - k + 1], dev[k - 1 :]).min())
+
+
+def robust_sigma(ordered: np.ndarray, diffs: np.ndarray) -> float:
+    """``RollingWindow(len(diffs), diffs).sigma()`` from ``diffs`` (in log order) and the same values sorted
+    (``ordered``): 1.4826 * their MAD, or their mean absolute deviation times ``sqrt(pi / 2)`` where the MAD is 0."""
+    n = len(ordered)
+    mid = n // 2
+    med = float(ordered[mid]) if n % 2 else 0.5 * (float(ordered[mid - 1]) + float(ordered[mid]))
+    dev = np.abs(ordered - med)
+    odd = _kth_smallest_v(dev, mid + 1)
+    mad = odd if n % 2 else 0.5 * (_kth_smallest_v(dev, mid) + odd)
+    sigma = MAD_TO_SIGMA * mad
+    if sigma == 0.0:
+        deviations = [abs(v - med) for v in diffs.tolist()]  # log order: the sum's order
+        sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+    return sigma
 
 
 class PeakHistory:
@@ -59,22 +75,8 @@ class PeakHistory:
         self.sorted = self.diffs[self.order]
 
     def _robust_sigma(self, count: int) -> float:
-        """``RollingWindow(count, diffs[:count]).sigma()``: 1.4826 * MAD of the first ``count`` differences, or the
-        mean absolute deviation times ``sqrt(pi / 2)`` where the MAD is 0."""
-        s = self.sorted[self.order < count]  # the first `count` differences, sorted
-        n = len(s)
-        mid = n // 2
-        med = float(s[mid]) if n % 2 else 0.5 * (float(s[mid - 1]) + float(s[mid]))
-        dev = np.abs(s - med)
-        if n % 2:
-            mad = _kth_smallest_v(dev, mid + 1)
-        else:
-            mad = 0.5 * (_kth_smallest_v(dev, mid) + _kth_smallest_v(dev, mid + 1))
-        sigma = MAD_TO_SIGMA * mad
-        if sigma == 0.0:
-            deviations = [abs(v - med) for v in self.diffs[:count].tolist()]  # log order: the sum's order
-            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
-        return sigma
+        """``RollingWindow(count, diffs[:count]).sigma()`` (:func:`robust_sigma`)."""
+        return robust_sigma(self.sorted[self.order < count], self.diffs[:count])
 
     def established(self, before: int) -> bool:
         """Whether the reward had an established peak before position ``before`` (``established_peak(rewards,

@@ -62,6 +62,7 @@ __all__ = [
     "ewma_margin",
     "ewma_path",
     "level_margin",
+    "level_margin_from_noise",
     "margin_from_noise",
     "normalized_reward",
     "reward_rises",
@@ -183,7 +184,16 @@ def level_margin(rewards: Sequence[float], span: float, window: int, level: int,
     medians instead of an EWMA."""
     diffs = [b - a for a, b in itertools.pairwise(rewards)]
     robust = RollingWindow(len(diffs), diffs).sigma() if diffs else 0.0
-    noise = _noise(robust, functools.reduce(operator.add, (d * d for d in diffs), 0.0), len(diffs))
+    squares = functools.reduce(operator.add, (d * d for d in diffs), 0.0)
+    return level_margin_from_noise(robust, squares, len(diffs), span, window, level, rule)
+
+
+def level_margin_from_noise(
+    robust: float, squares: float, count: int, span: float, window: int, level: int, rule: ConsequenceRule
+) -> float:
+    """:func:`level_margin` from the rewards' ``count`` successive differences summarised: their robust sigma
+    (``robust``) and the sum of their squares (``squares``)."""
+    noise = _noise(robust, squares, count)
     error = math.sqrt(math.pi / 2) * noise * math.sqrt(1 / window + 1 / level)
     return max(rule.peak_sigmas * error, rule.peak_share * span)
 

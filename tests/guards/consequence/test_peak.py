@@ -6,12 +6,12 @@ import itertools
 import math
 import statistics
 
-import numpy as np
 import pytest
 
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import ConsequenceRule, established_peak
 from rlguard.guards.robust import RollingWindow
+from tests.helpers.rewards import reward_series as _series
 
 
 def _reference(rewards: list[float], before: int, rule: ConsequenceRule) -> bool:
@@ -39,22 +39,6 @@ def _reference(rewards: list[float], before: int, rule: ConsequenceRule) -> bool
         ewma = (1 - rule.alpha) * ewma + rule.alpha * r
         above += ewma > start + margin
     return above >= rule.peak_observations
-
-
-def _series(kind: str, seed: int, n: int = 160) -> list[float]:
-    rng = np.random.default_rng(seed)
-    t = np.arange(n)
-    if kind == "quantized":  # rewards of 8 samples: MAD of the differences 0, the mean deviation decides
-        flips = (rng.random(n) < 0.2) * rng.choice([-1, 1], size=n)
-        out = np.clip(np.floor(t / 20) + flips, 0, 8) / 8
-    elif kind == "rise_fall":
-        out = np.where(t < n // 2, 0.1 + 0.01 * t, 0.9 - 0.01 * (t - n // 2)) + 0.05 * rng.standard_normal(n)
-    else:
-        out = 0.5 + 0.3 * rng.standard_normal(n)
-    values = out.tolist()
-    for i in rng.choice(n, size=n // 10, replace=False):
-        values[int(i)] = math.nan  # steps without a reward
-    return values
 
 
 @pytest.mark.parametrize("kind", ["quantized", "rise_fall", "noise"])

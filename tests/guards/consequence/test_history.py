@@ -1,0 +1,169 @@
+"""RewardHistory (the index's rewards, kept as the timeline grows) answers the established-peak test and the reward's
+range as PeakHistory and reward_span do on the series so far, at every length, with last steps read and forgotten
+as the fold's copy of the guard does; and it reads each reward once, however many judgements ask."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, SupportsIndex
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
+from rlguard.guards.consequence.history import RewardHistory, _Ranked
+from rlguard.guards.consequence.peak import PeakHistory
+from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
+from tests.helpers.profiles import examples
+from tests.helpers.rewards import reward_series as _series
+
+RULE = ConsequenceRule()
+
+
+def _check(history: RewardHistory, rewards: Sequence[float], asked: Sequence[int]) -> None:
+    peak = PeakHistory(rewards, RULE)
+    for before in asked:
+        assert history.established(before, RULE) == peak.established(before), before
+    assert history.span() == reward_span([r for r in rewards if math.isfinite(r)])
+
+
+@given(
+    kind=st.sampled_from(["quantized", "rise_fall", "noise"]),
+    seed=st.integers(0, 2**16),
+    chunks=st.lists(st.integers(1, 40), min_size=1, max_size=10),
+    scale=st.sampled_from([1.0, 3.0, -2.0]),
+)
+@examples(quick=25, long=300)
+def test_the_history_answers_as_the_series_read_whole_at_every_length(
+    kind: str, seed: int, chunks: list[int], scale: float
+) -> None:
+    """Rewards appended in chunks; after each, a last step read and forgotten (the fold's copy), then the chunk
+    kept: the answers at positions asked before (kept) and new ones equal PeakHistory's on the series so far.
+    ``scale`` takes the rewards out of ``[0, 1]``, where the range is read from the ranked rewards."""
+    rewards = [scale * r for r in _series(kind, seed, n=240)]
+    history, at = RewardHistory(), 0
+    for size in [*chunks, 240]:
+        end = min(at + size, 240)
+        history.read(rewards[: end + 1])  # one step more, judged by a copy
+        _check(history, rewards[: end + 1], range(0, end + 1, 7))
+        history.forget(end)
+        history.read(rewards[:end])
+        _check(history, rewards[:end], range(0, end, 5))
+        at = end
+
+
+class _Counted(list[float]):
+    """A list that counts the reads of its items by position."""
+
+    reads = 0
+
+    def __getitem__(self, k: SupportsIndex | slice) -> Any:  # type: ignore[override]
+        _Counted.reads += 1 if isinstance(k, SupportsIndex) else len(range(len(self))[k])
+        return super().__getitem__(k)
+
+    def __iter__(self) -> Any:
+        _Counted.reads += len(self)
+        return super().__iter__()
+
+
+def test_each_reward_is_read_once_however_many_judgements_ask() -> None:
+    """2,000 rewards, then 50 judgements of 20 more each asking the peak at the last episode's start: the history
+    reads the 20 appended rewards (and the copy's one) per judgement, where PeakHistory reads the whole series."""
+    rewards = _Counted(_series("rise_fall", 3, n=3_000))
+    history = RewardHistory()
+    history.read(rewards[:2_000])
+    history.established(1_500, RULE)
+    reads = []
+    for end in range(2_020, 3_001, 20):
+        view = _Counted(rewards[:end])
+        _Counted.reads = 0
+        history.read(view)
+        history.established(1_500, RULE)
+        history.established(end - 30, RULE)
+        reads.append(_Counted.reads)
+    assert max(reads) <= 21, reads
+    _Counted.reads = 0
+    PeakHistory(_Counted(rewards), RULE).established(2_970)
+    assert _Counted.reads >= 3_000
+
+
+def test_the_ranked_blocks_give_every_order_statistic() -> None:
+    """Inserted one by one and in bulk, removed at random: the k-th smallest is sorted(values)[k]."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=5_000).round(2).tolist()  # ties
+    ranked, bulk = _Ranked(load=16), _Ranked(load=16)
+    for x in values:
+        ranked.add(x)
+    bulk.extend(values)
+    kept = sorted(values)
+    for x in rng.choice(values, size=1_000, replace=False).tolist():
+        ranked.remove(x)
+        bulk.remove(x)
+        kept.remove(x)
+    assert [ranked.kth(k) for k in range(len(kept))] == kept == [bulk.kth(k) for k in range(len(kept))]
+
+
+def _fall(n: int, seed: int, back_at: int | None) -> list[float]:
+    """Rewards at 0.8 that fall to 0.3 from position 100 and come back at ``back_at`` (never: None), with noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        level = 0.3 if i >= 100 and (back_at is None or i < back_at) else 0.8
+        out.append(level + 0.02 * float(rng.standard_normal()))
+    return out
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    back_at=st.sampled_from([None, 140, 260]),
+    chunks=st.lists(st.integers(1, 60), min_size=1, max_size=8),
+)
+@examples(quick=20, long=200)
+def test_the_recovery_kept_across_judgements_equals_the_recovery_read_whole(
+    seed: int, back_at: int | None, chunks: list[int]
+) -> None:
+    """The incidents after a critical excursion at step 101, judged as the rewards grow (a last step read by a
+    copy, then forgotten) with the history kept, equal those of the rewards so far read whole."""
+    rewards = _fall(300, seed, back_at)
+    steps = list(range(1, 301))
+    critical = [_excursion("reward_collapse", 101, 120), _excursion("entropy", 280, 290)]
+    history, at = RewardHistory(), 0
+    for size in [*chunks, 300]:
+        end = min(at + size, 300)
+        for cut in (min(end + 1, 300), end):  # the copy's step, then the step kept
+            got = recovered_incidents(steps[:cut], rewards[:cut], critical, RULE, history)
+            assert got == recovered_incidents(steps[:cut], rewards[:cut], critical, RULE), cut
+            history.forget(end)
+        at = end
+
+
+def test_the_recovery_tests_each_window_once_however_many_judgements_ask(monkeypatch: Any) -> None:
+    """A fall that never comes back: 50 judgements of 20 more rewards each compute the median of about the 20
+    windows appended (and the copy's), not of every window since the fall."""
+    import statistics
+
+    medians = [0]
+    median = statistics.median
+
+    def counted(data: Any) -> Any:
+        medians[0] += 1
+        return median(data)
+
+    monkeypatch.setattr(statistics, "median", counted)
+    rewards = _fall(3_000, 1, None)
+    steps = list(range(1, 3_001))
+    critical = [_excursion("reward_collapse", 101, 120)]
+    history = RewardHistory()
+    recovered_incidents(steps[:2_000], rewards[:2_000], critical, RULE, history)
+    calls = []
+    for end in range(2_020, 3_001, 20):
+        medians[0] = 0
+        recovered_incidents(steps[:end], rewards[:end], critical, RULE, history)
+        calls.append(medians[0])
+    assert max(calls) <= 30, calls
+
+
+def _excursion(detector: str, onset: int, end: int) -> Excursion:
+    return Excursion(detector, onset, end, "critical", onset, "unresolved", end - onset + 1, onset)

@@ -231,6 +231,7 @@ class OnlineConsequence:
             "level": {
                 "ewma": lv.ewma,
                 "lowest": lv.lowest,
+                "lowest_at_best": lv.lowest_at_best,
                 "highest": lv.highest,
                 "top": list(lv.top),
                 "recent": list(lv.recent.values),
@@ -266,9 +267,14 @@ class OnlineConsequence:
                 start = None if e["start"] is None else state_count(e["start"], f"{where}.episodes.{n}.start")
                 at = None if e["ewma"] is None else _number(e["ewma"], f"{where}.episodes.{n}.ewma")
                 episodes[n] = (None if start is None else (start, at), state_count(e["clean"], f"{where}.episodes.{n}"))
-        lv = state_object(state["level"], f"{where}.level", ("ewma", "lowest", "highest", "top", "recent"))
+        # "lowest_at_best" is absent from the states of earlier versions: their floor stays the lowest reward seen
+        level_keys: tuple[str, ...] = ("ewma", "lowest", "highest", "top", "recent")
+        if isinstance(state["level"], Mapping) and "lowest_at_best" in state["level"]:
+            level_keys = (*level_keys, "lowest_at_best")
+        lv = state_object(state["level"], f"{where}.level", level_keys)
         ewma = None if lv["ewma"] is None else _number(lv["ewma"], f"{where}.level.ewma")
         bounds = [_number(lv[k], f"{where}.level.{k}") for k in ("lowest", "highest")]
+        at_best = _number(lv.get("lowest_at_best", bounds[0]), f"{where}.level.lowest_at_best")
         top, recent = (
             [_number(x, f"{where}.level.{k}") for x in state_list(lv[k], f"{where}.level.{k}")]
             for k in ("top", "recent")
@@ -281,6 +287,7 @@ class OnlineConsequence:
         for n, (episode, clean) in episodes.items():
             self._episode[n], self._clean[n] = episode, clean
         self.level.ewma, (self.level.lowest, self.level.highest) = ewma, bounds
+        self.level.lowest_at_best = at_best
         self.level.top = top[: self.rule.peak_observations]
         self.level.recent = RollingWindow(self.rule.level_window, recent)
 

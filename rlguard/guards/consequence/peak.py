@@ -4,10 +4,11 @@ prefix arrays, so that the doctor labels a log of ``n`` steps in ``O(n log n + q
 positions asked (the reward detector's episodes) instead of ``q`` sorts and Python passes over the log.
 
 The answers are those of the rule's definition exactly (same floating-point operations in the same order): the
-median of the first ``rule.anchor`` finite rewards, the 5th-95th percentile range of all of them, the EWMA path
-(a prefix of the whole log's), and :func:`~rlguard.guards.consequence.rule.margin_from_noise` from the prefix's
-successive differences: their robust sigma (``1.4826 * MAD``, or ``sqrt(pi/2) *`` the mean absolute deviation
-where the MAD is 0, as :class:`~rlguard.guards.robust.RollingWindow`) and the sequential sum of their squares.
+median of the first ``rule.anchor`` finite rewards up to the EWMA's best, the 5th-95th percentile range of all of
+them, the EWMA path (a prefix of the whole log's), and :func:`~rlguard.guards.consequence.rule.margin_from_noise`
+from the prefix's successive differences: their robust sigma (``1.4826 * MAD``, or ``sqrt(pi/2) *`` the mean
+absolute deviation where the MAD is 0, as :class:`~rlguard.guards.robust.RollingWindow`) and the sequential sum of
+their squares.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class PeakHistory:
         self.positions = finite  # position in the log of each finite reward
         values = [float(rewards[i]) for i in finite]
         self.every = len(values)
-        self.start = statistics.median(values[: rule.anchor]) if len(values) >= rule.anchor else math.nan
+        self.values = values
         self.span = reward_span(values)
         self.path = np.asarray(ewma_path(values, rule.alpha), dtype=np.float64)  # (m,)
         diffs = [b - a for a, b in itertools.pairwise(values)]
@@ -87,4 +88,7 @@ class PeakHistory:
             return False
         count = m - 1  # their successive differences
         margin = margin_from_noise(self._robust_sigma(count), float(self.squares[count - 1]), count, self.span, rule)
-        return int(np.count_nonzero(self.path[:m] > self.start + margin)) >= rule.peak_observations
+        path = self.path[:m]
+        best = m - 1 - int(np.argmax(path[::-1]))  # the EWMA's last observation at its maximum before `before`
+        start = statistics.median(self.values[: min(rule.anchor, best + 1)])
+        return int(np.count_nonzero(path > start + margin)) >= rule.peak_observations

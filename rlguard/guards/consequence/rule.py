@@ -221,8 +221,10 @@ def ewma_path(rewards: Sequence[float], alpha: float) -> list[float]:
 def established_peak(rewards: Sequence[float], before: int, rule: ConsequenceRule) -> bool:
     """Whether the reward had a peak to collapse from before position ``before``: at least
     ``rule.peak_observations`` observations at which its EWMA was clearly above the run's start (the median of
-    its first ``rule.anchor`` observations), by :func:`ewma_margin` with the reward's range over the whole log
-    (5th to 95th percentile, widened to ``[0, 1]``: a blip of a reward at zero is no peak)."""
+    its first ``rule.anchor`` observations, those up to the EWMA's best before ``before`` only: a peak is
+    established by what the run did before it fell, never by the fall, and a fall within the first observations
+    would lower the start below the level it falls from), by :func:`ewma_margin` with the reward's range over the
+    whole log (5th to 95th percentile, widened to ``[0, 1]``: a blip of a reward at zero is no peak)."""
     from rlguard.guards.consequence.peak import PeakHistory  # peak builds on this module: imported here
 
     return PeakHistory(rewards, rule).established(before)

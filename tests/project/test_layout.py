@@ -78,3 +78,24 @@ def test_no_test_module_imports_another() -> None:
             if _is_test_module(name):
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not offenders, "move what they share into tests/helpers or a conftest.py:\n" + "\n".join(offenders)
+
+
+#: the lines git writes around the two sides of a conflict it could not merge
+_CONFLICT = ("<<<<<<< ", ">>>>>>> ")
+
+
+def _texts() -> list[Path]:
+    skip = {".git", ".venv", "site", "dist", "build", "node_modules", "__pycache__"}
+    kinds = {".py", ".md", ".toml", ".yaml", ".yml", ".cfg", ".txt", ".json", ".jsonl", ".csv", ".sh"}
+    return [
+        p for p in ROOT.rglob("*") if p.is_file() and p.suffix in kinds and skip.isdisjoint(p.relative_to(ROOT).parts)
+    ]
+
+
+def test_no_file_holds_an_unresolved_merge_conflict() -> None:
+    found = []
+    for path in _texts():
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if line.startswith(_CONFLICT) or (line == "=======" and path.suffix != ".md"):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line[:40]}")
+    assert not found, "unresolved merge conflicts:\n" + "\n".join(found)

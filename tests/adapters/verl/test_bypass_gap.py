@@ -159,6 +159,36 @@ def test_the_one_step_off_trainer_recomputing_pi_old_keeps_verls_loss_and_batch(
     assert not any(AGE_COLUMN in batch.batch.keys() for batch in trainer.actor_batches.values())  # noqa: SIM118
 
 
+def test_staleness_remedy_diagnoses_the_one_step_off_trainer_in_bypass_mode(tmp_path: Path) -> None:
+    """The gap the workers measure (here their parts, in each step's bucket: age 0 at step 1, age 1 after) reaches
+    ``staleness_remedy`` (``stable``), which diagnoses stale samples and sends the kept gradient (pi_old being the
+    engine's) in the measuring loss; the same run with the gap at age 1 no wider than at age 0 is left alone."""
+    from omegaconf import open_dict
+
+    from rlguard.guards.events import read_events
+
+    def run(folder: Path, age1_gap: float) -> tuple[Any, list[str]]:
+        config = trainer_config(folder, save_freq=1)
+        with open_dict(config):
+            config.algorithm.rollout_correction = {"bypass_mode": True}
+        steps = []
+        for step, healthy in enumerate(poisoned_run(6, 0), start=1):
+            bucket, gap = (STALENESS_BUCKETS[0][0], 0.01) if step == 1 else (AGE1, age1_gap)
+            steps.append({**healthy, **{"actor/" + k: v for k, v in zip(part_keys(bucket), (gap, 1.0), strict=True)}})
+        trainer = guarded_async_trainer_class(FakeOneStepOffTrainer)(config, steps, guard="stable")
+        asyncio.run(trainer.fit())
+        events = read_events(trainer.rlguard.events_path).events
+        return trainer, [str(e.to_dict()["message"]) for e in events]
+
+    trainer, reasons = run(tmp_path / "stale", age1_gap=0.3)
+    stale = [r for r in reasons if r.startswith("stale samples: mismatch_logp_abs_mean_age1 gap 0.3 vs 0.01 at age 0")]
+    assert len(stale) == 1 and "kept_gradient on" in stale[0], reasons
+    last = trainer.actor_rollout_wg.loss_fns[-1]
+    assert last.func is ppo_loss_with_gap_by_age and last.keywords["config"].policy_loss.controls["kept_gradient"]
+    _, reasons = run(tmp_path / "fresh", age1_gap=0.015)
+    assert not any(r.startswith("stale samples") for r in reasons), reasons
+
+
 def _batch(versions: list[int]) -> Any:
     from types import SimpleNamespace
 

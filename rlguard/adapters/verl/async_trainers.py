@@ -60,6 +60,7 @@ def guarded_async_trainer_class(base: type) -> type:
     base_fit: Any = base.fit  # type: ignore[attr-defined]  # verl's class, untyped
 
     class GuardedAsync(guarded):  # type: ignore[valid-type, misc]  # verl's class, untyped
+        #: the synchronous trainers' driver, which in bypass mode sends the loss that measures the gap by age
         rlguard_driver_class = BypassGapDriver
         #: samples dropped so far because the policy that generated them was rolled back (logged every step)
         rlguard_dropped_samples = 0
@@ -103,7 +104,8 @@ def guarded_async_trainer_class(base: type) -> type:
             by age bucket (:func:`~rlguard.adapters.verl.bypass_gap.ppo_loss_with_gap_by_age`)."""
             batch = super()._fit_compute_log_prob(batch)
             if self.rlguard.bypass_mode:
-                batch.batch[AGE_COLUMN] = torch.full((len(batch),), float(self._rlguard_age))  # (B,) float32
+                age = torch.full((len(batch),), float(self._rlguard_age), dtype=torch.float32)  # (B,)
+                batch.batch[AGE_COLUMN] = age
             return batch
 
         def _fit_postprocess_step(self) -> None:

@@ -99,6 +99,15 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     assert [s[DROPPED_KEY] for s in steps] == [0.0, 0.0, 0.0, float(SAMPLES_PER_STEP)]
     # the samples' age in policy versions: on-policy at step 1 and after the drop, one update old in between
     assert [s[AGE_KEYS[0]] for s in steps] == [0.0, 1.0, 1.0, 0.0]
+    # bypass mode: the gap by age bucket measured in the workers' loss (rlguard's ppo_loss wrapper, sent through
+    # set_loss_fn), every row of a batch in its batch's bucket; at age 0 the samples' weights are the trainer's, so
+    # the gap is the engine's numerics alone, and at age 1 it is one update's drift on top of it
+    gaps = [{k.removeprefix("rlguard/"): v for k, v in s.items() if k.startswith(GAP_PREFIX)} for s in steps]
+    print("gap by age bucket:", gaps)
+    assert [sorted(g) for g in gaps] == [[f"mismatch_logp_abs_mean_age{a}"] for a in (0, 1, 1, 0)], gaps
+    assert not any("_gap_" in k for s in steps for k in s), steps
+    engine = max(gaps[0]["mismatch_logp_abs_mean_age0"], gaps[3]["mismatch_logp_abs_mean_age0"])
+    assert engine < 1e-3 and min(g["mismatch_logp_abs_mean_age1"] for g in gaps[1:3]) > engine, gaps
     assert (checkpoints / "global_step_3" / GUARD_STATE_FILE).is_file()
     before = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
 
@@ -113,6 +122,7 @@ def test_guarded_one_step_off_trainer_and_resume(tmp_path: Path) -> None:
     )
     assert steps[0]["actor/lr"] == pytest.approx(LR_SCALE * lrs[0], rel=1e-9)
     assert steps[0]["rlguard/guard/action"] == _action("halt")
+    assert steps[0][GAP_PREFIX + "0"] < 1e-3  # the resumed workers were sent the measuring loss with the controls
     assert "1 rollbacks did not help" in resumed.log, resumed.log[-4000:]
     after = [e.to_dict() for e in read_events(checkpoints / "events.jsonl").events]
     assert [e for e in after if e["step"] <= 3] == [e for e in before if e["step"] <= 3] and before

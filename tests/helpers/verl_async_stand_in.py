@@ -1,7 +1,9 @@
 """A stand-in for verl's one-step-off trainer (``OneStepOffRayTrainer``): its ``fit`` and ``fit_step`` are
 coroutines in verl's order (``one_step_off_policy/ray_trainer.py``): the batch of step ``N+1`` is generated while
 step ``N`` trains, from the weights the rollout held when it started; weights go to the rollout at the start of
-each step (``_fit_update_weights``). Each batch records the weights version it was generated from."""
+each step (``_fit_update_weights``). Each batch records the weights version it was generated from; the step passes
+it, as verl's ``DataProto``, through ``_fit_compute_log_prob`` (pi_old; in bypass mode verl's sets it to the engine's
+log-probs) to the actor's update, which keeps it (``actor_batches``)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class FakeOneStepOffTrainer(FakeTrainer):
         self.rollout = FakeRolloutCheckpointManager(self.actor_rollout_wg)
         self.checkpoint_manager = self.rollout
         self.trained_on: dict[int, int] = {}
+        self.actor_batches: dict[int, Any] = {}  # step -> the DataProto its actor update was sent
         self.is_last_step = False
 
     async def _async_gen_next_batch(self, continuous_iterator: Any) -> Any:
@@ -62,6 +65,7 @@ class FakeOneStepOffTrainer(FakeTrainer):
         future = None if self.is_last_step else asyncio.create_task(self._async_gen_next_batch(continuous_iterator))
         await asyncio.sleep(0)
         self.trained_on[step] = batch[0]
+        self.actor_batches[step] = self._fit_compute_log_prob(_data_proto(batch))
         self.actor_rollout_wg.version = step  # this step's update
         self.ran.append(step)
         if self.config.trainer.save_freq > 0 and step % self.config.trainer.save_freq == 0:
@@ -70,6 +74,17 @@ class FakeOneStepOffTrainer(FakeTrainer):
         self._fit_postprocess_step()
         return future
 
+    def _fit_compute_log_prob(self, batch: Any) -> Any:
+        return batch
+
     def _fit_postprocess_step(self) -> None:
         self.logger.log(data=self.metrics, step=self.global_steps)
         self.global_steps += 1
+
+
+def _data_proto(versions: list[int]) -> Any:
+    """verl's ``DataProto`` of one row per sample (``versions``: the weights version of each)."""
+    import torch
+    from verl import DataProto
+
+    return DataProto.from_dict(tensors={"versions": torch.tensor(versions)})

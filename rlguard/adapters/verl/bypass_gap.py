@@ -16,17 +16,24 @@ So the trainer adds each row's age in policy versions to the batch (:data:`AGE_C
 each the same for both parts, so their ratio (:func:`gap_by_age_from_metrics`) is the token-weighted gap of the
 step. pi_theta is the weights of the mini-batch being trained: the first mini-batch of the first epoch is the
 trainer's weights at the step, later ones have had the step's earlier updates.
+
+:class:`BypassGapDriver` is the driver of both asynchronous trainers (fully async and one-step-off): in bypass mode
+its ``push_controls`` sends the measuring loss; each trainer adds the ages it knows and calls
+:func:`gap_by_age_from_metrics` before its step is logged.
 """
 
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from functools import partial
 from typing import Any
 
+from rlguard.adapters.verl.driver import VerlGuardDriver
+from rlguard.adapters.verl.mapping import config_get
 from rlguard.guards.stats.staleness import gap_by_age_parts
 from rlguard.metrics import RLGUARD_PREFIX, STALENESS_BUCKETS
 
-__all__ = ["AGE_COLUMN", "gap_by_age_from_metrics", "part_keys", "ppo_loss_with_gap_by_age"]
+__all__ = ["AGE_COLUMN", "BypassGapDriver", "gap_by_age_from_metrics", "part_keys", "ppo_loss_with_gap_by_age"]
 
 #: the batch column of each row's age in policy versions, ``(B,)`` float32, added by the trainer
 AGE_COLUMN = "rlguard_policy_age"
@@ -77,3 +84,24 @@ def gap_by_age_from_metrics(metrics: MutableMapping[str, Any], prefix: str = "ac
         if tokens > 0:
             out[f"{RLGUARD_PREFIX}{name}"] = total / tokens
     return out
+
+
+class BypassGapDriver(VerlGuardDriver):
+    """:class:`~rlguard.adapters.verl.driver.VerlGuardDriver` of verl's asynchronous trainers: in bypass mode the
+    workers' loss is :func:`ppo_loss_with_gap_by_age` with the guard's controls, so that it measures the gap of
+    each row's age that the trainer adds (:data:`AGE_COLUMN`)."""
+
+    @property
+    def bypass_mode(self) -> bool:
+        """Whether pi_old is the engine's (verl's ``algorithm.rollout_correction.bypass_mode``): the gap by age is
+        then measured in the workers' loss."""
+        correction = config_get(self.trainer.config.algorithm, "rollout_correction", None)
+        return bool(config_get(correction, "bypass_mode", False))
+
+    def push_controls(self) -> None:
+        """The synchronous driver's ``ppo_loss`` with the guard's controls; in bypass mode wrapped so that it also
+        measures the gap by age bucket (:func:`ppo_loss_with_gap_by_age`)."""
+        if not self.bypass_mode:
+            super().push_controls()
+            return
+        self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss_with_gap_by_age, config=self.actor_config()))

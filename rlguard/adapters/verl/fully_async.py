@@ -45,19 +45,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlguard.adapters.verl.async_trainers import AGE_KEYS, DROPPED_KEY, STEP_AGE_KEYS
-from rlguard.adapters.verl.bypass_gap import AGE_COLUMN, gap_by_age_from_metrics, ppo_loss_with_gap_by_age
+from rlguard.adapters.verl.bypass_gap import AGE_COLUMN, BypassGapDriver, gap_by_age_from_metrics
 from rlguard.adapters.verl.compat import STALENESS_BOUND_METHOD, check_fully_async_trainer
-from rlguard.adapters.verl.driver import _STEP_FOLDER, VerlGuardDriver, _step_of
+from rlguard.adapters.verl.driver import _STEP_FOLDER, _step_of
 from rlguard.adapters.verl.fully_async_queue import DroppingQueueClient, PolicyVersions, sample_versions
 from rlguard.adapters.verl.fully_async_rollouter import staleness_bound_of
-from rlguard.adapters.verl.mapping import config_get, engine_log_probs_beside_pi_old
+from rlguard.adapters.verl.mapping import engine_log_probs_beside_pi_old
 from rlguard.adapters.verl.settings import resolve_guard_setting
 from rlguard.guards import Decision, Guard, GuardConfig
 from rlguard.guards.actuation import bind_guard
@@ -93,8 +92,8 @@ def is_halt(error: BaseException) -> bool:
     return isinstance(error, FullyAsyncHalt) or isinstance(getattr(error, "cause", None), FullyAsyncHalt)
 
 
-class FullyAsyncGuardDriver(VerlGuardDriver):
-    """:class:`~rlguard.adapters.verl.driver.VerlGuardDriver` on verl's ``FullyAsyncTrainer``: steps are parameter
+class FullyAsyncGuardDriver(BypassGapDriver):
+    """:class:`~rlguard.adapters.verl.bypass_gap.BypassGapDriver` on verl's ``FullyAsyncTrainer``: steps are parameter
     versions (verl's checkpoint numbering); a rollback loads the checkpoint into the trainer's workers and leaves
     :attr:`republish` for the trainer, which publishes the restored weights to the rollouter (a coroutine) before it
     takes the next batch."""
@@ -113,21 +112,6 @@ class FullyAsyncGuardDriver(VerlGuardDriver):
         if callable(getattr(getattr(self.trainer, "rollouter", None), STALENESS_BOUND_METHOD, None)):
             can.add("staleness_bound")
         return frozenset(can)
-
-    @property
-    def bypass_mode(self) -> bool:
-        """Whether pi_old is the engine's (verl's ``algorithm.rollout_correction.bypass_mode``): the gap by age is
-        then measured in the workers' loss (:mod:`~rlguard.adapters.verl.bypass_gap`)."""
-        correction = config_get(self.trainer.config.algorithm, "rollout_correction", None)
-        return bool(config_get(correction, "bypass_mode", False))
-
-    def push_controls(self) -> None:
-        """The synchronous driver's ``ppo_loss`` with the guard's controls; in bypass mode wrapped so that it also
-        measures the gap by age bucket (:func:`~rlguard.adapters.verl.bypass_gap.ppo_loss_with_gap_by_age`)."""
-        if not self.bypass_mode:
-            super().push_controls()
-            return
-        self.trainer.actor_rollout_wg.set_loss_fn(partial(ppo_loss_with_gap_by_age, config=self.actor_config()))
 
     def snapshot(self, step: int) -> None:
         super().snapshot(step)

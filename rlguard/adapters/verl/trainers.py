@@ -64,6 +64,8 @@ def guarded_trainer_class(base: type) -> type:
         rlguard_guarded = True
         #: a V1 trainer whose actor worker this class makes rlguard's (read by the driver before ``init``)
         rlguard_lr_worker = is_v1 and v1_maps_stock_workers(base)
+        #: the driver built in ``__init__`` (a subclass adds what its pipeline needs)
+        rlguard_driver_class: type[VerlGuardDriver] = VerlGuardDriver
 
         def __init__(self, *args: Any, guard: str | GuardConfig | Guard | None = None, **kwargs: Any) -> None:
             if is_v1:
@@ -71,7 +73,7 @@ def guarded_trainer_class(base: type) -> type:
             super().__init__(*args, **kwargs)
             if guard is None:
                 guard = resolve_guard_setting(self.config.trainer.get("rlguard_guard", None) or "default")
-            self.rlguard = VerlGuardDriver(self, guard)
+            self.rlguard = type(self).rlguard_driver_class(self, guard)
 
         def fit(self, *args: Any, **kwargs: Any) -> None:
             """verl's ``fit``, with the guard watching each step; returns early when the guard halts."""

@@ -1,7 +1,7 @@
 """The gap by age bucket in verl's bypass mode, measured in the workers' loss (``rlguard.adapters.verl.bypass_gap``):
 verl's own ``ppo_loss`` on a micro-batch in verl's layout (unpadded log-probs, ``no_padding_2_padding``), verl's
 ``Metric`` aggregation over 2 data-parallel ranks x 2 micro-batches, against a reference written per token with
-Python floats; and the fully async trainer in bypass mode sending the loss and each row's age."""
+Python floats; and verl's fully async and one-step-off trainers in bypass mode sending the loss and each row's age."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.metric.utils import Metric
 from verl.workers.utils.losses import ppo_loss
 
+from rlguard.adapters.verl.async_trainers import AGE_KEYS, guarded_async_trainer_class
 from rlguard.adapters.verl.bypass_gap import AGE_COLUMN, gap_by_age_from_metrics, part_keys, ppo_loss_with_gap_by_age
 from rlguard.adapters.verl.fully_async import guarded_fully_async_trainer_class
 from rlguard.metrics import STALENESS_BUCKETS
 from tests.adapters.verl.fully_async_stand_in import FakeFullyAsyncTrainer
+from tests.helpers.verl_async_stand_in import FakeOneStepOffTrainer
 from tests.helpers.verl_parity import actor_config
-from tests.helpers.verl_stand_in import trainer_config
+from tests.helpers.verl_stand_in import poisoned_run, trainer_config
 
 PROMPT, RESPONSE = 2, 3
 LENGTHS = [3, 2, 3, 1, 2, 3, 0, 3]  # response tokens of each row; rank r holds rows 4r ... 4r + 3
@@ -113,6 +115,78 @@ def test_the_fully_async_trainer_in_bypass_mode_sends_the_measuring_loss_and_eac
     aggregated = trainer.metrics_aggregator.get_aggregated_metrics()
     assert aggregated["rlguard/mismatch_logp_abs_mean_age1"] == pytest.approx(0.15)
     assert not any("_gap_" in key for key in aggregated)
+
+
+def _one_step_off(tmp_path: Path, bypass: bool) -> Any:
+    """The guarded one-step-off trainer (stand-in) run through a rollback: 5 healthy steps, 4 poisoned (three skips,
+    then back to step 5), 3 healthy; each step's actor metrics carry the workers' parts of the age-1 bucket."""
+    from omegaconf import open_dict
+
+    config = trainer_config(tmp_path, save_freq=1)
+    with open_dict(config):
+        config.algorithm.rollout_correction = {"bypass_mode": bypass}
+    parts = {"actor/" + key: value for key, value in zip(part_keys(AGE1), (0.3, 2.0), strict=True)}
+    trainer = guarded_async_trainer_class(FakeOneStepOffTrainer)(
+        config, [{**step, **parts} for step in poisoned_run(5, 4) + poisoned_run(3, 0)]
+    )
+    asyncio.run(trainer.fit())
+    return trainer
+
+
+def test_the_one_step_off_trainer_in_bypass_mode_sends_the_measuring_loss_and_each_batchs_age(
+    tmp_path: Path, logged: list[tuple[int, dict[str, Any]]]
+) -> None:
+    trainer = _one_step_off(tmp_path, bypass=True)
+    (sent,) = trainer.actor_rollout_wg.loss_fns  # before the first step (the skips change no control)
+    assert isinstance(sent, partial) and sent.func is ppo_loss_with_gap_by_age
+    assert sent.keywords["config"].policy_loss.loss_mode == trainer.rlguard.loss_mode
+    by_step = dict(logged)
+    assert by_step[9]["rlguard/guard/rollback_to"] == 5.0
+    # every row of a step's actor batch has the batch's age: 0 for the first and for the replacement after the
+    # rollback (step 10), 1 for the others; the same age the trainer logs as staleness_mean
+    ages = {step: batch.batch[AGE_COLUMN] for step, batch in trainer.actor_batches.items()}
+    assert all(age.dtype == torch.float32 and age.shape == (4,) for age in ages.values())
+    assert [ages[s].tolist() for s in range(1, 13)] == [[a] * 4 for a in [0.0] + [1.0] * 8 + [0.0, 1.0, 1.0]]
+    assert all(ages[s][0].item() == by_step[s][AGE_KEYS[0]] for s in range(1, 13))
+    # the workers' parts become the bucket's gap (sum / tokens) before the step is logged, and leave the record
+    assert all(by_step[s]["rlguard/mismatch_logp_abs_mean_age1"] == pytest.approx(0.15) for s in range(1, 13))
+    assert not any("_gap_" in key for _, record in logged for key in record)
+
+
+def test_the_one_step_off_trainer_recomputing_pi_old_keeps_verls_loss_and_batch(tmp_path: Path) -> None:
+    trainer = _one_step_off(tmp_path, bypass=False)
+    assert trainer.actor_rollout_wg.loss_fns == []  # the workers keep the loss verl built them with
+    assert not any(AGE_COLUMN in batch.batch.keys() for batch in trainer.actor_batches.values())  # noqa: SIM118
+
+
+def test_staleness_remedy_diagnoses_the_one_step_off_trainer_in_bypass_mode(tmp_path: Path) -> None:
+    """The gap the workers measure (here their parts, in each step's bucket: age 0 at step 1, age 1 after) reaches
+    ``staleness_remedy`` (``stable``), which diagnoses stale samples and sends the kept gradient (pi_old being the
+    engine's) in the measuring loss; the same run with the gap at age 1 no wider than at age 0 is left alone."""
+    from omegaconf import open_dict
+
+    from rlguard.guards.events import read_events
+
+    def run(folder: Path, age1_gap: float) -> tuple[Any, list[str]]:
+        config = trainer_config(folder, save_freq=1)
+        with open_dict(config):
+            config.algorithm.rollout_correction = {"bypass_mode": True}
+        steps = []
+        for step, healthy in enumerate(poisoned_run(6, 0), start=1):
+            bucket, gap = (STALENESS_BUCKETS[0][0], 0.01) if step == 1 else (AGE1, age1_gap)
+            steps.append({**healthy, **{"actor/" + k: v for k, v in zip(part_keys(bucket), (gap, 1.0), strict=True)}})
+        trainer = guarded_async_trainer_class(FakeOneStepOffTrainer)(config, steps, guard="stable")
+        asyncio.run(trainer.fit())
+        events = read_events(trainer.rlguard.events_path).events
+        return trainer, [str(e.to_dict()["message"]) for e in events]
+
+    trainer, reasons = run(tmp_path / "stale", age1_gap=0.3)
+    stale = [r for r in reasons if r.startswith("stale samples: mismatch_logp_abs_mean_age1 gap 0.3 vs 0.01 at age 0")]
+    assert len(stale) == 1 and "kept_gradient on" in stale[0], reasons
+    last = trainer.actor_rollout_wg.loss_fns[-1]
+    assert last.func is ppo_loss_with_gap_by_age and last.keywords["config"].policy_loss.controls["kept_gradient"]
+    _, reasons = run(tmp_path / "fresh", age1_gap=0.015)
+    assert not any(r.startswith("stale samples") for r in reasons), reasons
 
 
 def _batch(versions: list[int]) -> Any:

@@ -13,14 +13,13 @@ from rlguard.guards.detectors.base import (
     Detector,
     LevelShift,
     _anchor_median,
-    _EarlySorted,
     _metric,
     _RewardLevel,
     differences_noise,
 )
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import RollingWindow, expected_maximum
+from rlguard.guards.robust import EarlySorted, RollingWindow, expected_maximum
 
 
 @dataclass(kw_only=True)
@@ -317,7 +316,7 @@ class LengthCollapse(Detector):
             )
         self._s_anchor: list[float] = []
         self._shift = LevelShift(-1.0)  # log lengths since one was last at or above the early baseline
-        self._anchor_sorted = _EarlySorted()
+        self._anchor_sorted = EarlySorted()
 
     def change_point(self) -> int | None:
         """Where the collapse began: the least-squares change of level of the log lengths since one was last at or

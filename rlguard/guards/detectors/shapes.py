@@ -14,14 +14,13 @@ from rlguard.guards.detectors.base import (
     LevelShift,
     _absolute,
     _anchor_median,
-    _EarlySorted,
     _finite,
     _metric,
     _rank,
     rise_onset,
 )
 from rlguard.guards.events import Finding, Severity
-from rlguard.guards.robust import RollingWindow, cusum_step
+from rlguard.guards.robust import EarlySorted, RollingWindow, cusum_step
 
 
 @dataclass(kw_only=True)
@@ -66,15 +65,17 @@ class SpikeDetector(Detector):
         """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
         would make the next ordinary value look like a huge spike over a median at the floor (with alternating
         on- and off-policy steps the median would sit between 0 and the usual value)."""
-        value = _metric(stats, self.metric)
-        return value is not None and math.isfinite(value) and value > self.floor
+        value = stats.get(self.metric)
+        return value is not None and math.isfinite(value) and float(value) > self.floor
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = _metric(stats, self.metric)
         if value is None or not self.observes(stats):
             return None
         x = math.log(value)
-        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        finding = None
+        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
+            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         # two baseline values suffice: a finding needs both the factor and the robust z over them
         if finding is None and armed and len(self._s_window) >= 2 and value >= self.min_value:
             median = self._s_window.median()
@@ -170,11 +171,11 @@ class CusumDetector(Detector):
         self._s_rise_base = 0.0
         self._s_rise_steps: list[int] = []
         self._s_rise: list[float] = []
-        self._anchor_sorted, self._control_sorted = _EarlySorted(), _EarlySorted()
+        self._anchor_sorted, self._control_sorted = EarlySorted(), EarlySorted()
 
-    def _control_lost(self, stats: Mapping[str, float]) -> str | None:
-        """Track ``lost_control``; a description if its recent median is below its early median by more than a
-        standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
+    def _control_lost(self, stats: Mapping[str, float]) -> tuple[float, float] | None:
+        """Track ``lost_control``; its early and recent medians if the recent one is below the early one by more
+        than a standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
         if self.critical_drift is None or not _finite(stats, self.lost_control):
             return None
         value = float(stats[self.lost_control])
@@ -190,7 +191,7 @@ class CusumDetector(Detector):
         standard_error = self._s_control.sigma() * math.sqrt(math.pi / 2 / n)
         if recent >= early - standard_error:
             return None
-        return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
+        return early, recent
 
     def change_point(self) -> int | None:
         """Where the condition found began. While the CUSUM is above 0: among the observations since it was last 0
@@ -211,40 +212,44 @@ class CusumDetector(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
+        value = stats.get(self.metric)
         if value is None or not math.isfinite(value):
             return None
-        finding = self._judge(step, value, stats, armed)
+        finding = self._judge(step, float(value), stats, armed)
         self._shift.judged(finding, self.clear_after)
         return finding
 
     def _judge(self, step: int, value: float, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        finding = None
+        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
+            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         x = math.log(max(value, self.floor))
-        lost = self._control_lost(stats)
+        lost = self._control_lost(stats) if self.critical_drift is not None else None
         self._s_recent.push(x)
         anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        window = self._s_window
         self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (anchor or 0.0))
-        if len(self._s_window) < 3 or not armed:
-            self._s_window.push(x)
+        if len(window) < 3 or not armed:
+            window.push(x)
             if finding is None and len(self._s_anchor) < self.anchor:
                 self._s_anchor.append(x)
             return finding
-        z = self._s_window.robust_z(x, floor=self.min_sigma)
+        median, spread = window.location_scale()  # the window's robust z and sigma, read once
+        sigma = max(spread, self.min_sigma)
+        z = (x - median) / sigma
         self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
         if self._s_cusum == 0.0:
             self._s_cusum_start = -1
         elif self._s_cusum_start < 0:
             self._s_cusum_start = step
-            self._s_rise_base = self._s_window.median()
+            self._s_rise_base = median
             self._s_rise_steps, self._s_rise = [], []
         if self._s_cusum_start >= 0 and len(self._s_rise) < SHIFT_WINDOW:
             self._s_rise_steps.append(step)
             self._s_rise.append(x)
-        sigma = self._s_window.sigma(self.min_sigma)
-        self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
+        window.push(min(x, median + 2.0 * sigma))
         drift = math.exp(self._s_recent.median() - anchor) if anchor is not None else 1.0
-        if _rank(finding) < 2 and self._s_cusum >= self.warn_h:
+        if self._s_cusum >= self.warn_h and _rank(finding) < 2:
             critical = self._s_cusum >= self.critical_h and (
                 self.critical_ratio is None or drift >= self.critical_ratio
             )
@@ -261,13 +266,14 @@ class CusumDetector(Detector):
             )
             finding = trend if _rank(trend) > _rank(finding) else finding
         drift_critical = self.critical_drift is not None and drift >= self.critical_drift and lost is not None
-        if _rank(finding) < 2 and anchor is not None and drift_critical:
+        if drift_critical and lost is not None and anchor is not None and _rank(finding) < 2:
+            fell = f"{self.lost_control} fell from {lost[0]:.4g} (early median) to {lost[1]:.4g} (recent median)"
             finding = Finding(
                 "critical",
                 drift,
                 self.critical_drift or 0.0,
                 f"{self.metric}: its recent median {math.exp(self._s_recent.median()):.4g} is {drift:.1f}x the run's "
-                f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {lost}. "
+                f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {fell}. "
                 f"{self.advice}".rstrip(),
             )
         if finding is None and self.drift_ratio is not None and anchor is not None and drift >= self.drift_ratio:

@@ -21,6 +21,9 @@ from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
 from rlguard.guards.robust import EarlySorted, RollingWindow, median_of
 from rlguard.guards.state import PrivateState
 
+#: the detectors' name for :class:`~rlguard.guards.robust.EarlySorted`
+_EarlySorted = EarlySorted
+
 #: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
 #: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
 #: needs a window of 5
@@ -164,14 +167,15 @@ class LevelShift:
         ``clear_after`` clean observations follow a finding, the excursion has ended and the window keeps only them.
         An excursion can begin at a finding after a clean observation, or at a critical one after ``clear_after``
         observations without one (its critical onset)."""
-        critical = finding is not None and finding.severity == "critical"
-        began = finding is not None and (self._clean > 0 or (critical and self._calm >= max(clear_after, 1)))
-        self._since = 0 if began else self._since + 1
-        self._calm = 0 if critical else self._calm + 1
-        if finding is not None:
+        if finding is None:  # most observations: no excursion begins, one more without a finding of either kind
+            self._since, self._calm, self._clean = self._since + 1, self._calm + 1, self._clean + 1
+        else:
+            critical = finding.severity == "critical"
+            began = self._clean > 0 or (critical and self._calm >= max(clear_after, 1))
+            self._since = 0 if began else self._since + 1
+            self._calm = 0 if critical else self._calm + 1
             self._clean, self._found = 0, True
             return
-        self._clean += 1
         if self._found and self._clean >= max(clear_after, 1):
             while len(self.steps) > self._clean:
                 self.steps.popleft()

@@ -6,9 +6,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _finite, _metric
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _EarlySorted, _finite, _metric
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import EarlySorted, RollingWindow
+from rlguard.guards.robust import RollingWindow
 
 
 @dataclass(kw_only=True)
@@ -49,7 +49,7 @@ class EntropyCollapse(Detector):
         self._s_rewards = RollingWindow(self.trend_window)
         self._s_early_rewards: list[float] = []
         self._shift = LevelShift(-1.0)  # log entropy since it was last at or above its baseline
-        self._early_sorted, self._rewards_sorted = EarlySorted(), EarlySorted()
+        self._early_sorted, self._rewards_sorted = _EarlySorted(), _EarlySorted()
 
     def reads(self) -> tuple[str, ...]:
         return ("entropy", "reward_mean")
@@ -168,7 +168,7 @@ class EntropyBlowup(Detector):
             )
         self._s_anchor: list[float] = []
         self._shift = LevelShift(1.0)  # log entropy since it was last at or below its early baseline
-        self._anchor_sorted = EarlySorted()
+        self._anchor_sorted = _EarlySorted()
 
     def change_point(self) -> int | None:
         """Where the blow-up began: the least-squares change of level of the log entropy since it was last at or
@@ -176,9 +176,10 @@ class EntropyBlowup(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        entropy = _metric(stats, self.metric)
+        entropy = stats.get(self.metric)
         if entropy is None or not math.isfinite(entropy):
             return None
+        entropy = float(entropy)
         if entropy > 0:
             anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)

@@ -13,13 +13,13 @@ from rlguard.guards.detectors.base import (
     Detector,
     LevelShift,
     _anchor_median,
-    _metric,
+    _EarlySorted,
     _RewardLevel,
     differences_noise,
 )
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
-from rlguard.guards.robust import EarlySorted, RollingWindow, expected_maximum
+from rlguard.guards.robust import RollingWindow, expected_maximum
 
 
 @dataclass(kw_only=True)
@@ -132,9 +132,10 @@ class RewardCollapse(Detector):
         return "Check for reward hacking or collapse; roll back to the best step and lower the LR."
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        reward = _metric(stats, self.metric)
+        reward = stats.get(self.metric)
         if reward is None or not math.isfinite(reward):
             return None
+        reward = float(reward)
         prev = self._s_ewma
         self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
         ewma = self._s_ewma
@@ -316,7 +317,7 @@ class LengthCollapse(Detector):
             )
         self._s_anchor: list[float] = []
         self._shift = LevelShift(-1.0)  # log lengths since one was last at or above the early baseline
-        self._anchor_sorted = EarlySorted()
+        self._anchor_sorted = _EarlySorted()
 
     def change_point(self) -> int | None:
         """Where the collapse began: the least-squares change of level of the log lengths since one was last at or
@@ -324,9 +325,10 @@ class LengthCollapse(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        length = _metric(stats, self.metric)
+        length = stats.get(self.metric)
         if length is None or not math.isfinite(length):
             return None
+        length = float(length)
         if length > 0:
             anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(length), anchor is None or length >= anchor)

@@ -14,13 +14,14 @@ from rlguard.guards.detectors.base import (
     LevelShift,
     _absolute,
     _anchor_median,
+    _EarlySorted,
     _finite,
     _metric,
     _rank,
     rise_onset,
 )
 from rlguard.guards.events import Finding, Severity
-from rlguard.guards.robust import EarlySorted, RollingWindow, cusum_step
+from rlguard.guards.robust import RollingWindow, cusum_step
 
 
 @dataclass(kw_only=True)
@@ -171,11 +172,11 @@ class CusumDetector(Detector):
         self._s_rise_base = 0.0
         self._s_rise_steps: list[int] = []
         self._s_rise: list[float] = []
-        self._anchor_sorted, self._control_sorted = EarlySorted(), EarlySorted()
+        self._anchor_sorted, self._control_sorted = _EarlySorted(), _EarlySorted()
 
-    def _control_lost(self, stats: Mapping[str, float]) -> tuple[float, float] | None:
-        """Track ``lost_control``; its early and recent medians if the recent one is below the early one by more
-        than a standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
+    def _control_lost(self, stats: Mapping[str, float]) -> str | None:
+        """Track ``lost_control``; a description if its recent median is below its early median by more than a
+        standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
         if self.critical_drift is None or not _finite(stats, self.lost_control):
             return None
         value = float(stats[self.lost_control])
@@ -191,7 +192,7 @@ class CusumDetector(Detector):
         standard_error = self._s_control.sigma() * math.sqrt(math.pi / 2 / n)
         if recent >= early - standard_error:
             return None
-        return early, recent
+        return f"{self.lost_control} fell from {early:.4g} (early median) to {recent:.4g} (recent median)"
 
     def change_point(self) -> int | None:
         """Where the condition found began. While the CUSUM is above 0: among the observations since it was last 0
@@ -266,14 +267,13 @@ class CusumDetector(Detector):
             )
             finding = trend if _rank(trend) > _rank(finding) else finding
         drift_critical = self.critical_drift is not None and drift >= self.critical_drift and lost is not None
-        if drift_critical and lost is not None and anchor is not None and _rank(finding) < 2:
-            fell = f"{self.lost_control} fell from {lost[0]:.4g} (early median) to {lost[1]:.4g} (recent median)"
+        if drift_critical and anchor is not None and _rank(finding) < 2:
             finding = Finding(
                 "critical",
                 drift,
                 self.critical_drift or 0.0,
                 f"{self.metric}: its recent median {math.exp(self._s_recent.median()):.4g} is {drift:.1f}x the run's "
-                f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {fell}. "
+                f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {lost}. "
                 f"{self.advice}".rstrip(),
             )
         if finding is None and self.drift_ratio is not None and anchor is not None and drift >= self.drift_ratio:

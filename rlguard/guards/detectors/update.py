@@ -37,7 +37,7 @@ class NonFinite(Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         count = stats.get("nonfinite", 0.0)
-        if not count > 0 and math.isfinite(sum(stats[k] for k in _VALUES if k in stats)):
+        if not count > 0 and math.isfinite(sum([stats[k] for k in _VALUES if k in stats])):
             return None  # a sum of values is finite only if each is (a NaN or an infinity carries through)
         bad = [k for k in _VALUES if k in stats and not math.isfinite(stats[k])]
         if count > 0 or bad:

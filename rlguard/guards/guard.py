@@ -147,7 +147,7 @@ class Guard:
             proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         healthy = self._healthy(findings)  # the alarms change only after the decision
         decision = self._decide(step, proposals, healthy, findings, new_events)
-        self._after(decision, healthy, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
+        self._after(decision, healthy, poisoned=any([p.outcome == "skip" and p.poisoned for p in proposals]))
         self._record(list(decision.events))
         return decision
 
@@ -222,6 +222,10 @@ class Guard:
     def _decide(
         self, step: int, proposals: list[Proposal], healthy: bool, findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
+        due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
+        if not proposals and not self.config.schedules:  # most steps: the neutral decision, nothing to rank
+            snapshot = healthy and due and not self.config.observe_only
+            return Decision(step=step, controls=_NO_CONTROLS, snapshot=snapshot, events=tuple(events))
         best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
@@ -229,7 +233,6 @@ class Guard:
             controls = Controls.combine([p.controls for p in proposals], scheduled)
         else:  # nothing proposed or scheduled (most steps): the neutral controls, combined once
             controls = _NO_CONTROLS
-        due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
         if action != "continue" and best.reason:
             sev: Severity = "warn" if best.outcome == "step" else "critical"

@@ -10,7 +10,7 @@ damage (:meth:`~rlguard.doctor.readreport.ReadReport.torn`); a bad line with lin
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,22 @@ from rlguard.doctor.readreport import LogInputError, ReadReport
 from rlguard.doctor.steps import Row, StepRule, run_name
 from rlguard.guards.state import long_integer_at
 
-__all__ = ["TOO_MANY_DIGITS", "NotJson", "jsonl_record", "jsonl_row", "load_json", "read_jsonl", "read_trainer_state"]
+_fast_loads: Callable[[str], Any] | None
+try:  # optional: about 4x faster than json on a log's records; the records read are the same (loads_exact)
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - the core's dependencies do not include it
+    _fast_loads = None
+
+__all__ = [
+    "TOO_MANY_DIGITS",
+    "NotJson",
+    "jsonl_record",
+    "jsonl_row",
+    "load_json",
+    "loads_exact",
+    "read_jsonl",
+    "read_trainer_state",
+]
 
 #: an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by default)
 TOO_MANY_DIGITS = "an integer of more digits than can be read (4300), not a value a trainer logs; fix or delete it"
@@ -32,8 +47,11 @@ def _numeric(record: Mapping[str, Any], report: ReadReport, prefix: str = "", de
     """The numeric values of a record (nested objects as ``outer/inner`` keys), the rest counted in ``report``."""
     out: dict[str, float] = {}
     for key, value in record.items():
+        if type(value) is float and not prefix:  # the common case, without the account's checks
+            out[key] = value
+            continue
         name = f"{prefix}{key}" if prefix else key
-        if type(value) is float:  # the common case, without the account's checks
+        if type(value) is float:
             out[name] = value
         elif isinstance(value, Mapping) and depth < _MAX_DEPTH:
             out.update(_numeric(value, report, f"{name}/", depth + 1))
@@ -86,6 +104,35 @@ def read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Itera
         yield steps.of(row, record, i, path, where), row, where, None
 
 
+#: orjson reads an integer beyond 64 bits as a float (json: an int); a float this large sends the record to json
+_WIDE = float(2**63)
+
+
+def _narrow(value: Any) -> bool:
+    """Whether no float in ``value`` (a parsed record) is at least 2**63 in magnitude."""
+    for item in value.values() if type(value) is dict else value if type(value) is list else (value,):
+        if type(item) is float:
+            if not -_WIDE < item < _WIDE:
+                return False
+        elif (type(item) is dict or type(item) is list) and not _narrow(item):
+            return False
+    return True
+
+
+def loads_exact(line: str) -> Any:
+    """``json.loads(line)``, read by orjson where it is installed and reads the same: a line orjson refuses (NaN,
+    Infinity, an out-of-range float, a lone surrogate, deep nesting) or whose record holds a float of at least
+    2**63 in magnitude (orjson's reading of an integer beyond 64 bits) is read by json, errors included."""
+    if _fast_loads is not None:
+        try:
+            record = _fast_loads(line)
+            if _narrow(record):
+                return record
+        except (ValueError, RecursionError):  # orjson.JSONDecodeError, or nesting _narrow cannot walk: json decides
+            pass
+    return json.loads(line)
+
+
 class NotJson(LogInputError):
     """A JSONL line that is not JSON: bad input, or the torn last line of a writer stopped mid-line."""
 
@@ -94,7 +141,7 @@ def jsonl_record(line: str, path: Path, where: str) -> dict[str, Any]:
     """One line of a JSONL log as its JSON object: :class:`NotJson` for a line that is not JSON, LogInputError for
     one that is not an object or cannot be read."""
     try:
-        record = json.loads(line)
+        record = loads_exact(line)
     except json.JSONDecodeError as err:
         raise NotJson(f"{path}, {where}: not JSON ({err.msg}); fix or delete the line") from None
     except RecursionError:

@@ -127,8 +127,9 @@ class RunMerger:
     def add(self, item: Row) -> None:
         """Merge one reader's row (LogInputError for a named run whose step goes back)."""
         step, row, where, name = item
-        excluded = self._excluded
-        metrics = {k: v for k, v in row.items() if k not in excluded}
+        metrics = dict(row)  # less the step counters, which are not metrics (a few keys: popped, not filtered)
+        for key in self._excluded:
+            metrics.pop(key, None)
         if not metrics:
             self.report.drop("records with no numeric value (all null, text or step counters only)")
             return

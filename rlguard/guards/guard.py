@@ -7,6 +7,7 @@ stats (:meth:`rlguard.guards.StepStats.reduce`) take the same decision without a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["PRESETS", "Guard", "GuardConfig", "check_preset", "make_guard"]
 
 _LEVEL_NAME: dict[int, Severity] = {1: "warn", 2: "critical"}
+_LEVEL = attrgetter("level")
 #: the proposal of a step nobody proposes anything for (frozen: shared)
 _NO_PROPOSAL = Proposal()
 #: the controls of a step nobody proposes or schedules anything for, combined once (frozen: shared)
@@ -145,7 +147,7 @@ class Guard:
             proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
         healthy = self._healthy(findings)  # the alarms change only after the decision
         decision = self._decide(step, proposals, healthy, findings, new_events)
-        self._after(decision, healthy, poisoned=any(p.outcome == "skip" and p.poisoned for p in proposals))
+        self._after(decision, healthy, poisoned=any([p.outcome == "skip" and p.poisoned for p in proposals]))
         self._record(list(decision.events))
         return decision
 
@@ -156,65 +158,59 @@ class Guard:
 
     def _run_detectors(self, step: int, stats: Mapping[str, float]) -> tuple[dict[str, Finding], list[Event]]:
         """This step's findings (with severity by consequence where ``config.consequence`` is ``"online"``) and
-        the alarm events they raise."""
+        the alarm events they raise. Each detector that observes the step judges it once past its warm-up
+        (:func:`warmed_up`), with the bookkeeping of what a healthy snapshot is known to predate
+        (``StepContext.judged_clean``); without the live rule each detector's alarm sees its own finding in the
+        same pass, in the detectors' order."""
         found: dict[str, Finding] = {}
         observed: list[str] = []
-        alarms = self._alarms
-        if self.live_rule is None:  # each detector's alarm sees its own finding: one pass, in the detectors' order
-            events: list[Event] = []
-            for name, det in self.detectors.items():
-                if not det.observes(stats):
-                    continue  # no evidence this step: alarm, streak and warm-up stay as they are
-                finding = self._check(name, det, step, stats)
-                observed.append(name)
-                if finding is not None:
-                    found[name] = finding
+        events: list[Event] = []
+        alarms, seen, first_seen = self._alarms, self._seen, self._first_seen
+        judged_clean, seen_clean = self._judged_clean, self._seen_clean
+        by_steps = self.config.warmup_unit == "steps"
+        one_pass = self.live_rule is None
+        for name, det in self.detectors.items():
+            if not det.observes(stats):
+                continue  # no evidence this step: alarm, streak and warm-up stay as they are
+            count = seen[name]
+            first = first_seen[name]
+            if first is None:
+                first = first_seen[name] = step
+            armed = count >= det.warmup or warmed_up(det.warmup, count, step - first if by_steps else None)
+            finding = det.check(step, stats, armed)
+            seen[name] = count + 1
+            observed.append(name)
+            if finding is None:
+                seen_clean.add(name)
+                if armed:
+                    judged_clean.add(name)
+            else:
+                found[name] = finding
+            if one_pass:
                 alarm = alarms[name]
+                if finding is None and not alarm.level:  # AlarmState.see of a clean step with no alarm to clear
+                    alarm.streak, alarm.clean, alarm.critical_age = 0, alarm.clean + 1, 0
+                    continue
                 event = alarm.see(step, name, finding, det.patience, det.clear_after)
                 if event is not None:
                     events.append(event)
                 alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
-            self.last_findings, self.last_observed = found, observed
-            return found, events
-        for name, det in self.detectors.items():
-            if not det.observes(stats):
-                continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            finding = self._check(name, det, step, stats)
-            observed.append(name)
-            if finding is not None:
-                found[name] = finding
         self.last_findings, self.last_observed = found, observed
+        if self.live_rule is None:
+            return found, events
         patient = [n for n in found if alarms[n].streak + 1 >= self.detectors[n].patience]
         verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
         findings, raised = verdict.findings, verdict.raised
-        seen: list[Event | None] = []
+        seen_events: list[Event | None] = []
         for name in observed:
             det, alarm = self.detectors[name], alarms[name]
-            seen.append(alarm.see(step, name, findings.get(name), det.patience, det.clear_after))
+            seen_events.append(alarm.see(step, name, findings.get(name), det.patience, det.clear_after))
             if name in raised:
-                seen.append(alarm.raise_critical(step, name, raised.pop(name)))
+                seen_events.append(alarm.raise_critical(step, name, raised.pop(name)))
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
         # raised at a step that did not carry the detector's stats
-        seen.extend(alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
-        return findings, [e for e in seen if e is not None]
-
-    def _check(self, name: str, det: Detector, step: int, stats: Mapping[str, float]) -> Finding | None:
-        """``det``'s finding on this step, armed once past its warm-up (:func:`warmed_up`), and the bookkeeping of
-        what a healthy snapshot is known to predate (``StepContext.judged_clean``)."""
-        first = self._first_seen[name]
-        if first is None:
-            first = self._first_seen[name] = step
-        seen = self._seen[name]
-        armed = seen >= det.warmup or warmed_up(
-            det.warmup, seen, step - first if self.config.warmup_unit == "steps" else None
-        )
-        finding = det.check(step, stats, armed)
-        self._seen[name] = seen + 1
-        if finding is None:
-            self._seen_clean.add(name)
-            if armed:
-                self._judged_clean.add(name)
-        return finding
+        seen_events.extend(alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
+        return findings, [e for e in seen_events if e is not None]
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
         """Mark the events of proposals ``where`` (the training loop's actuator) cannot carry out as
@@ -226,6 +222,10 @@ class Guard:
     def _decide(
         self, step: int, proposals: list[Proposal], healthy: bool, findings: Mapping[str, Finding], events: list[Event]
     ) -> Decision:
+        due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
+        if not proposals and not self.config.schedules:  # most steps: the neutral decision, nothing to rank
+            snapshot = healthy and due and not self.config.observe_only
+            return Decision(step=step, controls=_NO_CONTROLS, snapshot=snapshot, events=tuple(events))
         best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
@@ -233,7 +233,6 @@ class Guard:
             controls = Controls.combine([p.controls for p in proposals], scheduled)
         else:  # nothing proposed or scheduled (most steps): the neutral controls, combined once
             controls = _NO_CONTROLS
-        due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         value_of = {"scale_lr": controls.lr_scale, "set_clip": controls.clip_scale}
         if action != "continue" and best.reason:
             sev: Severity = "warn" if best.outcome == "step" else "critical"
@@ -261,6 +260,8 @@ class Guard:
 
     def _healthy(self, findings: Mapping[str, Finding]) -> bool:
         """No finding and no raised alarm, except those of ``config.healthy_despite``."""
+        if not findings and not any(map(_LEVEL, self._alarms.values())):  # most steps: nothing found or raised
+            return True
         despite = self.config.healthy_despite
         return not any(n not in despite for n in findings) and not any(
             a.level for n, a in self._alarms.items() if n not in despite

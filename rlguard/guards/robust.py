@@ -67,14 +67,42 @@ def _sorted_mad(s: list[float], med: float) -> float:
     return 0.5 * (kth + after)
 
 
+class EarlySorted:
+    """``sorted(values)`` of an early baseline, a list that only grows by appends, and its median: sorted again only
+    when it grew or is another list (a restored state), not at every step that reads it (kept beside a detector's
+    state)."""
+
+    __slots__ = ("_median", "_n", "_of", "_sorted")
+
+    def __init__(self) -> None:
+        self._of: list[float] | None = None
+        self._n = -1
+        self._sorted: list[float] = []
+        self._median = math.nan
+
+    def __call__(self, values: list[float]) -> list[float]:
+        if values is not self._of or len(values) != self._n:
+            self._of, self._n, self._sorted = values, len(values), sorted(values)
+            self._median = _sorted_median(self._sorted)
+        return self._sorted
+
+    def median(self, values: list[float]) -> float:
+        """:func:`median_of` ``values``, from the sorted copy."""
+        if values is not self._of or len(values) != self._n:
+            self(values)
+        return self._median
+
+
 class RollingWindow:
     """The last ``size`` values, with robust location and scale (cached until the next push).
 
     The window keeps its values sorted beside their order of arrival (``bisect``: O(log w) search, a memmove of
     at most w pointers per push), so the median is read in O(1) and the MAD in O(log w). The sorted list is
     exactly ``sorted(values)`` (equal values in their order of arrival), so every statistic equals the one
-    computed from scratch by :func:`median_of`. A window built from values that are not all finite (restored
-    state) is judged from scratch until those values have left it."""
+    computed from scratch by :func:`median_of`. It is kept up to date by a push only where the window was read
+    since the push before (a baseline read at every step); a window pushed to without being read (a detector's
+    reward level, read at a finding) sorts its values again at the next read. A window built from values that are
+    not all finite (restored state) is judged from scratch until those values have left it."""
 
     def __init__(self, size: int, values: Iterable[float] = ()) -> None:
         if size < 1:
@@ -86,6 +114,8 @@ class RollingWindow:
         #: values accepted by :meth:`push` so far (a window that has not changed has the same count)
         self.pushes = 0
         self._trend: int | None = None  # Mann-Kendall's sum of signs, kept up to date once first asked for
+        self._read = False  # read since the last push: the next push keeps the sorted list up to date
+        self._stale = False  # the sorted list lags the values (pushes without a read): sorted again when read
 
     def __len__(self) -> int:
         return len(self.values)
@@ -99,16 +129,18 @@ class RollingWindow:
         """Append ``value`` (finite values only; others are ignored)."""
         if math.isfinite(value):
             values = self.values
-            full = len(values) == values.maxlen
             if self._nonfinite:
-                if full and not math.isfinite(values[0]):
+                if len(values) == values.maxlen and not math.isfinite(values[0]):
                     self._nonfinite -= 1
                 values.append(value)
-                if not self._nonfinite:  # the last non-finite value just left: sort once
-                    self._sorted = sorted(values)
+                if not self._nonfinite:  # the last non-finite value just left: sorted at the next read
+                    self._stale = True
+            elif self._trend is None and (self._stale or not self._read):
+                values.append(value)  # not read since the last push: the sorted list waits for the next read
+                self._stale = True
             else:
                 ordered, trend = self._sorted, self._trend
-                if full:  # the oldest of equal values is the first of them in the sorted list
+                if len(values) == values.maxlen:  # the oldest of equal values is the first of them in the sorted list
                     oldest = values[0]
                     at = bisect_left(ordered, oldest)
                     if trend is not None:  # the oldest's pairs with each later value leave the sum of signs
@@ -120,7 +152,15 @@ class RollingWindow:
                 insort(ordered, value)  # after the equal values already there: their order of arrival
                 self._trend = trend
             self._cache = None
+            self._read = False
             self.pushes += 1
+
+    def _ordered(self) -> list[float]:
+        """The sorted values of a finite window, sorted again if pushes left them behind; marks the window read."""
+        if self._stale:
+            self._sorted, self._stale = sorted(self.values), False
+        self._read = True
+        return self._sorted
 
     def _stats(self) -> tuple[float, float]:
         if self._cache is None:
@@ -128,8 +168,9 @@ class RollingWindow:
                 med = median_of(self.values)
                 mad = median_of([abs(v - med) for v in self.values])
             else:
-                med = self.median()
-                mad = _sorted_mad(self._sorted, med)
+                ordered = self._ordered()
+                med = _sorted_median(ordered)
+                mad = _sorted_mad(ordered, med)
             sigma = MAD_TO_SIGMA * mad
             if sigma == 0.0 and self.values:
                 # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
@@ -145,7 +186,7 @@ class RollingWindow:
             return self._cache[0]
         if self._nonfinite:
             return median_of(self.values)
-        return _sorted_median(self._sorted)
+        return _sorted_median(self._ordered())
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but
@@ -153,6 +194,11 @@ class RollingWindow:
         if not self.values:
             return floor
         return max(self._stats()[1], floor)
+
+    def location_scale(self) -> tuple[float, float]:
+        """The median and the robust sigma (unfloored) at once: what :meth:`median` and :meth:`sigma` read (NaN for
+        an empty window)."""
+        return self._stats()
 
     def robust_z(self, value: float, floor: float) -> float:
         """``(value - median) / max(sigma, floor)``."""
@@ -168,7 +214,8 @@ class RollingWindow:
         if self._nonfinite:
             self._trend = None
             return mann_kendall_z(self.values)
-        if self._trend is None:
+        if self._trend is None:  # kept from now on by each push, which needs the sorted values up to date
+            self._ordered()
             self._trend = _sign_sum(self.values)
         return _mann_kendall(self._trend, len(self.values))
 

@@ -9,7 +9,14 @@ import statistics
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rlguard.guards.robust import MAD_TO_SIGMA, MEAN_AD_TO_SIGMA, RollingWindow, mann_kendall_z
+from rlguard.guards.robust import (
+    MAD_TO_SIGMA,
+    MEAN_AD_TO_SIGMA,
+    EarlySorted,
+    RollingWindow,
+    mann_kendall_z,
+    median_of,
+)
 from tests.helpers.profiles import examples
 
 #: few distinct values (ties, MAD = 0, the mean-deviation fallback) and wide ones (overflow of x - median)
@@ -159,3 +166,48 @@ def test_reward_collapses_kept_differences_equal_the_windows_successive_differen
             )
             assert len(got.values) == len(want.values)
             assert _same(got.sigma(), want.sigma())
+
+
+#: what a reader does to a window between pushes: nothing (the push is not read), or one of its statistics
+OPERATIONS = st.lists(
+    st.one_of(FINITE.map(lambda v: ("push", v)), st.sampled_from([("median", 0.0), ("sigma", 0.0), ("trend", 0.0)])),
+    max_size=150,
+)
+
+
+@examples(quick=150, long=3000)
+@given(size=st.integers(1, 30), start=st.lists(ANY, max_size=8), operations=OPERATIONS)
+def test_a_window_read_at_any_cadence_reads_what_it_holds(
+    size: int, start: list[float], operations: list[tuple[str, float]]
+) -> None:
+    """The sorted values are kept up to date by a push only after a read (runs of pushes without one sort again at
+    the next read; once the trend is asked for, every push keeps it): whatever the order of pushes and reads, each
+    statistic equals the one from scratch of the values held."""
+    window = RollingWindow(size, start)
+    for name, value in operations:
+        if name == "push":
+            window.push(value)
+            continue
+        held = list(window.values)
+        finite = [v for v in held if math.isfinite(v)]
+        if name == "trend":
+            assert _same(window.mann_kendall_z(), mann_kendall_z(held))
+        elif name == "median":
+            assert _same(window.median(), median_of(held))
+        elif held and finite == held:
+            assert _same(window.sigma(), _reference(held)[1])
+            assert window.location_scale() == (window.median(), window.sigma())
+
+
+@examples(quick=100, long=2000)
+@given(values=st.lists(FINITE, min_size=1, max_size=30), other=st.lists(FINITE, min_size=1, max_size=5))
+def test_an_early_baselines_cached_median_follows_its_appends_and_a_restored_list(
+    values: list[float], other: list[float]
+) -> None:
+    early = EarlySorted()
+    grown: list[float] = []
+    for v in values:
+        grown.append(v)
+        assert _same(early.median(grown), _reference(grown)[0])
+        assert early(grown) == sorted(grown)
+    assert _same(early.median(other), _reference(other)[0])  # another list (a restored state): sorted again

@@ -18,8 +18,11 @@ from typing import ClassVar
 from rlguard.guards.consequence.rule import ConsequenceRule, converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
 from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
-from rlguard.guards.robust import RollingWindow, _sorted_median, median_of
+from rlguard.guards.robust import EarlySorted, RollingWindow, median_of
 from rlguard.guards.state import PrivateState
+
+#: the detectors' name for :class:`~rlguard.guards.robust.EarlySorted`
+_EarlySorted = EarlySorted
 
 #: the fewest observations a detector's robust baseline is built from: the median and MAD of 5 observations survive
 #: two outliers among them (their breakdown point, Hampel 1974), a rolling z-score needs a spread, a 3-of-5 run rule
@@ -164,14 +167,15 @@ class LevelShift:
         ``clear_after`` clean observations follow a finding, the excursion has ended and the window keeps only them.
         An excursion can begin at a finding after a clean observation, or at a critical one after ``clear_after``
         observations without one (its critical onset)."""
-        critical = finding is not None and finding.severity == "critical"
-        began = finding is not None and (self._clean > 0 or (critical and self._calm >= max(clear_after, 1)))
-        self._since = 0 if began else self._since + 1
-        self._calm = 0 if critical else self._calm + 1
-        if finding is not None:
+        if finding is None:  # most observations: no excursion begins, one more without a finding of either kind
+            self._since, self._calm, self._clean = self._since + 1, self._calm + 1, self._clean + 1
+        else:
+            critical = finding.severity == "critical"
+            began = self._clean > 0 or (critical and self._calm >= max(clear_after, 1))
+            self._since = 0 if began else self._since + 1
+            self._calm = 0 if critical else self._calm + 1
             self._clean, self._found = 0, True
             return
-        self._clean += 1
         if self._found and self._clean >= max(clear_after, 1):
             while len(self.steps) > self._clean:
                 self.steps.popleft()
@@ -318,31 +322,14 @@ def _finite(stats: Mapping[str, float], name: str) -> bool:
     return value is not None and math.isfinite(value)
 
 
-class _EarlySorted:
-    """``sorted(values)`` of an early baseline, a list that only grows by appends: sorted again only when it grew or
-    is another list (a restored state), not at every step that reads it (kept beside the detector's state)."""
-
-    __slots__ = ("_n", "_of", "_sorted")
-
-    def __init__(self) -> None:
-        self._of: list[float] | None = None
-        self._n = -1
-        self._sorted: list[float] = []
-
-    def __call__(self, values: list[float]) -> list[float]:
-        if values is not self._of or len(values) != self._n:
-            self._of, self._n, self._sorted = values, len(values), sorted(values)
-        return self._sorted
-
-
-def _anchor_median(anchor: list[float], early: _EarlySorted | None = None) -> float | None:
+def _anchor_median(anchor: list[float], early: EarlySorted | None = None) -> float | None:
     """Median of the run's early healthy stretch (None until it holds 3 values): :func:`median_of` it, from
     ``early``'s sorted copy where given."""
     if len(anchor) < 3:
         return None
     if early is None:
         return median_of(anchor)  # what a window of them reads, without building one
-    return _sorted_median(early(anchor))
+    return early.median(anchor)
 
 
 def _rank(finding: Finding | None) -> int:
@@ -383,10 +370,14 @@ class _RewardLevel:
         self._s_low, self._s_high = math.inf, -math.inf
 
     def _see_reward(self, stats: Mapping[str, float]) -> None:
-        reward = _metric(stats, "reward_mean")
+        reward = stats.get("reward_mean")
         if reward is not None and math.isfinite(reward):
+            reward = float(reward)
             self._s_recent.push(reward)
-            self._s_low, self._s_high = min(self._s_low, reward), max(self._s_high, reward)
+            if reward < self._s_low:  # min and max, without the calls (a NaN never reaches here)
+                self._s_low = reward
+            if reward > self._s_high:
+                self._s_high = reward
 
     def _converged(self) -> bool:
         return len(self._s_recent) > 0 and converged(

@@ -176,9 +176,10 @@ class EntropyBlowup(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        entropy = _metric(stats, self.metric)
+        entropy = stats.get(self.metric)
         if entropy is None or not math.isfinite(entropy):
             return None
+        entropy = float(entropy)
         if entropy > 0:
             anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)

@@ -14,7 +14,6 @@ from rlguard.guards.detectors.base import (
     LevelShift,
     _anchor_median,
     _EarlySorted,
-    _metric,
     _RewardLevel,
     differences_noise,
 )
@@ -133,9 +132,10 @@ class RewardCollapse(Detector):
         return "Check for reward hacking or collapse; roll back to the best step and lower the LR."
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        reward = _metric(stats, self.metric)
+        reward = stats.get(self.metric)
         if reward is None or not math.isfinite(reward):
             return None
+        reward = float(reward)
         prev = self._s_ewma
         self._s_ewma = reward if prev is None else (1 - self.alpha) * prev + self.alpha * reward
         ewma = self._s_ewma
@@ -330,9 +330,10 @@ class LengthCollapse(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        length = _metric(stats, self.metric)
+        length = stats.get(self.metric)
         if length is None or not math.isfinite(length):
             return None
+        length = float(length)
         if length > 0:
             anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(length), anchor is None or length >= anchor)

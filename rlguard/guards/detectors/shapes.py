@@ -66,15 +66,17 @@ class SpikeDetector(Detector):
         """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
         would make the next ordinary value look like a huge spike over a median at the floor (with alternating
         on- and off-policy steps the median would sit between 0 and the usual value)."""
-        value = _metric(stats, self.metric)
-        return value is not None and math.isfinite(value) and value > self.floor
+        value = stats.get(self.metric)
+        return value is not None and math.isfinite(value) and float(value) > self.floor
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = _metric(stats, self.metric)
         if value is None or not self.observes(stats):
             return None
         x = math.log(value)
-        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        finding = None
+        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
+            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         # two baseline values suffice: a finding needs both the factor and the robust z over them
         if finding is None and armed and len(self._s_window) >= 2 and value >= self.min_value:
             median = self._s_window.median()
@@ -222,40 +224,44 @@ class CusumDetector(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
+        value = stats.get(self.metric)
         if value is None or not math.isfinite(value):
             return None
-        finding = self._judge(step, value, stats, armed)
+        finding = self._judge(step, float(value), stats, armed)
         self._shift.judged(finding, self.clear_after)
         return finding
 
     def _judge(self, step: int, value: float, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        finding = None
+        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
+            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         x = math.log(max(value, self.floor))
-        lost = self._control_lost(stats)
+        lost = self._control_lost(stats) if self.critical_drift is not None else None
         self._s_recent.push(x)
         anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        window = self._s_window
         self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (anchor or 0.0))
-        if len(self._s_window) < 3 or not armed:
-            self._s_window.push(x)
+        if len(window) < 3 or not armed:
+            window.push(x)
             if finding is None and len(self._s_anchor) < self.anchor:
                 self._s_anchor.append(x)
             return finding
-        z = self._s_window.robust_z(x, floor=self.min_sigma)
+        median, spread = window.location_scale()  # the window's robust z and sigma, read once
+        sigma = max(spread, self.min_sigma)
+        z = (x - median) / sigma
         self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
         if self._s_cusum == 0.0:
             self._s_cusum_start = -1
         elif self._s_cusum_start < 0:
             self._s_cusum_start = step
-            self._s_rise_base = self._s_window.median()
+            self._s_rise_base = median
             self._s_rise_steps, self._s_rise = [], []
         if self._s_cusum_start >= 0 and len(self._s_rise) < SHIFT_WINDOW:
             self._s_rise_steps.append(step)
             self._s_rise.append(x)
-        sigma = self._s_window.sigma(self.min_sigma)
-        self._s_window.push(min(x, self._s_window.median() + 2.0 * sigma))
+        window.push(min(x, median + 2.0 * sigma))
         drift = math.exp(self._s_recent.median() - anchor) if anchor is not None else 1.0
-        if _rank(finding) < 2 and self._s_cusum >= self.warn_h:
+        if self._s_cusum >= self.warn_h and _rank(finding) < 2:
             critical = self._s_cusum >= self.critical_h and (
                 self.critical_ratio is None or drift >= self.critical_ratio
             )
@@ -272,7 +278,7 @@ class CusumDetector(Detector):
             )
             finding = trend if _rank(trend) > _rank(finding) else finding
         drift_critical = self.critical_drift is not None and drift >= self.critical_drift and lost is not None
-        if _rank(finding) < 2 and anchor is not None and drift_critical:
+        if drift_critical and anchor is not None and _rank(finding) < 2:
             finding = Finding(
                 "critical",
                 drift,

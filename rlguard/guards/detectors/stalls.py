@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _metric, _RewardLevel
+from rlguard.guards.detectors.base import Detector, _RewardLevel
 from rlguard.guards.events import Finding
 
 __all__ = ["ALPHA", "AdvantageCollapse", "FrozenValues", "chance_of_run", "run_needed"]
@@ -102,9 +102,10 @@ class AdvantageCollapse(_RewardLevel, Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         self._see_reward(stats)
-        std = _metric(stats, "reward_std")
+        std = stats.get("reward_std")
         if std is None or not math.isfinite(std):
             return None
+        std = float(std)
         if std > self.zero_std:
             if not self._s_flagged:
                 self._s_zeros += self._s_run
@@ -208,10 +209,10 @@ class FrozenValues(_RewardLevel, Detector):
         self._see_reward(stats)
         finding: Finding | None = None
         for i, name in enumerate(self.stats):
-            value = _metric(stats, name)
+            value = stats.get(name)
             if value is None or not math.isfinite(value):
                 continue
-            found = self._see(i, name, value, armed)
+            found = self._see(i, name, float(value), armed)
             finding = finding or found
         return finding
 

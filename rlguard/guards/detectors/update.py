@@ -37,7 +37,7 @@ class NonFinite(Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         count = stats.get("nonfinite", 0.0)
-        if not count > 0 and math.isfinite(sum(stats[k] for k in _VALUES if k in stats)):
+        if not count > 0 and math.isfinite(sum([stats[k] for k in _VALUES if k in stats])):
             return None  # a sum of values is finite only if each is (a NaN or an infinity carries through)
         bad = [k for k in _VALUES if k in stats and not math.isfinite(stats[k])]
         if count > 0 or bad:
@@ -172,6 +172,9 @@ MISMATCH_STATS: dict[str, tuple[float | None, float | None]] = {
     "mismatch_prob_abs_max": (None, None),
 }
 
+#: the mismatch stats' names, in that order
+_MISMATCH_NAMES: tuple[str, ...] = tuple(MISMATCH_STATS)
+
 
 @dataclass(kw_only=True)
 class MismatchGrowth(CusumDetector):
@@ -198,7 +201,7 @@ class MismatchGrowth(CusumDetector):
         self._k3_bounds = (self.warn_above, self.critical_above)  # the fields (configurable) are k3 KL's
 
     def reads(self) -> tuple[str, ...]:
-        return (self._s_metric,) if self._s_metric else tuple(MISMATCH_STATS)
+        return (self._s_metric,) if self._s_metric else _MISMATCH_NAMES
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         if self._s_metric is None:

@@ -3,13 +3,14 @@
 (:func:`~rlguard.guards.consequence.rule.established_peak`) and the reward's range (:func:`reward_span`) without
 reading the series again at each judgement of ``rlguard watch``.
 
-The answers are :class:`~rlguard.guards.consequence.peak.PeakHistory`'s exactly (the same floating-point operations
-in the same order): the EWMA path and the running sum of the squared successive differences are extended by the
-rewards appended; the 5th and 95th percentiles of every reward are read from an ordered multiset kept in sorted
-blocks (:class:`_Ranked`: an insertion costs a block, a rank the number of blocks); what depends only on the rewards
-before a position (the robust sigma of their differences, the ``peak_observations``-th highest of their EWMA) is
-computed once per position asked and kept. Memory: 32 bytes per finite reward (position, value, running sum and
-the sorted copy), 8 more per EWMA smoothing asked.
+The answers are :class:`~rlguard.guards.consequence.peak.PeakHistory`'s exactly (the same floating-point operations in
+the same order): the EWMA path, the index of its last maximum (the run's start is the median of its first rewards up to
+it) and the running sum of the squared successive differences are extended by the rewards appended; the 5th and 95th
+percentiles of every reward are read from an ordered multiset kept in sorted blocks (:class:`_Ranked`: an insertion
+costs a block, a rank the number of blocks); what depends only on the rewards before a position (the robust sigma of
+their differences, the ``peak_observations``-th highest of their EWMA) is computed once per position asked and kept.
+Memory: 32 bytes per finite reward (position, value, running sum and the sorted copy), 16 more per EWMA smoothing asked
+(its path and its last maximum).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class RewardHistory:
         self._squares: array[float] = array("d")  # running sums of the squared successive differences
         self._ranked = _Ranked()
         self._paths: dict[float, array[float]] = {}  # alpha -> the EWMA after each reward read so far
+        self._bests: dict[float, array[int]] = {}  # alpha -> index of the EWMA's last maximum up to each reward
         self._sigmas: dict[int, float] = {}  # count -> robust sigma of the first `count` differences
         self._tops: dict[tuple[float, int, int], float] = {}  # (alpha, m, k) -> the k-th highest of the path's first m
         self._scans: dict[int, _Recovery] = {}  # first reward after an onset -> the recovery's scans from there
@@ -123,6 +125,8 @@ class RewardHistory:
         del self.positions[count:], self.values[count:], self._squares[max(count - 1, 0) :]
         for path in self._paths.values():
             del path[count:]
+        for best in self._bests.values():
+            del best[count:]
         self._sigmas = {c: s for c, s in self._sigmas.items() if c < count}
         self._scans = {k: scan for k, scan in self._scans.items() if scan.upto <= count}
         self._tops = {key: t for key, t in self._tops.items() if key[1] <= count}
@@ -142,7 +146,9 @@ class RewardHistory:
             return False
         count = m - 1  # their successive differences
         margin = margin_from_noise(self.sigma(count), self.squares(count), count, self.span(), rule)
-        start = statistics.median(self.values[: rule.anchor].tolist())
+        self._extend(rule.alpha)
+        best = self._bests[rule.alpha][m - 1]  # the EWMA's last observation at its maximum before `before`
+        start = statistics.median(self.values[: min(rule.anchor, best + 1)].tolist())
         return self._top(rule.alpha, m, rule.peak_observations) > start + margin
 
     def sigma(self, count: int) -> float:
@@ -173,13 +179,20 @@ class RewardHistory:
         above a level exactly when it is."""
         key = (alpha, m, k)
         if key not in self._tops:
-            path = self._paths.setdefault(alpha, array("d"))
-            ewma = path[-1] if path else self.values[0]
-            for r in self.values[len(path) :]:  # ewma_path's recursion, continued
-                ewma = (1 - alpha) * ewma + alpha * r
-                path.append(ewma)
+            path = self._extend(alpha)
             self._tops[key] = float(np.partition(np.frombuffer(path[:m], dtype=np.float64), m - k)[m - k])
         return self._tops[key]
+
+    def _extend(self, alpha: float) -> array[float]:
+        """The EWMA (``alpha``) after each reward read, and the index of its last maximum up to each, continued."""
+        path = self._paths.setdefault(alpha, array("d"))
+        best = self._bests.setdefault(alpha, array("q"))
+        ewma = path[-1] if path else self.values[0]
+        for i in range(len(path), len(self.values)):  # ewma_path's recursion, continued
+            ewma = (1 - alpha) * ewma + alpha * self.values[i]
+            path.append(ewma)
+            best.append(i if not best or ewma >= path[best[-1]] else best[-1])
+        return path
 
 
 class _Recovery:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,6 +53,20 @@ def test_the_history_answers_as_the_series_read_whole_at_every_length(
         history.read(rewards[:end])
         _check(history, rewards[:end], range(0, end, 5))
         at = end
+
+
+@pytest.mark.parametrize("held", [1, 3, 5, 9])
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_a_fall_within_the_first_rewards_is_judged_as_read_whole(held: int, noise: float) -> None:
+    """A reward held for ``held`` records, then falling within the run's first ``anchor`` rewards: the run's start
+    is the median of the rewards up to the EWMA's best (``established_peak``), the fall's own rewards not counted;
+    the kept history answers as PeakHistory at every length."""
+    rng = np.random.default_rng(held)
+    rewards = [(0.0 if i < held else -0.5) + noise * float(rng.normal()) for i in range(120)]
+    history = RewardHistory()
+    for end in range(1, 121):
+        history.read(rewards[:end])
+        _check(history, rewards[:end], range(0, end + 1))
 
 
 class _Counted(list[float]):

@@ -5,6 +5,7 @@
     python benchmarks/doctor_scale.py --rldoctor PYTHON  # rldoctor 0.2.0 too: the python of a throwaway venv
     python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
     python benchmarks/doctor_scale.py --watch 10000 100000 1000000   # rlguard watch's cost per appended record
+    python benchmarks/doctor_scale.py --watch 10000 --eval-every 10  # with an evaluation key mapped by its values
     python benchmarks/doctor_scale.py --reward-history 100000 1000000  # what a judgement still reads whole
 
 Each log is written once into a temporary folder (a healthy run: noise on every stat, no failure injected) and
@@ -97,9 +98,12 @@ def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.
     return cols
 
 
-def write_log(shape: str, steps: int, path: Path, seed: int = 0) -> Path:
-    """A healthy ``shape``-shaped JSONL log of ``steps`` optimizer steps (module docstring) at ``path``."""
-    rng = np.random.default_rng(seed)
+def write_log(shape: str, steps: int, path: Path, seed: int = 0, eval_every: int = 0) -> Path:
+    """A healthy ``shape``-shaped JSONL log of ``steps`` optimizer steps (module docstring) at ``path``;
+    ``eval_every``: an evaluation record of its own every that many steps, merged into its step's row (the key the
+    doctor maps by its values onto ``eval_score``: TRL's ``eval_accuracy``, verl's ``val-core/<task>/acc/mean@1``,
+    W&B's ``eval/accuracy``), none at 0."""
+    rng, evals = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     stats = VERL_STATS if shape == "verl" else TRL_STATS
     with path.open("w", encoding="utf-8") as fh:
         for first in range(1, steps + 1, CHUNK):
@@ -117,8 +121,21 @@ def write_log(shape: str, steps: int, path: Path, seed: int = 0) -> Path:
                     train = {f"train/{k}": v for k, v in row.items()}
                     record = {"_step": step, "_runtime": 2.0 * step, "_timestamp": 1.7e9 + 2.0 * step, **train}
                 lines.append(json.dumps(record))
+                if eval_every and step % eval_every == 0:
+                    lines.append(
+                        json.dumps(_eval_record(shape, step, 0.3 + 0.4 * step / steps + evals.normal(0, 0.02)))
+                    )
             fh.write("\n".join(lines) + "\n")
     return path
+
+
+def _eval_record(shape: str, step: int, accuracy: float) -> dict[str, object]:
+    """An evaluation record of ``shape`` at ``step`` (:func:`write_log`)."""
+    if shape == "trl":
+        return {"step": step, "eval_accuracy": accuracy}
+    if shape == "verl":
+        return {"step": step, "data": {"val-core/gsm8k/acc/mean@1": accuracy}}
+    return {"_step": step, "eval/accuracy": accuracy}
 
 
 def measure(command: list[str]) -> tuple[float, float, int]:
@@ -145,19 +162,23 @@ def measure(command: list[str]) -> tuple[float, float, int]:
     return cpu, peak / 1024, proc.returncode
 
 
-def watch_cost(shape: str, steps: int, folder: Path, polls: int = 5, per_poll: int = 200) -> dict[str, float]:
+def watch_cost(
+    shape: str, steps: int, folder: Path, polls: int = 5, per_poll: int = 200, eval_every: int = 0
+) -> dict[str, float]:
     """What ``rlguard watch`` spends on a ``shape``-shaped JSONL of ``steps`` records that grows by ``per_poll``
     records ``polls`` times, judged after each (every poll: more often than the watch's schedule judges), in CPU
     seconds of this process: ``read`` (the appended bytes parsed and merged) and ``fed`` (the appended steps through
     the doctor's fold, the guard's observe) per appended record, ``hindsight`` (the rest of a judgement: the
     table's snapshot, the mapping of keys, the consequence rule over the timeline) and ``view`` (the watch's live
-    view of the diagnosis: its latest stats and findings) per judgement."""
+    view of the diagnosis: its latest stats and findings) per judgement. ``eval_every``: :func:`write_log`'s."""
     sys.path.insert(0, str(ROOT))
     from rlguard.doctor.fold import DoctorFold
     from rlguard.doctor.stream import JsonlFollower
     from rlguard.watch import live_view
 
-    whole = write_log(shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl")
+    whole = write_log(
+        shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl", eval_every=eval_every
+    )
     lines = whole.read_bytes().splitlines(keepends=True)
     whole.unlink()
     path = folder / f"watch-{shape}-{steps}.jsonl"
@@ -252,6 +273,13 @@ def main() -> None:
     parser.add_argument("--watch", type=int, nargs="*", default=None, metavar="STEPS", help="the watch's cost")
     parser.add_argument("--reward-history", type=int, nargs="*", default=None, metavar="STEPS")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="an evaluation record every N steps (--watch, --write-only)",
+    )
     args = parser.parse_args()
     if args.reward_history is not None:
         print(
@@ -268,7 +296,8 @@ def main() -> None:
             )
         return
     if args.write_only is not None:
-        write_log(args.shape, args.write_only, args.out or Path(f"{args.shape}-{args.write_only}.jsonl"))
+        out = args.out or Path(f"{args.shape}-{args.write_only}.jsonl")
+        write_log(args.shape, args.write_only, out, eval_every=args.eval_every)
         return
     if args.watch is not None:
         print(
@@ -279,7 +308,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
             for shape in args.shapes or ("trl",):
                 for steps in args.watch or (10_000, 100_000, 1_000_000):
-                    c = watch_cost(shape, steps, Path(tmp))
+                    c = watch_cost(shape, steps, Path(tmp), eval_every=args.eval_every)
                     print(
                         f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {1e3 * c['hindsight_s']:.1f} "
                         f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {1e3 * c['view_s']:.1f} "

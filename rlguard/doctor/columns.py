@@ -4,11 +4,10 @@
 A row is 8 bytes for its step and 8 bytes per key of the log (a float64; a presence byte more for a key some rows
 lack), where a row held as a dict costs about 47 bytes per key (the dict's slot and a float object;
 ``tests/doctor/test_columns.py``): a 1,000,000-step log of 20 keys logged at every step is about 170 MB instead of
-about 1 GB. A key not logged at a step is absent from that
-row (never a NaN: a NaN is evidence). Rows are appended by increasing step (the readers' order within a run,
-:mod:`rlguard.doctor.steps`); a row of the step of the last one is merged into it, a later value replacing an
-earlier one. Read back, the table is a ``Sequence`` of ``(step, {key: value})`` built on access, as the readers
-gave them before.
+about 1 GB. A key not logged at a step is absent from that row (never a NaN: a NaN is evidence). Rows are appended
+by increasing step (the readers' order within a run, :mod:`rlguard.doctor.steps`); a row of the step of the last
+one is merged into it, a later value replacing an earlier one. Read back, the table is a ``Sequence`` of
+``(step, {key: value})`` built on access, as the readers gave them before.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ __all__ = ["CanonicalRows", "Columns"]
 
 
 class _Rows(Sequence[tuple[int, dict[str, float]]]):
-    """A sequence of ``(step, stats)`` rows read by position (:meth:`_row`), for :class:`Columns` and
-    :class:`CanonicalRows`."""
+    """``(step, stats)`` rows read by position (:meth:`_row`): :class:`Columns` and :class:`CanonicalRows`."""
 
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
         raise NotImplementedError
@@ -154,14 +152,12 @@ class Columns(_Rows):
 
     def copy(self) -> Columns:
         """A copy that later appends to this table do not change, in time per key, not per row (``rlguard watch``
-        takes one at each judgement while its follower goes on appending): a snapshot that shares this table's
-        arrays and reads only its first ``len(self)`` rows. Rows appended later lie past its end; the one row an
-        append changes in place (the last, merged with a record of its step) has the arrays of the keys it changes
-        copied first (once per snapshot and key); appending to the snapshot copies its rows into arrays of its
-        own first."""
+        takes one at each judgement while its follower goes on appending): a snapshot that shares this table's arrays
+        and reads only its first ``len(self)`` rows. Rows appended later lie past its end; the one row an append
+        changes in place (the last, merged with a record of its step) has the arrays of the keys it changes copied
+        first (once per snapshot and key); appending to the snapshot copies its rows into arrays of its own first."""
         out = Columns()
-        out._steps, out._values, out._present = self._steps, dict(self._values), dict(self._present)
-        out._n = len(self)
+        out._steps, out._values, out._present, out._n = self._steps, dict(self._values), dict(self._present), len(self)
         out.conflicts, out.conflict_steps = list(self.conflicts), self.conflict_steps
         self._shared, self._cow = len(self), set(self._values)
         return out
@@ -201,6 +197,11 @@ class Columns(_Rows):
     def order(self) -> list[str]:
         """The keys in the order a row holds them (the order they were first logged)."""
         return list(self._values)
+
+    @property
+    def lineage(self) -> object:
+        """An object that this table shares with its snapshots (:meth:`copy`) and with no other table."""
+        return self._steps
 
     @property
     def steps(self) -> Sequence[int]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from rlguard.doctor.columns import CanonicalRows
 from rlguard.doctor.keys import KeyReport, canonical_name, classify_keys
+from rlguard.doctor.keyvalues import ValueIndex
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log
 from rlguard.doctor.readreport import ReadReport
 from rlguard.guards import Event, Guard, GuardConfig
@@ -219,6 +220,7 @@ def read_canonical(
     row_steps: bool = False,
     run: str | None = None,
     previous: CanonicalRows | None = None,
+    index: ValueIndex | None = None,
 ) -> CanonicalLog:
     """Read the log at ``path`` and its canonical stats, step by step (``key_map``: ``--map``; ``auto_map``: map
     keys that match exactly one canonical stat and whose values are evidence for it). The one reading of a log
@@ -226,10 +228,11 @@ def read_canonical(
     stat a detector reads, or for a ``key_map`` naming a key the log lacks or a stat it has. ``log``: the log at
     ``path`` already read (the watch reads it by increments); ``step_key``, ``row_steps``, ``run``: as
     :func:`~rlguard.doctor.readers.read_log`'s; ``previous``: the stats of an earlier snapshot of ``log``'s table
-    (:class:`~rlguard.doctor.columns.CanonicalRows`: only the rows appended since are read)."""
+    (:class:`~rlguard.doctor.columns.CanonicalRows`: only the rows appended since are read); ``index``: what the mapping
+    of keys by their values read of an earlier snapshot (:class:`~rlguard.doctor.keyvalues.ValueIndex`, likewise)."""
     log = read_log(path, step_key=step_key, row_steps=row_steps, run=run) if log is None else log
     _check_key_map(log, key_map or {})
-    keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows)
+    keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows, index=index)
     if not keys.judged:
         found = ", ".join(sorted(log.keys)[:8]) + (", ..." if len(log.keys) > 8 else "")
         hint = "; ".join(f"--map {k}={c}" for k, c in keys.suggestions.items())

@@ -37,7 +37,10 @@ class Domain:
         finite = [v for v in values if math.isfinite(v)]
         if not finite:
             return "no finite value"
-        lo, hi, mid = min(finite), max(finite), statistics.median(finite)
+        return self.misfit_of(min(finite), max(finite), statistics.median(finite))
+
+    def misfit_of(self, lo: float, hi: float, mid: float) -> str | None:
+        """:meth:`misfit` of finite values whose smallest is ``lo``, largest ``hi`` and median ``mid``."""
         if lo < self.low or hi > self.high:
             return f"values {lo:.4g}..{hi:.4g} outside [{self.low:g}, {self.high:g}]: {self.why}"
         if not self.median[0] <= mid <= self.median[1]:

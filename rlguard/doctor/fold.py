@@ -23,6 +23,7 @@ from rlguard.doctor.diagnose import (
     detector_metrics,
     read_canonical,
 )
+from rlguard.doctor.keyvalues import ValueIndex
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.consequence.excursions import excursions, recovered_incidents
@@ -79,6 +80,7 @@ class DoctorFold:
         self.replays = 0
         self._mapped: dict[str, str] | None = None  # the key map the kept steps were read with
         self._canonical: CanonicalRows | None = None  # the last table's stats (their steps kept, read again from)
+        self._values = ValueIndex()  # what the mapping of keys read of the last table's values (kept, likewise)
         self._start()
 
     def _start(self) -> None:
@@ -102,7 +104,9 @@ class DoctorFold:
         """The diagnosis of ``log`` (the log last judged, grown; or another, judged from its first step).
         ``final``: no record will be added to its last step (a whole file); otherwise that step is judged by a copy
         of the guard and fed at the next judgement (module docstring)."""
-        read = read_canonical(self.path, self.key_map, auto_map=self.auto_map, log=log, previous=self._canonical)
+        read = read_canonical(
+            self.path, self.key_map, auto_map=self.auto_map, log=log, previous=self._canonical, index=self._values
+        )
         rows = read.rows
         keep = len(rows) if final else max(len(rows) - 1, 0)
         steps = rows.steps

@@ -11,13 +11,12 @@ without TRL or verl installed.
 
 from __future__ import annotations
 
-import math
 import re
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlguard.doctor.domains import DOMAINS
+from rlguard.doctor.keyvalues import KeyValues, ValueIndex, per_step_keys, summarise
 from rlguard.metrics import (
     CANONICAL,
     DOCTOR_ONLY,
@@ -131,7 +130,12 @@ Rows = Sequence[tuple[int, Mapping[str, float]]]
 
 
 def classify_keys(
-    keys: Iterable[str], key_map: Mapping[str, str] | None = None, auto_map: bool = True, *, rows: Rows | None = None
+    keys: Iterable[str],
+    key_map: Mapping[str, str] | None = None,
+    auto_map: bool = True,
+    *,
+    rows: Rows | None = None,
+    index: ValueIndex | None = None,
 ) -> KeyReport:
     """Sort the raw keys of a log into mapped, known and unrecognised; with ``auto_map`` and the log's ``rows``,
     map each unrecognised key whose words match exactly one canonical stat that no other key claims
@@ -140,7 +144,8 @@ def classify_keys(
     (:func:`auto_map_refusal`); suggest the rest. One evaluation key is read beside the reward, as ``eval_score`` or
     ``eval_loss`` by its direction (:func:`pick_eval_key`), unless ``--map`` names one. Without ``rows`` nothing is
     mapped automatically. ``--map KEY=`` (an empty name in ``key_map``) refuses ``KEY``, whatever table or rule would
-    map it."""
+    map it. ``index``: what an earlier call read of ``rows``' values, brought up to date with the rows appended since
+    (``rlguard watch`` reads its growing log again and again; :class:`~rlguard.doctor.keyvalues.ValueIndex`)."""
     mapped: dict[str, str] = {}
     known: list[str] = []
     unrecognised: list[str] = []
@@ -162,10 +167,17 @@ def classify_keys(
         if (c := suggest_canonical(k)) is not None and c not in taken and eval_direction(k) is None
     }
     evidence: dict[str, str] = {}
+    values: dict[str, KeyValues] = {}
+    if auto_map and rows is not None:  # what the rules read of the values: the candidates', each evaluation key's
+        watch = {
+            **{k: False for k in known + unrecognised if eval_direction(k) is not None},
+            **dict.fromkeys(candidates, True),
+        }
+        values = (index or ValueIndex()).read(rows, watch)
     for k, c in candidates.items() if auto_map else ():
-        why = "no values to check" if rows is None else auto_map_refusal(k, c, rows)
-        if why is None and rows is not None:
-            evidence[k] = _evidence(k, c, rows)
+        why = "no values to check" if rows is None else auto_map_refusal(k, c, values[k])
+        if why is None:
+            evidence[k] = _evidence(k, c, values[k])
         elif rows is not None:
             refused[k] = f"looks like {c}, but {why}"
     suggestions = {k: c for k, c in candidates.items() if k not in refused}
@@ -179,7 +191,7 @@ def classify_keys(
         if len(chosen) == 1 and chosen[0] in evidence:  # one key, or one whose words are the stat's and no more
             auto[chosen[0]] = c
     if auto_map and rows is not None and not {"eval_score", "eval_loss"} & (taken | set(auto.values())):
-        picked = pick_eval_key([k for k in known + unrecognised if k not in refused and k not in auto], rows)
+        picked = pick_eval_key([k for k in known + unrecognised if k not in refused and k not in auto], values)
         if picked is not None:
             key, name, why = picked
             auto[key], evidence[key] = name, why
@@ -196,7 +208,7 @@ def classify_keys(
     )
 
 
-def auto_map_refusal(key: str, name: str, rows: Rows) -> str | None:
+def auto_map_refusal(key: str, name: str, rows: Rows | KeyValues) -> str | None:
     """Why the values of ``key`` are not evidence for the canonical stat ``name``, or None if they are.
 
     Refused: a key under ``args/``, ``config/`` or ``hparams/`` (:data:`CONFIG_SEGMENTS`: the run's configuration,
@@ -204,19 +216,18 @@ def auto_map_refusal(key: str, name: str, rows: Rows) -> str | None:
     log's per-step keys, :func:`step_records`); a constant series (a setting, or a stat that never moved: nothing
     to judge, and a number that cannot be told from a setting); values outside the stat's domain
     (:data:`rlguard.doctor.domains.DOMAINS`: an entropy >= 0, a fraction in [0, 1], a ratio near 1 that is not a
-    fraction).
+    fraction). ``rows``: the log's rows, or what they hold of ``key`` (:class:`~rlguard.doctor.keyvalues.KeyValues`).
     """
     segments = strip_namespace(key).lower().split("/")[:-1]
     if CONFIG_SEGMENTS & set(segments):
         return f"it is under {'/'.join(segments)}/, a run's configuration, not a step's stats"
-    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
-    if not values:
-        at = [step for step, r in rows if key in r]
-        return f"it is logged only in configuration records (step {', '.join(map(str, at[:3]))}), not in a step's stats"
-    if len(set(values)) < 2:
-        return f"it is constant ({values[0]:g} on {len(values)} records): a setting, or nothing to judge"
     domain = DOMAINS.get(name)
-    return domain.misfit(values) if domain is not None else None
+    v = rows if isinstance(rows, KeyValues) else summarise(rows, {key: domain is not None})[key]
+    if not v.count:
+        return f"it is logged only in configuration records (step {', '.join(map(str, v.at))}), not in a step's stats"
+    if not v.moved:
+        return f"it is constant ({v.first:g} on {v.count} records): a setting, or nothing to judge"
+    return domain.misfit_of(v.low, v.high, v.median()) if domain is not None else None
 
 
 #: where a log keeps its evaluation, in order of preference (verl's core validation metrics first)
@@ -243,15 +254,17 @@ def eval_direction(key: str) -> str | None:
     return "eval_score" if up else "eval_loss"
 
 
-def pick_eval_key(keys: Iterable[str], rows: Rows) -> tuple[str, str, str] | None:
+def pick_eval_key(keys: Iterable[str], rows: Rows | Mapping[str, KeyValues]) -> tuple[str, str, str] | None:
     """The evaluation key the doctor reads beside the reward, its canonical name and the evidence: among ``keys``
     with a direction (:func:`eval_direction`) whose values are evidence (:func:`auto_map_refusal`: not
     configuration, not constant), the first by prefix (:data:`EVAL_PREFIXES`), higher-is-better before
-    lower-is-better, fewest words, then name. None if there is none."""
+    lower-is-better, fewest words, then name. None if there is none. ``rows``: the log's rows, or what they hold of
+    each of ``keys`` with a direction (:mod:`rlguard.doctor.keyvalues`)."""
+    named = {key: name for key in keys if (name := eval_direction(key)) is not None}
+    values = rows if isinstance(rows, Mapping) else summarise(rows, dict.fromkeys(named, False))
     found = []
-    for key in keys:
-        name = eval_direction(key)
-        if name is not None and auto_map_refusal(key, name, rows) is None:
+    for key, name in named.items():
+        if auto_map_refusal(key, name, values[key]) is None:
             bare = strip_namespace(key).lower()
             rank = next((i for i, p in enumerate(EVAL_PREFIXES) if bare.startswith(p)), len(EVAL_PREFIXES))
             found.append(((rank, name != "eval_score", len(_words(key)), key), key, name))
@@ -260,34 +273,32 @@ def pick_eval_key(keys: Iterable[str], rows: Rows) -> tuple[str, str, str] | Non
     _, key, name = min(found)
     words = _words(key) & (HIGHER_WORDS if name == "eval_score" else LOWER_WORDS)
     direction = "higher" if name == "eval_score" else "lower"
-    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
+    v = values[key]
     why = (
         f"an evaluation key, {direction} is better (inferred from {', '.join(sorted(words))}; declare it with --map "
-        f"{key}=eval_score or =eval_loss, refuse it with --map {key}=); {len(values)} records, values "
-        f"{min(values):.4g}..{max(values):.4g}"
+        f"{key}=eval_score or =eval_loss, refuse it with --map {key}=); {v.count} records, values "
+        f"{v.low:.4g}..{v.high:.4g}"
     )
     return key, name, why
 
 
 def step_records(rows: Rows) -> list[Mapping[str, float]]:
-    """The records that hold a step's training stats: each holds at least one of the log's per-step keys (those in
-    at least half as many records as the most frequent key). The others (a first record of the run's arguments, a
+    """The records that hold a step's training stats: each holds at least one of the log's per-step keys
+    (:func:`~rlguard.doctor.keyvalues.per_step_keys`). The others (a first record of the run's arguments, a
     summary) are configuration records."""
     counts: dict[str, int] = {}
     for _, r in rows:
         for k in r:
             counts[k] = counts.get(k, 0) + 1
-    top = max(counts.values(), default=0)
-    per_step = {k for k, n in counts.items() if 2 * n >= top}
+    per_step = per_step_keys(counts)
     return [r for _, r in rows if per_step & r.keys()]
 
 
-def _evidence(key: str, name: str, rows: Rows) -> str:
-    values = [r[key] for r in step_records(rows) if key in r and math.isfinite(r[key])]
+def _evidence(key: str, name: str, v: KeyValues) -> str:
     fits = DOMAINS[name].why if name in DOMAINS else "any value"
     return (
-        f"its words ({' '.join(sorted(_words(key)))}) match {name} alone; {len(values)} records, values "
-        f"{min(values):.4g}..{max(values):.4g}, median {statistics.median(values):.4g} ({fits})"
+        f"its words ({' '.join(sorted(_words(key)))}) match {name} alone; {v.count} records, values "
+        f"{v.low:.4g}..{v.high:.4g}, median {v.median():.4g} ({fits})"
     )
 
 

@@ -81,15 +81,12 @@ def test_a_judgement_allocates_no_more_on_a_ten_times_longer_log(tmp_path: Path,
     assert long < 2 * short, (short, long)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="auto-mapping an evaluation key (keys.pick_eval_key, auto_map_refusal) reads every row's values at each "
-    "judgement: about 0.36 s at 10,000 rows; it is not kept by the fold",
-)
 def test_a_judgement_of_a_log_with_an_auto_mapped_evaluation_allocates_no_more_on_a_longer_log(
     tmp_path: Path,
 ) -> None:
-    """As above, with an evaluation key that the doctor maps by its values (``eval_accuracy`` -> ``eval_score``)."""
+    """As above, with an evaluation key that the doctor maps by its values (``eval_accuracy`` -> ``eval_score``): the
+    summaries of its values are kept by the fold (:class:`~rlguard.doctor.keyvalues.ValueIndex`), not read again
+    from every row: 8.9 MB at 10,000 steps against 0.91 MB at 1,000 when they were, 0.13 MB at both now)."""
     short = _allocated_by_a_judgement(tmp_path, 1_000, sparse=True, evaluation="eval_accuracy")
     long = _allocated_by_a_judgement(tmp_path, 10_000, sparse=True, evaluation="eval_accuracy")
     assert long < 2 * short, (short, long)

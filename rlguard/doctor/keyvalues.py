@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right, insort_right
 from collections.abc import Mapping, Sequence
 from itertools import compress
 
 from rlguard.doctor.columns import Columns
+from rlguard.guards.robust import SortedBlocks
 
 __all__ = ["KeyValues", "ValueIndex", "per_step_keys", "summarise"]
 
 Rows = Sequence[tuple[int, Mapping[str, float]]]
-
-#: values in a block of :class:`_Sorted` (a block is split at twice as many)
-_LOAD = 1024
 
 
 def per_step_keys(counts: Mapping[str, int]) -> frozenset[str]:
@@ -34,47 +31,6 @@ def per_step_keys(counts: Mapping[str, int]) -> frozenset[str]:
     summary) is a configuration record; the others are step records."""
     top = max(counts.values(), default=0)
     return frozenset(k for k, n in counts.items() if 2 * n >= top)
-
-
-class _Sorted:
-    """Floats kept sorted in blocks of about :data:`_LOAD` (an insertion moves one block, not every value), equal
-    values in the order they were added (as a stable sort leaves them)."""
-
-    def __init__(self, ordered: list[float]) -> None:
-        """``ordered``: sorted values."""
-        self._blocks = [array("d", ordered[i : i + _LOAD]) for i in range(0, len(ordered), _LOAD)]
-        self._maxes = [b[-1] for b in self._blocks]
-        self._n = len(ordered)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def add(self, x: float) -> None:
-        """Insert ``x`` after every value equal to it."""
-        self._n += 1
-        if not self._blocks:
-            self._blocks, self._maxes = [array("d", [x])], [x]
-            return
-        b = min(bisect_right(self._maxes, x), len(self._blocks) - 1)  # the first block with a greater value
-        block = self._blocks[b]
-        insort_right(block, x)
-        self._maxes[b] = block[-1]
-        if len(block) > 2 * _LOAD:
-            self._blocks[b : b + 1] = [block[:_LOAD], block[_LOAD:]]
-            self._maxes[b : b + 1] = [block[_LOAD - 1], block[-1]]
-
-    def rank(self, x: float) -> int:
-        """The number of values <= ``x``."""
-        b = bisect_right(self._maxes, x)
-        return sum(map(len, self._blocks[:b])) + (bisect_right(self._blocks[b], x) if b < len(self._blocks) else 0)
-
-    def __getitem__(self, k: int) -> float:
-        """The ``k``-th smallest (from 0)."""
-        for block in self._blocks:
-            if k < len(block):
-                return block[k]
-            k -= len(block)
-        raise IndexError(k)
 
 
 class KeyValues:
@@ -97,7 +53,7 @@ class KeyValues:
         self.low = min(values) if values else math.nan
         self.high = max(values) if values else math.nan
         self.at = list(at or [])
-        self._sorted = _Sorted(sorted(values)) if median else None
+        self._sorted = SortedBlocks(sorted(values)) if median else None
         self._extra: float | None = None  # one value more, after the others (a last row that may still change)
 
     def add(self, x: float) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from bisect import bisect_left, bisect_right, insort
+from array import array
+from bisect import bisect_left, bisect_right, insort, insort_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 
@@ -218,6 +219,74 @@ class RollingWindow:
             self._ordered()
             self._trend = _sign_sum(self.values)
         return _mann_kendall(self._trend, len(self.values))
+
+
+class SortedBlocks:
+    """A multiset of floats kept sorted in blocks of ``load`` to ``2 * load`` values: an insertion or a removal moves
+    one block, not every value; the ``k``-th smallest walks the blocks (``n / load`` steps). Equal values stay in the
+    order they were added, as a stable sort leaves them (``-0.0`` and ``0.0`` compare equal and print differently).
+    Memory: 8 bytes a value."""
+
+    def __init__(self, ordered: Sequence[float] = (), load: int = 1024) -> None:
+        """``ordered``: values already sorted (stable)."""
+        if load < 1:
+            raise ValueError(f"load must be >= 1; got {load}.")
+        self.load = load
+        self._blocks = [array("d", ordered[i : i + load]) for i in range(0, len(ordered), load)]
+        self._maxes = [b[-1] for b in self._blocks]  # each block's largest, increasing
+        self._n = len(ordered)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, x: float) -> None:
+        """Insert ``x`` after every value equal to it."""
+        self._n += 1
+        if not self._blocks:
+            self._blocks, self._maxes = [array("d", [x])], [x]
+            return
+        b = min(bisect_right(self._maxes, x), len(self._blocks) - 1)  # the first block with a greater value
+        block = self._blocks[b]
+        insort_right(block, x)
+        self._maxes[b] = block[-1]
+        if len(block) > 2 * self.load:
+            self._blocks[b : b + 1] = [block[: self.load], block[self.load :]]
+            self._maxes[b : b + 1] = [block[self.load - 1], block[-1]]
+
+    def extend(self, values: Sequence[float]) -> None:
+        """Insert each of ``values``, in order: sorted at once into blocks where the multiset is empty."""
+        if self._blocks or len(values) < self.load:
+            for x in values:
+                self.add(x)
+            return
+        self.__init__(sorted(values), self.load)  # type: ignore[misc]
+
+    def remove(self, x: float) -> None:
+        """Remove one value equal to ``x``; ``ValueError`` when none is."""
+        b = bisect_left(self._maxes, x)
+        block = self._blocks[b] if b < len(self._blocks) else array("d")
+        i = bisect_left(block, x)
+        if i == len(block) or block[i] != x:
+            raise ValueError(f"{x!r} is not in the multiset")
+        del block[i]
+        self._n -= 1
+        if block:
+            self._maxes[b] = block[-1]
+        else:
+            del self._blocks[b], self._maxes[b]
+
+    def rank(self, x: float) -> int:
+        """The number of values <= ``x``."""
+        b = bisect_right(self._maxes, x)
+        return sum(map(len, self._blocks[:b])) + (bisect_right(self._blocks[b], x) if b < len(self._blocks) else 0)
+
+    def __getitem__(self, k: int) -> float:
+        """The ``k``-th smallest (from 0)."""
+        for block in self._blocks:
+            if k < len(block):
+                return block[k]
+            k -= len(block)
+        raise IndexError(k)
 
 
 def _sign_sum(x: Sequence[float]) -> int:

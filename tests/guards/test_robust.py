@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -14,6 +16,7 @@ from rlguard.guards.robust import (
     MEAN_AD_TO_SIGMA,
     EarlySorted,
     RollingWindow,
+    SortedBlocks,
     mann_kendall_z,
     median_of,
 )
@@ -211,3 +214,25 @@ def test_an_early_baselines_cached_median_follows_its_appends_and_a_restored_lis
         assert _same(early.median(grown), _reference(grown)[0])
         assert early(grown) == sorted(grown)
     assert _same(early.median(other), _reference(other)[0])  # another list (a restored state): sorted again
+
+
+def test_sorted_blocks_give_every_order_statistic_and_rank() -> None:
+    """Inserted one by one and in bulk, removed at random: the k-th smallest is sorted(values)[k], the rank of x
+    the number of values <= x."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=5_000).round(2).tolist()  # ties
+    ranked, bulk = SortedBlocks(load=16), SortedBlocks(load=16)
+    for x in values:
+        ranked.add(x)
+    bulk.extend(values)
+    kept = sorted(values)
+    for x in rng.choice(values, size=1_000, replace=False).tolist():
+        ranked.remove(x)
+        bulk.remove(x)
+        kept.remove(x)
+    assert [ranked[k] for k in range(len(kept))] == kept == [bulk[k] for k in range(len(kept))]
+    assert len(ranked) == len(bulk) == len(kept)
+    for x in rng.normal(size=200).round(2).tolist():
+        assert ranked.rank(x) == bulk.rank(x) == sum(1 for v in kept if v <= x)
+    with pytest.raises(ValueError, match="not in the multiset"):
+        ranked.remove(99.0)

@@ -6,11 +6,11 @@ reading the series again at each judgement of ``rlguard watch``.
 The answers are :class:`~rlguard.guards.consequence.peak.PeakHistory`'s exactly (the same floating-point operations in
 the same order): the EWMA path, the index of its last maximum (the run's start is the median of its first rewards up to
 it) and the running sum of the squared successive differences are extended by the rewards appended; the 5th and 95th
-percentiles of every reward are read from an ordered multiset kept in sorted blocks (:class:`_Ranked`: an insertion
-costs a block, a rank the number of blocks); what depends only on the rewards before a position (the robust sigma of
-their differences, the ``peak_observations``-th highest of their EWMA) is computed once per position asked and kept.
-Memory: 32 bytes per finite reward (position, value, running sum and the sorted copy), 16 more per EWMA smoothing asked
-(its path and its last maximum).
+percentiles of every reward are read from an ordered multiset kept in sorted blocks
+(:class:`~rlguard.guards.robust.SortedBlocks`: an insertion costs a block, a rank the number of blocks); what depends
+only on the rewards before a position (the robust sigma of their differences, the ``peak_observations``-th highest of
+their EWMA) is computed once per position asked and kept. Memory: 32 bytes per finite reward (position, value, running
+sum and the sorted copy), 16 more per EWMA smoothing asked (its path and its last maximum).
 """
 
 from __future__ import annotations
@@ -25,59 +25,9 @@ import numpy as np
 
 from rlguard.guards.consequence.peak import robust_sigma
 from rlguard.guards.consequence.rule import ConsequenceRule, margin_from_noise
+from rlguard.guards.robust import SortedBlocks
 
 __all__ = ["RewardHistory"]
-
-
-class _Ranked:
-    """A multiset of floats in sorted blocks of at most ``2 * load`` values, with its ``k``-th smallest."""
-
-    def __init__(self, load: int = 1024) -> None:
-        self.load = load
-        self._blocks: list[array[float]] = []
-        self._maxes: list[float] = []  # each block's largest, increasing
-
-    def add(self, x: float) -> None:
-        """Insert ``x`` (finite)."""
-        if not self._blocks:
-            self._blocks.append(array("d", [x]))
-            self._maxes.append(x)
-            return
-        i = min(bisect.bisect_left(self._maxes, x), len(self._maxes) - 1)
-        block = self._blocks[i]
-        bisect.insort(block, x)
-        self._maxes[i] = block[-1]
-        if len(block) > 2 * self.load:
-            self._blocks[i : i + 1] = [block[: self.load], block[self.load :]]
-            self._maxes[i : i + 1] = [block[self.load - 1], block[-1]]
-
-    def extend(self, values: list[float]) -> None:
-        """Insert each of ``values`` (finite): sorted once into blocks where the multiset is empty."""
-        if self._blocks or len(values) < self.load:
-            for x in values:
-                self.add(x)
-            return
-        ordered = sorted(values)
-        self._blocks = [array("d", ordered[k : k + self.load]) for k in range(0, len(ordered), self.load)]
-        self._maxes = [block[-1] for block in self._blocks]
-
-    def remove(self, x: float) -> None:
-        """Remove one ``x`` (present)."""
-        i = bisect.bisect_left(self._maxes, x)
-        block = self._blocks[i]
-        del block[bisect.bisect_left(block, x)]
-        if block:
-            self._maxes[i] = block[-1]
-        else:
-            del self._blocks[i], self._maxes[i]
-
-    def kth(self, k: int) -> float:
-        """The ``k``-th smallest (0-based)."""
-        for block in self._blocks:
-            if k < len(block):
-                return block[k]
-            k -= len(block)
-        raise IndexError(k)
 
 
 class RewardHistory:
@@ -95,7 +45,7 @@ class RewardHistory:
         self.positions: array[int] = array("q")
         self.values: array[float] = array("d")
         self._squares: array[float] = array("d")  # running sums of the squared successive differences
-        self._ranked = _Ranked()
+        self._ranked = SortedBlocks()
         self._paths: dict[float, array[float]] = {}  # alpha -> the EWMA after each reward read so far
         self._bests: dict[float, array[int]] = {}  # alpha -> index of the EWMA's last maximum up to each reward
         self._sigmas: dict[int, float] = {}  # count -> robust sigma of the first `count` differences
@@ -136,7 +86,7 @@ class RewardHistory:
         n = len(self.values)
         if not n:
             return 0.0
-        top, bottom = self._ranked.kth(int(0.95 * (n - 1))), self._ranked.kth(int(0.05 * (n - 1)))
+        top, bottom = self._ranked[int(0.95 * (n - 1))], self._ranked[int(0.05 * (n - 1))]
         return max(top, 1.0) - min(bottom, 0.0)
 
     def established(self, before: int, rule: ConsequenceRule) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
-from rlguard.guards.consequence.history import RewardHistory, _Ranked
+from rlguard.guards.consequence.history import RewardHistory
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
 from tests.helpers.profiles import examples
@@ -102,22 +102,6 @@ def test_each_reward_is_read_once_however_many_judgements_ask() -> None:
     _Counted.reads = 0
     PeakHistory(_Counted(rewards), RULE).established(2_970)
     assert _Counted.reads >= 3_000
-
-
-def test_the_ranked_blocks_give_every_order_statistic() -> None:
-    """Inserted one by one and in bulk, removed at random: the k-th smallest is sorted(values)[k]."""
-    rng = np.random.default_rng(0)
-    values = rng.normal(size=5_000).round(2).tolist()  # ties
-    ranked, bulk = _Ranked(load=16), _Ranked(load=16)
-    for x in values:
-        ranked.add(x)
-    bulk.extend(values)
-    kept = sorted(values)
-    for x in rng.choice(values, size=1_000, replace=False).tolist():
-        ranked.remove(x)
-        bulk.remove(x)
-        kept.remove(x)
-    assert [ranked.kth(k) for k in range(len(kept))] == kept == [bulk.kth(k) for k in range(len(kept))]
 
 
 def _fall(n: int, seed: int, back_at: int | None) -> list[float]:

@@ -19,6 +19,7 @@ from rlguard.doctor.diagnose import diagnose_log
 from rlguard.doctor.fold import DoctorFold, _Sparse
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log
 from rlguard.doctor.stream import JsonlFollower
+from tests.helpers.counted import Counted
 from tests.helpers.profiles import PROFILE, examples
 from tests.helpers.synthetic import failing_stream, healthy_stream
 
@@ -88,35 +89,21 @@ def test_the_watchs_fold_fed_record_by_record_ends_on_the_doctors_json(tmp_path:
     assert json.dumps(got.to_dict(), indent=2) == json.dumps(want.to_dict(), indent=2)
 
 
-class _Counted(list[Any]):
-    """A list that counts the reads of its items by position (``reads``)."""
-
-    reads = 0
-
-    def __getitem__(self, k: SupportsIndex | slice) -> Any:  # type: ignore[override]
-        _Counted.reads += 1 if isinstance(k, SupportsIndex) else len(range(len(self))[k])
-        return super().__getitem__(k)
-
-    def __iter__(self) -> Any:
-        _Counted.reads += len(self)
-        return super().__iter__()
-
-
-class _CountedSparse(_Sparse[Any]):
-    """The fold's findings by step (``_Sparse``), counting the reads of its items by position in ``_Counted``."""
+class CountedSparse(_Sparse[Any]):
+    """The fold's findings by step (``_Sparse``), counting the reads of its items by position in ``Counted``."""
 
     def __getitem__(self, k: Any) -> Any:
         if isinstance(k, SupportsIndex):
-            _Counted.reads += 1
+            Counted.reads += 1
         return super().__getitem__(k)
 
     def __iter__(self) -> Any:
-        _Counted.reads += len(self)
+        Counted.reads += len(self)
         return super().__iter__()
 
 
-def _counted_sparse(sparse: _Sparse[Any]) -> _CountedSparse:
-    counted = _CountedSparse()
+def _counted_sparse(sparse: _Sparse[Any]) -> CountedSparse:
+    counted = CountedSparse()
     counted.__dict__.update(sparse.__dict__)
     return counted
 
@@ -134,15 +121,15 @@ def test_a_judgement_reads_the_steps_added_since_the_last_not_the_timeline(
     follower.poll()
     fold.judge(follower.log(), final=False)
     monkeypatch.setattr(fold, "_findings", _counted_sparse(fold._findings))
-    monkeypatch.setattr(fold, "_observed", _Counted(fold._observed))
+    monkeypatch.setattr(fold, "_observed", Counted(fold._observed))
     for first in range(2001, 2101, 20):
         with path.open("a") as fh:
             fh.write("".join(_line(s, stream[s - 1]) for s in range(first, first + 20)))
         follower.poll()
-        _Counted.reads = 0
+        Counted.reads = 0
         d = fold.judge(follower.log(), final=False)
         assert any(f.severity == "critical" for f in d.findings)
-        assert _Counted.reads <= 200, _Counted.reads
+        assert Counted.reads <= 200, Counted.reads
         assert d.to_dict() == diagnose_log(follower.log(), path).to_dict()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, SupportsIndex
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
 from rlguard.guards.consequence.history import RewardHistory
 from rlguard.guards.consequence.peak import PeakHistory
 from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
+from tests.helpers.counted import Counted
 from tests.helpers.profiles import examples
 from tests.helpers.rewards import reward_series as _series
 
@@ -69,39 +70,25 @@ def test_a_fall_within_the_first_rewards_is_judged_as_read_whole(held: int, nois
         _check(history, rewards[:end], range(0, end + 1))
 
 
-class _Counted(list[float]):
-    """A list that counts the reads of its items by position."""
-
-    reads = 0
-
-    def __getitem__(self, k: SupportsIndex | slice) -> Any:  # type: ignore[override]
-        _Counted.reads += 1 if isinstance(k, SupportsIndex) else len(range(len(self))[k])
-        return super().__getitem__(k)
-
-    def __iter__(self) -> Any:
-        _Counted.reads += len(self)
-        return super().__iter__()
-
-
 def test_each_reward_is_read_once_however_many_judgements_ask() -> None:
     """2,000 rewards, then 50 judgements of 20 more each asking the peak at the last episode's start: the history
     reads the 20 appended rewards (and the copy's one) per judgement, where PeakHistory reads the whole series."""
-    rewards = _Counted(_series("rise_fall", 3, n=3_000))
+    rewards = Counted(_series("rise_fall", 3, n=3_000))
     history = RewardHistory()
     history.read(rewards[:2_000])
     history.established(1_500, RULE)
     reads = []
     for end in range(2_020, 3_001, 20):
-        view = _Counted(rewards[:end])
-        _Counted.reads = 0
+        view = Counted(rewards[:end])
+        Counted.reads = 0
         history.read(view)
         history.established(1_500, RULE)
         history.established(end - 30, RULE)
-        reads.append(_Counted.reads)
+        reads.append(Counted.reads)
     assert max(reads) <= 21, reads
-    _Counted.reads = 0
-    PeakHistory(_Counted(rewards), RULE).established(2_970)
-    assert _Counted.reads >= 3_000
+    Counted.reads = 0
+    PeakHistory(Counted(rewards), RULE).established(2_970)
+    assert Counted.reads >= 3_000
 
 
 def _fall(n: int, seed: int, back_at: int | None) -> list[float]:

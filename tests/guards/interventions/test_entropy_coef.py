@@ -60,7 +60,9 @@ def drive(iv: AdaptiveEntropy, entropies: Sequence[float]) -> tuple[list[float],
         applied.append(current)
         proposal = iv.propose(ctx(step, {"entropy": h}))
         assert proposal is not None and proposal.outcome == "step"
-        current = proposal.controls["entropy_coef"]
+        coef = proposal.controls["entropy_coef"]
+        assert coef is not None  # a coefficient, never "as configured"
+        current = coef
         logged.append(iv.coef)
     return applied, logged
 

@@ -17,6 +17,7 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
+from rlguard.guards.robust import Picked
 from rlguard.metrics import canonical_name, canonical_stats
 
 __all__ = ["CanonicalRows", "Columns"]
@@ -42,39 +43,6 @@ class _Rows(Sequence[tuple[int, dict[str, float]]]):
         if not -n <= index < n:
             raise IndexError(f"row {index} of {n}")
         return self._row(index % n)
-
-
-class _Picked(Sequence[int]):
-    """``items[i]`` for each ``i`` of ``index``, read in place: a snapshot's steps (the first rows of an array that
-    goes on growing, :meth:`Columns.copy`) or the steps of the rows that hold a stat (:class:`CanonicalRows`)."""
-
-    def __init__(self, items: Sequence[int], index: Sequence[int]) -> None:
-        self._items, self._index = items, index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    @overload
-    def __getitem__(self, k: int) -> int: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[int]: ...
-    def __getitem__(self, k: int | slice) -> int | list[int]:
-        if isinstance(k, slice):
-            return [self._items[i] for i in self._index[k]]
-        return self._items[self._index[k]]
-
-    def __iter__(self) -> Iterator[int]:
-        return map(self._items.__getitem__, self._index)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]  # reads a mutable array
-
-    def __repr__(self) -> str:
-        return f"_Picked({len(self)} of {len(self._items)})"
 
 
 class Columns(_Rows):
@@ -205,8 +173,9 @@ class Columns(_Rows):
 
     @property
     def steps(self) -> Sequence[int]:
-        """The steps, increasing (the table's own array; a snapshot's first rows of it: :class:`_Picked`)."""
-        return self._steps if self._n is None else _Picked(self._steps, range(self._n))
+        """The steps, increasing (the table's own array; a snapshot's first rows of it, a
+        :class:`~rlguard.guards.robust.Picked`)."""
+        return self._steps if self._n is None else Picked(self._steps, range(self._n))
 
     def column(self, key: str) -> tuple[array[float], bytearray | None]:
         """The values of ``key`` at every row and whether it was logged there (None: at every row; ``KeyError``
@@ -351,12 +320,12 @@ class CanonicalRows(_Rows):
         if isinstance(self._rows, Columns) and self._index is None:
             return self._rows.steps
         if isinstance(self._rows, Columns):
-            return _Picked(self._rows.steps, self._kept_rows())
+            return Picked(self._rows.steps, self._kept_rows())
         return [self._rows[i][0] for i in self._index or ()]
 
     def _kept_rows(self) -> Sequence[int]:
         """The row numbers kept (every row: a range)."""
-        return range(len(self._rows)) if self._index is None else _Picked(self._index, range(self._kept))
+        return range(len(self._rows)) if self._index is None else Picked(self._index, range(self._kept))
 
     @property
     def names(self) -> list[str]:

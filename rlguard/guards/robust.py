@@ -8,7 +8,8 @@ import statistics
 from array import array
 from bisect import bisect_left, bisect_right, insort, insort_right
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 #: MAD * 1.4826 estimates the standard deviation of a normal distribution.
 MAD_TO_SIGMA = 1.4826
@@ -287,6 +288,40 @@ class SortedBlocks:
                 return block[k]
             k -= len(block)
         raise IndexError(k)
+
+
+class Picked(Sequence[int]):
+    """``items[i]`` for each ``i`` of ``index``, read in place, never copied: a snapshot's steps (the first rows of
+    an array that goes on growing, ``rlguard.doctor.columns.Columns.copy``), the steps of the rows that hold a stat,
+    the steps at a detector's observed positions (``rlguard.guards.consequence.excursions``)."""
+
+    def __init__(self, items: Sequence[int], index: Sequence[int]) -> None:
+        self._items, self._index = items, index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[int]: ...
+    def __getitem__(self, k: int | slice) -> int | list[int]:
+        if isinstance(k, slice):
+            return [self._items[i] for i in self._index[k]]
+        return self._items[self._index[k]]
+
+    def __iter__(self) -> Iterator[int]:
+        return map(self._items.__getitem__, self._index)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # reads a mutable array
+
+    def __repr__(self) -> str:
+        return f"Picked({len(self)} of {len(self._items)})"
 
 
 def _sign_sum(x: Sequence[float]) -> int:

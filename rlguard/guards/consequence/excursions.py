@@ -47,13 +47,14 @@ import bisect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlguard.guards.consequence.history import RewardHistory
 from rlguard.guards.consequence.index import episode_bounds
 from rlguard.guards.consequence.offline import timeline_index
 from rlguard.guards.consequence.rule import ConsequenceRule, level_margin_from_noise
 from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.robust import Picked
 
 if TYPE_CHECKING:
     from rlguard.guards.consequence.offline import Timeline
@@ -126,28 +127,9 @@ def excursions(
         out[name] = [
             ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
         ]
-        at = _Observed(_StepsAt(timeline.steps, obs), groups)
+        at = _Observed(timeline.steps, obs, groups)
         out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
     return out
-
-
-class _StepsAt(Sequence[int]):
-    """The steps at a detector's observed positions (``steps[obs[k]]``), increasing, read when asked for."""
-
-    def __init__(self, steps: Sequence[int], obs: Sequence[int]) -> None:
-        self._steps, self._obs = steps, obs
-
-    @overload
-    def __getitem__(self, k: int) -> int: ...
-    @overload
-    def __getitem__(self, k: slice) -> Sequence[int]: ...
-    def __getitem__(self, k: int | slice) -> int | Sequence[int]:
-        if isinstance(k, slice):
-            return [self._steps[p] for p in self._obs[k]]
-        return self._steps[self._obs[k]]
-
-    def __len__(self) -> int:
-        return len(self._obs)
 
 
 class _Observed:
@@ -155,17 +137,18 @@ class _Observed:
     the timeline's steps and the observed positions (``bisect`` of a step among the observed steps is that of its
     position among the observed positions: steps increase with positions)."""
 
-    def __init__(self, steps: _StepsAt, groups: list[range]) -> None:
-        self.steps = steps
-        self.ends = [steps[g[-1]] for g in groups]
+    def __init__(self, timeline_steps: Sequence[int], obs: Sequence[int], groups: list[range]) -> None:
+        self._timeline_steps, self._obs = timeline_steps, obs
+        self.steps = Picked(timeline_steps, obs)  # the steps at the observed positions
+        self.ends = [self.steps[g[-1]] for g in groups]
 
     def bisect_left(self, step: int) -> int:
         """``bisect.bisect_left(self.steps, step)``."""
-        return bisect.bisect_left(self.steps._obs, bisect.bisect_left(self.steps._steps, step))
+        return bisect.bisect_left(self._obs, bisect.bisect_left(self._timeline_steps, step))
 
     def bisect_right(self, step: int) -> int:
         """``bisect.bisect_right(self.steps, step)``."""
-        return bisect.bisect_left(self.steps._obs, bisect.bisect_right(self.steps._steps, step))
+        return bisect.bisect_left(self._obs, bisect.bisect_right(self._timeline_steps, step))
 
 
 def _backdate(

@@ -3,7 +3,6 @@ collapse), truncation and repetition loops."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -15,8 +14,8 @@ from rlguard.guards.detectors.base import (
     _anchor_median,
     _EarlySorted,
     _RewardLevel,
-    differences_noise,
 )
+from rlguard.guards.detectors.noise import ROUNDING, DifferencesNoise
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow, expected_maximum
@@ -80,27 +79,11 @@ class RewardCollapse(Detector):
         self._s_low = 0  # consecutive observations far below the best and its range (critical_rel_drop)
         self._s_level_n = 0  # armed observations at the best's level: those the running maximum ranges over
         self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
-        # the window's successive differences, kept beside it (not state): (window, its pushes, differences)
-        self._diffs: tuple[RollingWindow, int, RollingWindow] | None = None
+        self._noise = DifferencesNoise()  # the noise of the window's successive differences, kept beside it
 
     def _differences(self) -> RollingWindow:
-        """The successive differences of the window's values, in order: a window of them updated by one
-        difference when the window took one value since the last call (a push a step instead of a window built a
-        step), built from the values otherwise (a restored window, or one that is not finite)."""
-        window, held = self._s_window, self._diffs
-        if held is not None and held[0] is window and window.finite:
-            if held[1] == window.pushes:
-                return held[2]
-            latest = window.values[-1] - window.values[-2] if len(window) >= 2 else math.nan
-            if held[1] + 1 == window.pushes and math.isfinite(latest):
-                held[2].push(latest)
-                self._diffs = (window, window.pushes, held[2])
-                return held[2]
-        diffs = [b - a for a, b in itertools.pairwise(window.values)]
-        size = max((window.values.maxlen or len(window)) - 1, len(diffs), 1)
-        out = RollingWindow(size, diffs)
-        self._diffs = (window, window.pushes, out)
-        return out
+        """The successive differences of the window's values, in order (:meth:`DifferencesNoise.differences`)."""
+        return self._noise.differences(self._s_window)
 
     def _see_best(self, ewma: float, scale: float, judged_clean: bool) -> None:
         """Take the armed observation's EWMA into the running maximum and count the observations at its level, those
@@ -131,6 +114,50 @@ class RewardCollapse(Detector):
         """What to do, ending a message."""
         return "Check for reward hacking or collapse; roll back to the best step and lower the LR."
 
+    def _settled(self, ewma: float, raw: float, deep: bool) -> bool:
+        """Whether an armed observation is clean whatever the EWMA's noise scale, from a lower bound of the scale
+        (:meth:`DifferencesNoise.lower`, O(1)): at or below the best (no new level), the drop short of the smallest
+        bound and, where ``deep``, the fall under ``warn_drop`` scales (no sustained low). Rounding is monotone, and
+        the margins (1e-9 relative, ``ROUNDING`` of the best) exceed that of the operations up to :meth:`_judge`'s."""
+        least = min(self.warn_drop, self.critical_drop)
+        if not (ewma <= self._s_best and least > 0):
+            return False
+        low = max(self._noise.lower(self._s_window), 1e-6) * math.sqrt(self.alpha / (2 - self.alpha)) * (1 - 1e-9)
+        reach = raw * (1 + 1e-9) + ROUNDING * abs(self._s_best)
+        settled = reach < (least + expected_maximum(self._s_level_n)) * low
+        return settled and not (deep and reach >= self.warn_drop * low)
+
+    def _judge(self, ewma: float, raw: float, deep: bool) -> tuple[Finding | None, bool, float]:
+        """The armed observation's finding, whether it is held out of the window, and the EWMA's noise scale."""
+        # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it
+        scale = max(self._noise.noise(self._s_window), 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
+        excess = expected_maximum(self._s_level_n) * scale
+        fall = self._s_best - excess - ewma  # below the level held at the best
+        drop = fall / scale
+        rel = fall / max(self._s_best - excess - self._s_worst, 1e-12)  # of the range of levels seen
+        of_consequence = fall >= self.min_drop * abs(self._s_best)
+        # a drop that would warn but for min_drop is no healthy value either: its noise stays out of the window
+        held = drop >= self.warn_drop and rel >= self.min_rel_drop and not of_consequence
+        self._s_low = self._s_low + 1 if deep and raw >= self.warn_drop * scale else 0
+        of_level = self._s_low >= self.sustained
+        finding = None
+        for severity, bound, min_rel in (
+            ("critical", self.critical_drop, self.min_rel_drop),
+            ("critical", self.warn_drop, self.critical_rel_drop if of_level else math.inf),
+            ("warn", self.warn_drop, self.min_rel_drop),
+        ):
+            if drop >= bound and rel >= min_rel and of_consequence:
+                finding = Finding(
+                    severity,  # type: ignore[arg-type]
+                    ewma,
+                    self._s_best - excess - bound * scale,
+                    f"{self._what()} (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its level "
+                    f"{self._s_best - excess:.4g} at its best {self._s_best:.4g}, {rel:.0%} of its range "
+                    f"(threshold {bound:g} sigmas and {min_rel:.0%}). " + self._advice(),
+                )
+                break
+        return finding, held, scale
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         reward = stats.get(self.metric)
         if reward is None or not math.isfinite(reward):
@@ -141,41 +168,17 @@ class RewardCollapse(Detector):
         ewma = self._s_ewma
         finding, held, scale = None, False, math.nan
         if armed and len(self._s_window) >= 5:
-            # step-to-step noise, so that the window's own trend (a rising reward) does not inflate it; the window's
-            # successive differences kept beside it (a push a step, not a window built a step)
-            noise = differences_noise(self._differences())
-            scale = max(noise, 1e-6) * math.sqrt(self.alpha / (2 - self.alpha))
-            excess = expected_maximum(self._s_level_n) * scale
-            fall = self._s_best - excess - ewma  # below the level held at the best
-            drop = fall / scale
-            rel = fall / max(self._s_best - excess - self._s_worst, 1e-12)  # of the range of levels seen
             # how long the fall has lasted is counted from the running extremes (their ratio: both inflate alike),
-            # how deep it is from the level (the finding below)
+            # how deep it is from the level (:meth:`_judge`); of the first, the conditions that need no scale
             raw = self._s_best - ewma
-            low = raw >= self.warn_drop * scale and raw >= self.critical_rel_drop * (self._s_best - self._s_worst)
-            low = low and raw >= self.min_level_drop * abs(self._s_best)
-            of_consequence = fall >= self.min_drop * abs(self._s_best)
-            # a drop that would warn but for min_drop is no healthy value either: its noise stays out of the window
-            held = drop >= self.warn_drop and rel >= self.min_rel_drop and not of_consequence
-            self._s_low = self._s_low + 1 if low else 0
-            of_level = self._s_low >= self.sustained
-            for severity, bound, min_rel in (
-                ("critical", self.critical_drop, self.min_rel_drop),
-                ("critical", self.warn_drop, self.critical_rel_drop if of_level else math.inf),
-                ("warn", self.warn_drop, self.min_rel_drop),
-            ):
-                if drop >= bound and rel >= min_rel and of_consequence:
-                    finding = Finding(
-                        severity,  # type: ignore[arg-type]
-                        ewma,
-                        self._s_best - excess - bound * scale,
-                        f"{self._what()} (EWMA) {ewma:.4g} fell {drop:.1f} robust sigmas below its level "
-                        f"{self._s_best - excess:.4g} at its best {self._s_best:.4g}, {rel:.0%} of its range "
-                        f"(threshold {bound:g} sigmas and {min_rel:.0%}). " + self._advice(),
-                    )
-                    break
+            deep = raw >= self.critical_rel_drop * (self._s_best - self._s_worst)
+            deep = deep and raw >= self.min_level_drop * abs(self._s_best)
+            if self._settled(ewma, raw, deep):  # clean whatever the scale (most steps): the noise is not needed
+                self._s_low = 0
+            else:
+                finding, held, scale = self._judge(ewma, raw, deep)
         if finding is None and not held:
-            self._s_window.push(reward)
+            self._noise.push(self._s_window, reward)
         if armed:
             self._see_best(ewma, scale, finding is None and not held)
         self._s_worst = min(self._s_worst, ewma)

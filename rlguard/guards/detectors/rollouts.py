@@ -8,13 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rlguard.guards.consequence.rule import converged, normalized_reward
-from rlguard.guards.detectors.base import (
-    Detector,
-    LevelShift,
-    _anchor_median,
-    _EarlySorted,
-    _RewardLevel,
-)
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _EarlySorted, _RewardLevel
 from rlguard.guards.detectors.noise import ROUNDING, DifferencesNoise
 from rlguard.guards.detectors.shapes import CusumDetector, ThresholdDetector
 from rlguard.guards.events import Finding
@@ -80,6 +74,7 @@ class RewardCollapse(Detector):
         self._s_level_n = 0  # armed observations at the best's level: those the running maximum ranges over
         self._shift = LevelShift(-1.0)  # the rewards since the EWMA was last at its best
         self._noise = DifferencesNoise()  # the noise of the window's successive differences, kept beside it
+        self._floor = (0, 0.0)  # (m, expected_maximum(m)): at most the expected maximum of m to 5m / 4 observations
 
     def _differences(self) -> RollingWindow:
         """The successive differences of the window's values, in order (:meth:`DifferencesNoise.differences`)."""
@@ -124,7 +119,10 @@ class RewardCollapse(Detector):
             return False
         low = max(self._noise.lower(self._s_window), 1e-6) * math.sqrt(self.alpha / (2 - self.alpha)) * (1 - 1e-9)
         reach = raw * (1 + 1e-9) + ROUNDING * abs(self._s_best)
-        settled = reach < (least + expected_maximum(self._s_level_n)) * low
+        n, (m, excess) = self._s_level_n, self._floor
+        if not m <= n <= m + m // 4:  # the expected maximum grows with n: that of m <= n observations is at most it
+            self._floor = m, excess = n, expected_maximum(n)
+        settled = reach < (least + excess) * low
         return settled and not (deep and reach >= self.warn_drop * low)
 
     def _judge(self, ewma: float, raw: float, deep: bool) -> tuple[Finding | None, bool, float]:
@@ -337,14 +335,14 @@ class LengthCollapse(Detector):
         if length is None or not math.isfinite(length):
             return None
         length = float(length)
+        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
         if length > 0:
-            anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(length), anchor is None or length >= anchor)
-        finding = self._judge(length, armed)
+        finding = self._judge(length, armed, anchor)
         self._shift.judged(finding, self.clear_after)
         return finding
 
-    def _judge(self, length: float, armed: bool) -> Finding | None:
+    def _judge(self, length: float, armed: bool, anchor: float | None) -> Finding | None:
         advice = (
             "Roll back to a healthy step and lower the LR; check the EOS handling and the reward for empty answers."
         )
@@ -357,7 +355,6 @@ class LengthCollapse(Detector):
                 + advice,
                 unrecoverable=True,  # one token carries no signal to learn from: the policy cannot climb back
             )
-        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
         if armed and anchor is not None and anchor > 0:
             ratio = length / anchor
             for severity, bound in (("critical", self.critical_ratio), ("warn", self.warn_ratio)):

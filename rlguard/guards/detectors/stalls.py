@@ -208,11 +208,18 @@ class FrozenValues(_RewardLevel, Detector):
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         self._see_reward(stats)
         finding: Finding | None = None
+        last, seen, runs, flagged = self._s_last, self._s_seen, self._s_run, self._s_flagged
         for i, name in enumerate(self.stats):
             value = stats.get(name)
             if value is None or not math.isfinite(value):
                 continue
-            found = self._see(i, name, float(value), armed)
+            value = float(value)
+            if value != last[i] and seen[i] and not runs[i] and not flagged[i]:
+                # most records: a changed value after a changed one, what :meth:`_see` does there (no run to count)
+                self._s_pairs[i] += 1
+                runs[i], flagged[i], last[i] = 0, 0, value
+                continue
+            found = self._see(i, name, value, armed)
             finding = finding or found
         return finding
 

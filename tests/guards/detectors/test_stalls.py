@@ -8,10 +8,16 @@ import itertools
 import json
 import math
 import random
+from collections.abc import Mapping
 from fractions import Fraction
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlguard.guards.detectors import AdvantageCollapse, FrozenValues
 from rlguard.guards.detectors.stalls import ALPHA, chance_of_run, run_needed
+from rlguard.guards.events import Finding
+from tests.helpers.profiles import examples
 
 
 def _feed(det: AdvantageCollapse | FrozenValues, rows: list[dict[str, float]]) -> list[tuple[int, str]]:
@@ -114,3 +120,44 @@ def test_state_round_trips() -> None:
         tail = {"entropy": 0.0, "reward_mean": 0.3, "reward_std": 0.0}
         got = [(a.check(20 + i, tail, True), b.check(20 + i, tail, True)) for i in range(8)]
         assert all((x is None) == (y is None) for x, y in got) and any(x is not None for x, _ in got), cls
+
+
+class _EveryStatSeen(FrozenValues):
+    """``frozen_values`` taking every finite stat through ``_see`` (no shortcut for a changed value)."""
+
+    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        self._see_reward(stats)
+        finding: Finding | None = None
+        for i, name in enumerate(self.stats):
+            value = stats.get(name)
+            if value is not None and math.isfinite(value):
+                finding = finding or self._see(i, name, float(value), armed)
+        return finding
+
+
+@examples(quick=100, long=2000)
+@given(
+    rows=st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                name: st.one_of(st.sampled_from([0.0, -0.0, 1.0, 2.0]), st.floats(), st.integers(-2, 2))
+                for name in ("grad_norm", "entropy", "length_mean", "reward_mean")
+            },
+        ),
+        max_size=120,
+    ),
+    restore_at=st.integers(0, 120),
+)
+def test_frozen_values_shortcut_for_a_changed_value_judges_as_every_stat_seen(
+    rows: list[dict[str, float]], restore_at: int
+) -> None:
+    """Runs of repeats (few distinct values, -0.0 equal to 0.0, integers), NaN and missing stats: every finding and
+    the state after every record are those of the detector that takes each stat through ``_see``."""
+    fast, slow = FrozenValues(warmup=3), _EveryStatSeen(warmup=3)
+    for i, stats in enumerate(rows):
+        if i == restore_at:
+            fast.load_state_dict(json.loads(json.dumps(fast.state_dict())))
+            slow.load_state_dict(json.loads(json.dumps(slow.state_dict())))
+        assert fast.check(i, stats, i >= 3) == slow.check(i, stats, i >= 3)
+        assert repr(fast.state_dict()) == repr(slow.state_dict())

@@ -14,8 +14,9 @@ Modules: :mod:`~rlguard.guards.detectors.base` (the :class:`Detector` contract a
 :mod:`~rlguard.guards.detectors.update` (gradients, ratios, clipping, KL, mismatch),
 :mod:`~rlguard.guards.detectors.entropy` and :mod:`~rlguard.guards.detectors.rollouts` (reward, lengths,
 truncation, repetition), :mod:`~rlguard.guards.detectors.stalls` (a run that stopped learning: advantage collapse,
-frozen values) and :mod:`~rlguard.guards.detectors.evaluation` (the eval metric's drop). Every name is importable
-from ``rlguard.guards.detectors``.
+frozen values), :mod:`~rlguard.guards.detectors.evaluation` (the eval metric's drop) and
+:mod:`~rlguard.guards.detectors.noise` (the reward window's step-to-step noise, read only where a lower bound of it
+does not settle the step). Every name is importable from ``rlguard.guards.detectors``.
 """
 
 from __future__ import annotations

@@ -106,9 +106,15 @@ class ValueIndex:
     since the last read (``rlguard watch``'s table, read at each judgement through a snapshot of it,
     :meth:`~rlguard.doctor.columns.Columns.copy`). The rows before a snapshot's last are summarised for good (a
     row can change only while it is the table's last: a record of its step is merged into it); the last is added
-    to a copy of the summaries at each read. When the per-step keys change so that a row summarised may have
-    become a step record or stopped being one, or a key is asked for that was not, the summaries are read again
-    from the first row."""
+    to a copy of the summaries at each read. When the per-step keys change so that a row summarised became a step
+    record or stopped being one (:func:`_reclassified`), or a key is asked for that was not, the summaries are read
+    again from the first row.
+
+    What a read costs: the rows appended since the last; a change of the per-step keys adds a test of the rows done
+    by bytes (each changed or kept per-step key's presence, read as one integer: ``_reclassified``), a re-read
+    only where a row changes class. A key logged at about half as many records as the most frequent one is per-step
+    at one read and not at the next; its rows change class only where they hold no other per-step key (records of
+    their own: then each such change re-reads, by bytes, every row)."""
 
     def __init__(self) -> None:
         self._reset()
@@ -138,7 +144,11 @@ class ValueIndex:
             self._counts[k] = self._counts.get(k, 0) + logged
         last = {k for k, (_, present) in columns.items() if n and (present is None or present[n - 1])}
         per_step = per_step_keys({k: c + (k in last) for k, c in self._counts.items()})
-        if self._values is None or (per_step != self._per_step and self._whole not in per_step):
+        if self._values is None or (
+            per_step != self._per_step
+            and self._whole not in per_step
+            and _reclassified(columns, self._per_step, per_step, self._done)
+        ):
             self._values = {k: _bulk(rows, columns, per_step, k, end, median) for k, median in self._watch.items()}
         else:
             self._append(rows, columns, per_step, self._values, self._done, end)
@@ -183,6 +193,29 @@ class ValueIndex:
                 x = values[i]
                 if math.isfinite(x) and (every or any(m[i] for m in marks)):  # type: ignore[index]
                     summary.add(x)
+
+
+def _reclassified(
+    columns: Mapping[str, tuple[array[float], bytearray | None]],
+    before: frozenset[str],
+    after: frozenset[str],
+    done: int,
+) -> bool:
+    """Whether one of the first ``done`` rows is a step record under the per-step keys ``before`` and not under
+    ``after`` or the other way: it holds a key of one set only and none of both (:func:`per_step_keys`)."""
+    every = int.from_bytes(b"\x01" * done, "little")
+
+    def rows_holding(keys: frozenset[str]) -> int:
+        """The rows that hold one of ``keys``: a byte a row, 1 where it does."""
+        mask = 0
+        for k in keys:
+            mark = columns[k][1] if k in columns else bytearray(done)
+            if mark is None:
+                return every
+            mask |= int.from_bytes(mark[:done], "little")
+        return mask
+
+    return bool(rows_holding(before ^ after) & (every ^ rows_holding(before & after)))
 
 
 def _bulk(

@@ -17,7 +17,6 @@ from rlguard.guards.consequence.rule import (
     ConsequenceRule,
     RecoveryWatch,
     converged,
-    reward_rises,
     sustained_count,
     sustained_why,
 )
@@ -102,7 +101,8 @@ class _Reward:
     def rises(self, lo: int, hi: int) -> bool:
         key = ("rises", lo, hi)
         if key not in self.cache:
-            self.cache[key] = reward_rises(self.rewards[lo : hi + 1], self.rule.trend_z)
+            self.history.read(self.rewards)
+            self.cache[key] = self.history.rises(lo, hi, self.rule.trend_z)  # reward_rises over lo..hi, kept
         return self.cache[key]
 
     def at_top(self, lo: int, hi: int) -> bool:

@@ -13,7 +13,7 @@ their EWMA) is computed once per position asked and kept. Memory: 32 bytes per f
 sum and the sorted copy), 16 more per EWMA smoothing asked (its path and its last maximum).
 
 The rising-reward test over an episode's window (:func:`~rlguard.guards.consequence.rule.reward_rises`, asked again at
-each judgement while the episode goes on and its window grows) is kept per window start (:class:`_Rise`): its
+each judgement while the episode goes on and its window grows) is kept per window start and end (:class:`_Rise`): its
 Mann-Kendall sum of signs and the medians of its first and last thirds are brought up to the window's end, a reward
 added or taken back in time per reward (a rank in sorted blocks), not per reward of the window. Memory: 24 bytes per
 reward of a window asked (the window's values sorted, and its two thirds).
@@ -57,7 +57,9 @@ class RewardHistory:
         self._sigmas: dict[int, float] = {}  # count -> robust sigma of the first `count` differences
         self._tops: dict[tuple[float, int, int], float] = {}  # (alpha, m, k) -> the k-th highest of the path's first m
         self._scans: dict[int, _Recovery] = {}  # first reward after an onset -> the recovery's scans from there
-        self._rises: dict[int, _Rise] = {}  # first reward of a window -> the rising-reward test over it
+        #: first reward of a window -> the rising-reward tests from there: a window asked moves the test that ends
+        #: last before its end, else has one of its own (an episode over beside one going on, from the same reward)
+        self._rises: dict[int, list[_Rise]] = {}
 
     def read(self, rewards: Sequence[float]) -> None:
         """Read the timeline's rewards (``reward_mean`` per position, NaN where absent) from :attr:`seen` on."""
@@ -77,9 +79,10 @@ class RewardHistory:
         """Forget the positions from ``n`` on (the fold forgets a last step judged by a copy)."""
         count = bisect.bisect_left(self.positions, n)
         self.seen = min(self.seen, n)
-        self._rises = {a: test for a, test in self._rises.items() if a <= count}
-        for test in self._rises.values():
-            test.move(self.values, min(test.end, count))
+        self._rises = {a: tests for a, tests in self._rises.items() if a <= count}
+        for tests in self._rises.values():
+            for test in tests:
+                test.move(self.values, min(test.end, count))
         for value in self.values[count:]:
             self._ranked.remove(value)
         del self.positions[count:], self.values[count:], self._squares[max(count - 1, 0) :]
@@ -115,7 +118,11 @@ class RewardHistory:
         """``reward_rises(rewards[lo : hi + 1], trend_z)`` of the rewards so far, kept per ``lo`` (module
         docstring)."""
         a, b = bisect.bisect_left(self.positions, lo), bisect.bisect_right(self.positions, hi)
-        test = self._rises.setdefault(a, _Rise(a))
+        tests = self._rises.setdefault(a, [])
+        test = max((t for t in tests if t.end <= b), key=lambda t: t.end, default=None)  # moved forward only
+        if test is None:  # a window of its own (an episode over, beside one going on from the same reward)
+            test = _Rise(a)
+            tests.append(test)
         test.move(self.values, b)
         return test.rising(trend_z)
 

@@ -141,13 +141,20 @@ def _label(
     labels: dict[int, tuple[Severity, str]] = {}
     mine: set[int] = set()
 
+    lost_at: dict[tuple[int, int], str | None] = {}  # per episode's window: its findings share it
+
     def lost_control(lo: int, hi: int) -> str | None:
-        for other, positions in intrinsic.items():
-            if other != name and classes.get(other, "control") in CONTROL_CLASSES:
-                hit = _first_within(positions, lo, hi)
-                if hit is not None:
-                    return f"{other} at step {timeline.steps[hit]}"
-        return None
+        if (lo, hi) not in lost_at:
+            lost_at[lo, hi] = next(
+                (
+                    f"{other} at step {timeline.steps[hit]}"
+                    for other, positions in intrinsic.items()
+                    if other != name and classes.get(other, "control") in CONTROL_CLASSES
+                    if (hit := _first_within(positions, lo, hi)) is not None
+                ),
+                None,
+            )
+        return lost_at[lo, hi]
 
     for k in critical:
         p = obs[k]

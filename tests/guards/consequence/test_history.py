@@ -184,7 +184,8 @@ def test_the_rising_reward_kept_across_judgements_equals_reward_rises(
             for hi in (upto - 1, max(lo + (upto - lo) // 2, 0)):
                 window = [r for r in rewards[lo : hi + 1] if math.isfinite(r)]
                 assert history.rises(lo, hi, RULE.trend_z) == reward_rises(rewards[lo : hi + 1], RULE.trend_z)
-                test = history._rises[bisect.bisect_left(history.positions, lo)]
+                a, b = bisect.bisect_left(history.positions, lo), bisect.bisect_right(history.positions, hi)
+                test = next(t for t in history._rises[a] if t.end == b)
                 assert test.signs == (_sign_sum(window) if window else 0)
                 third = len(window) // 3
                 if third:
@@ -203,8 +204,9 @@ def test_the_rising_reward_kept_across_judgements_equals_reward_rises(
 
 def test_the_rising_reward_reads_each_reward_of_a_growing_window_once(monkeypatch: Any) -> None:
     """An episode's window from reward 100 to the end, asked at 50 judgements of 20 more rewards each (and the
-    copy's one): the sum of signs counts each reward appended against the window once (ranks asked: about 2 per
-    reward appended, and 2 per reward forgotten), where ``reward_rises`` reads the whole window at each."""
+    copy's one), beside the window of an episode over, from the same reward: the sum of signs counts each reward
+    appended against the window once (ranks asked: about 2 per reward appended, and 2 per reward forgotten), where
+    ``reward_rises`` reads the whole window at each; the window over is kept as it is, not moved back and forth."""
     from rlguard.guards.robust import SortedBlocks
 
     ranks = [0]
@@ -219,11 +221,13 @@ def test_the_rising_reward_reads_each_reward_of_a_growing_window_once(monkeypatc
     history = RewardHistory()
     history.read(rewards[:2_000])
     history.rises(100, 1_999, RULE.trend_z)
+    history.rises(100, 1_500, RULE.trend_z)
     per = []
     for end in range(2_020, 3_001, 20):
         ranks[0] = 0
         history.read(rewards[: end + 1])
         history.rises(100, end, RULE.trend_z)
+        history.rises(100, 1_500, RULE.trend_z)
         history.forget(end)
         history.read(rewards[:end])
         history.rises(100, end - 1, RULE.trend_z)

@@ -362,6 +362,7 @@ def main() -> None:
         help="--watch: the run collapsed N records before the end of the log (a critical episode ongoing)",
     )
     parser.add_argument("--args-record", action="store_true", help="a first record of the run's arguments")
+    parser.add_argument("--per-poll", type=int, default=200, metavar="N", help="--watch: records appended per poll")
     args = parser.parse_args()
     if args.reward_history is not None:
         print(
@@ -389,6 +390,7 @@ def main() -> None:
                 f"collapsed {args.collapse} records before" if args.collapse is not None else "",
                 f"evaluation every {args.eval_every}" if args.eval_every else "",
                 "arguments' record first" if args.args_record else "",
+                f"{args.per_poll} records a poll" if args.per_poll != 200 else "",
             )
             if c
         )
@@ -408,6 +410,7 @@ def main() -> None:
                         half_line=args.half_line,
                         collapse=args.collapse,
                         args_record=args.args_record,
+                        per_poll=args.per_poll,
                     )
                     print(
                         f"| {case or 'healthy'} | {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} "

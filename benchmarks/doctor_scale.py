@@ -6,6 +6,9 @@
     python benchmarks/doctor_scale.py --write-only 1000000 --shape trl --out /tmp/trl-1m.jsonl
     python benchmarks/doctor_scale.py --watch 10000 100000 1000000   # rlguard watch's cost per appended record
     python benchmarks/doctor_scale.py --watch 10000 --eval-every 10  # with an evaluation key mapped by its values
+    python benchmarks/doctor_scale.py --watch 100000 --half-line     # each poll ends mid-line (a writer mid-record)
+    python benchmarks/doctor_scale.py --watch 100000 --collapse 5000 # a critical episode ongoing for 5,000 steps
+    python benchmarks/doctor_scale.py --watch 100000 --eval-every 2 --args-record  # per-step keys change at each poll
     python benchmarks/doctor_scale.py --reward-history 100000 1000000  # what a judgement still reads whole
 
 Each log is written once into a temporary folder (a healthy run: noise on every stat, no failure injected) and
@@ -98,17 +101,31 @@ def _columns(stats: dict[str, tuple[float, float]], first: int, n: int, rng: np.
     return cols
 
 
-def write_log(shape: str, steps: int, path: Path, seed: int = 0, eval_every: int = 0) -> Path:
+def write_log(
+    shape: str,
+    steps: int,
+    path: Path,
+    seed: int = 0,
+    eval_every: int = 0,
+    collapse_at: int | None = None,
+    args_record: bool = False,
+) -> Path:
     """A healthy ``shape``-shaped JSONL log of ``steps`` optimizer steps (module docstring) at ``path``;
     ``eval_every``: an evaluation record of its own every that many steps, merged into its step's row (the key the
     doctor maps by its values onto ``eval_score``: TRL's ``eval_accuracy``, verl's ``val-core/<task>/acc/mean@1``,
-    W&B's ``eval/accuracy``), none at 0."""
+    W&B's ``eval/accuracy``), none at 0. ``collapse_at``: from that step on, the run collapses and stays collapsed
+    (:func:`_collapse`). ``args_record``: a first record of the run's arguments, without a stat (no key is then
+    logged at every row)."""
     rng, evals = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     stats = VERL_STATS if shape == "verl" else TRL_STATS
     with path.open("w", encoding="utf-8") as fh:
+        if args_record:
+            fh.write(json.dumps({"step": 0, "args/learning_rate": 1e-6, "args/num_generations": 8}) + "\n")
         for first in range(1, steps + 1, CHUNK):
             n = min(CHUNK, steps + 1 - first)
             cols = _columns(stats, first, n, rng)
+            if collapse_at is not None:
+                _collapse(cols, first, collapse_at, rng)
             lines = []
             for i in range(n):
                 step = first + i
@@ -127,6 +144,36 @@ def write_log(shape: str, steps: int, path: Path, seed: int = 0, eval_every: int
                     )
             fh.write("\n".join(lines) + "\n")
     return path
+
+
+#: a collapse (:func:`_collapse`): the reward falls to this level (healthy 0.5) and the policy's entropy to this
+#: (healthy 0.8), the gradient norm is this many times its healthy level
+COLLAPSE_REWARD, COLLAPSE_ENTROPY, COLLAPSE_GRAD = 0.05, 0.05, 20.0
+
+
+def _collapse(cols: dict[str, list], first: int, at: int, rng: np.random.Generator) -> None:
+    """The rows of ``cols`` (steps ``first``, ...) from step ``at`` on, collapsed: the reward (and the reward's score
+    in verl's keys) at :data:`COLLAPSE_REWARD`, the entropy at :data:`COLLAPSE_ENTROPY`, the gradient norm
+    :data:`COLLAPSE_GRAD` times higher; noise as before. The reward rises before it (0.3 to 0.5 over the first rows
+    of the log) so that the fall is from an established peak."""
+    n = len(next(iter(cols.values())))
+    steps = np.arange(first, first + n)
+    for key in ("reward", "rewards/accuracy_reward/mean", "critic/score/mean"):
+        if key in cols:
+            values = np.array(cols[key])
+            values -= 0.2 * np.clip(1 - steps / 1000, 0, 1)  # the rise: 0.3 at step 0 to 0.5 at step 1000
+            down = steps >= at
+            values[down] = COLLAPSE_REWARD + 0.01 * rng.standard_normal(int(down.sum()))
+            cols[key] = np.abs(values).round(6).tolist()
+    for key, scale in (("entropy", 0.0), ("actor/entropy", 0.0), ("grad_norm", 1.0), ("actor/grad_norm", 1.0)):
+        if key in cols:
+            values = np.array(cols[key])
+            down = steps >= at
+            if scale:
+                values[down] *= COLLAPSE_GRAD
+            else:
+                values[down] = COLLAPSE_ENTROPY + 0.005 * rng.standard_normal(int(down.sum()))
+            cols[key] = np.abs(values).round(6).tolist()
 
 
 def _eval_record(shape: str, step: int, accuracy: float) -> dict[str, object]:
@@ -163,26 +210,51 @@ def measure(command: list[str]) -> tuple[float, float, int]:
 
 
 def watch_cost(
-    shape: str, steps: int, folder: Path, polls: int = 5, per_poll: int = 200, eval_every: int = 0
+    shape: str,
+    steps: int,
+    folder: Path,
+    polls: int = 5,
+    per_poll: int = 200,
+    eval_every: int = 0,
+    *,
+    half_line: bool = False,
+    collapse: int | None = None,
+    args_record: bool = False,
 ) -> dict[str, float]:
     """What ``rlguard watch`` spends on a ``shape``-shaped JSONL of ``steps`` records that grows by ``per_poll``
     records ``polls`` times, judged after each (every poll: more often than the watch's schedule judges), in CPU
     seconds of this process: ``read`` (the appended bytes parsed and merged) and ``fed`` (the appended steps through
     the doctor's fold, the guard's observe) per appended record, ``hindsight`` (the rest of a judgement: the
     table's snapshot, the mapping of keys, the consequence rule over the timeline) and ``view`` (the watch's live
-    view of the diagnosis: its latest stats and findings) per judgement. ``eval_every``: :func:`write_log`'s."""
+    view of the diagnosis: its latest stats and findings) per judgement. ``eval_every``, ``args_record``:
+    :func:`write_log`'s; ``half_line``: each write ends in the middle of a record (a writer mid-line when the watch
+    reads); ``collapse``: the run collapsed that many records before the end of the first ``steps`` and stays
+    collapsed (a critical episode ongoing at every judgement)."""
     sys.path.insert(0, str(ROOT))
     from rlguard.doctor.fold import DoctorFold
     from rlguard.doctor.stream import JsonlFollower
     from rlguard.watch import live_view
 
     whole = write_log(
-        shape, steps + polls * per_poll, folder / f"watch-{shape}-{steps}-all.jsonl", eval_every=eval_every
+        shape,
+        steps + polls * per_poll,
+        folder / f"watch-{shape}-{steps}-all.jsonl",
+        eval_every=eval_every,
+        collapse_at=None if collapse is None else steps - collapse,
+        args_record=args_record,
     )
-    lines = whole.read_bytes().splitlines(keepends=True)
+    data = whole.read_bytes()
     whole.unlink()
+    ends = np.cumsum([0] + [len(line) for line in data.splitlines(keepends=True)])
+
+    def upto(records: int) -> int:
+        """The bytes of the first ``records`` records, and half the next one's where ``half_line``."""
+        if half_line and records + 1 < len(ends):
+            return int(ends[records] + ends[records + 1]) // 2
+        return int(ends[min(records, len(ends) - 1)])
+
     path = folder / f"watch-{shape}-{steps}.jsonl"
-    path.write_bytes(b"".join(lines[:steps]))
+    path.write_bytes(data[: upto(steps)])
     follower, fold = JsonlFollower(path), DoctorFold(path)
     follower.poll()
     fold.judge(follower.log(), final=False)
@@ -198,7 +270,7 @@ def watch_cost(
     read = judged = view = 0.0
     for k in range(polls):
         with path.open("ab") as fh:
-            fh.write(b"".join(lines[steps + k * per_poll : steps + (k + 1) * per_poll]))
+            fh.write(data[upto(steps + k * per_poll) : upto(steps + (k + 1) * per_poll)])
         start = time.process_time()
         follower.poll()
         middle = time.process_time()
@@ -214,6 +286,7 @@ def watch_cost(
         "view_s": view / polls,
         "per_poll": per_poll,
         "replays": fold.replays,
+        "critical": sum(f.severity == "critical" for f in d.findings),
     }
 
 
@@ -280,6 +353,16 @@ def main() -> None:
         metavar="N",
         help="an evaluation record every N steps (--watch, --write-only)",
     )
+    parser.add_argument("--half-line", action="store_true", help="--watch: each poll ends mid-record")
+    parser.add_argument(
+        "--collapse",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--watch: the run collapsed N records before the end of the log (a critical episode ongoing)",
+    )
+    parser.add_argument("--args-record", action="store_true", help="a first record of the run's arguments")
+    parser.add_argument("--per-poll", type=int, default=200, metavar="N", help="--watch: records appended per poll")
     args = parser.parse_args()
     if args.reward_history is not None:
         print(
@@ -297,22 +380,42 @@ def main() -> None:
         return
     if args.write_only is not None:
         out = args.out or Path(f"{args.shape}-{args.write_only}.jsonl")
-        write_log(args.shape, args.write_only, out, eval_every=args.eval_every)
+        write_log(args.shape, args.write_only, out, eval_every=args.eval_every, args_record=args.args_record)
         return
     if args.watch is not None:
-        print(
-            "| shape | records in the log | read µs / record | fed µs / record | rest of a judgement ms "
-            "| rest µs / record | live view ms | replays |"
+        case = ", ".join(
+            c
+            for c in (
+                "half-written last line" if args.half_line else "",
+                f"collapsed {args.collapse} records before" if args.collapse is not None else "",
+                f"evaluation every {args.eval_every}" if args.eval_every else "",
+                "arguments' record first" if args.args_record else "",
+                f"{args.per_poll} records a poll" if args.per_poll != 200 else "",
+            )
+            if c
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print(
+            "| case | shape | records in the log | read µs / record | fed µs / record | rest of a judgement ms "
+            "| rest µs / record | live view ms | replays | critical findings |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
         with tempfile.TemporaryDirectory(prefix="rlguard-watch-") as tmp:
             for shape in args.shapes or ("trl",):
                 for steps in args.watch or (10_000, 100_000, 1_000_000):
-                    c = watch_cost(shape, steps, Path(tmp), eval_every=args.eval_every)
+                    c = watch_cost(
+                        shape,
+                        steps,
+                        Path(tmp),
+                        eval_every=args.eval_every,
+                        half_line=args.half_line,
+                        collapse=args.collapse,
+                        args_record=args.args_record,
+                        per_poll=args.per_poll,
+                    )
                     print(
-                        f"| {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} | {1e3 * c['hindsight_s']:.1f} "
-                        f"| {1e6 * c['hindsight_s'] / c['per_poll']:.0f} | {1e3 * c['view_s']:.1f} "
-                        f"| {c['replays']:.0f} |",
+                        f"| {case or 'healthy'} | {shape} | {steps} | {c['read_us']:.0f} | {c['fed_us']:.0f} "
+                        f"| {1e3 * c['hindsight_s']:.1f} | {1e6 * c['hindsight_s'] / c['per_poll']:.0f} "
+                        f"| {1e3 * c['view_s']:.1f} | {c['replays']:.0f} | {c['critical']:.0f} |",
                         flush=True,
                     )
         return

@@ -106,9 +106,16 @@ class ValueIndex:
     since the last read (``rlguard watch``'s table, read at each judgement through a snapshot of it,
     :meth:`~rlguard.doctor.columns.Columns.copy`). The rows before a snapshot's last are summarised for good (a
     row can change only while it is the table's last: a record of its step is merged into it); the last is added
-    to a copy of the summaries at each read. When the per-step keys change so that a row summarised may have
-    become a step record or stopped being one, or a key is asked for that was not, the summaries are read again
-    from the first row."""
+    to a copy of the summaries at each read. When the per-step keys change so that a row summarised became a step
+    record or stopped being one (:func:`_reclassified`), or a key is asked for that was not, the summaries are read
+    again from the first row.
+
+    What a read costs: the rows appended since the last; a change of the per-step keys adds a test by bytes of
+    the rows not yet tested for that change (each changed or kept per-step key's presence read as one integer,
+    kept per pair of per-step key sets: :meth:`_reclassified`), a re-read only where a row changes class. A key
+    logged at about half as many records as the most frequent one is per-step at one read and not at the next; its
+    rows change class only where they hold no other per-step key (records of their own: then each such change
+    re-reads, by bytes, every row)."""
 
     def __init__(self) -> None:
         self._reset()
@@ -121,6 +128,8 @@ class ValueIndex:
         self._whole: str | None = None  # a per-step key logged at every row done (every one a step record)
         self._watch: dict[str, bool] = {}
         self._values: dict[str, KeyValues] | None = None  # None: none read yet
+        #: two sets of per-step keys -> the first rows found to be of the same class under both
+        self._same: dict[frozenset[frozenset[str]], int] = {}
 
     def read(self, rows: Rows, watch: Mapping[str, bool]) -> dict[str, KeyValues]:
         """The summaries of the keys of ``watch`` (key -> whether its median is kept) in ``rows``, a table that
@@ -138,7 +147,9 @@ class ValueIndex:
             self._counts[k] = self._counts.get(k, 0) + logged
         last = {k for k, (_, present) in columns.items() if n and (present is None or present[n - 1])}
         per_step = per_step_keys({k: c + (k in last) for k, c in self._counts.items()})
-        if self._values is None or (per_step != self._per_step and self._whole not in per_step):
+        if self._values is None or (
+            per_step != self._per_step and self._whole not in per_step and self._reclassified(columns, per_step)
+        ):
             self._values = {k: _bulk(rows, columns, per_step, k, end, median) for k, median in self._watch.items()}
         else:
             self._append(rows, columns, per_step, self._values, self._done, end)
@@ -156,6 +167,19 @@ class ValueIndex:
             x = columns[k][0][n - 1]
             out[k] = summary.plus(x if is_step and math.isfinite(x) else None, step)
         return out
+
+    def _reclassified(
+        self, columns: Mapping[str, tuple[array[float], bytearray | None]], after: frozenset[str]
+    ) -> bool:
+        """Whether a row done changes class from the per-step keys of the rows done to ``after``
+        (:func:`_reclassified`), testing only the rows not yet found the same for these two sets (a key at about
+        every other record makes the per-step keys go back and forth between two)."""
+        pair = frozenset((self._per_step, after))
+        start = self._same.get(pair, 0)
+        if _reclassified(columns, self._per_step, after, start, self._done):
+            return True
+        self._same[pair] = self._done
+        return False
 
     def _append(
         self,
@@ -183,6 +207,31 @@ class ValueIndex:
                 x = values[i]
                 if math.isfinite(x) and (every or any(m[i] for m in marks)):  # type: ignore[index]
                     summary.add(x)
+
+
+def _reclassified(
+    columns: Mapping[str, tuple[array[float], bytearray | None]],
+    before: frozenset[str],
+    after: frozenset[str],
+    start: int,
+    done: int,
+) -> bool:
+    """Whether one of rows ``start`` to ``done`` (excluded) is a step record under the per-step keys ``before`` and
+    not under ``after`` or the other way: it holds a key of one set only and none of both (:func:`per_step_keys`)."""
+    every = int.from_bytes(b"\x01" * (done - start), "little")
+
+    def rows_holding(keys: frozenset[str]) -> int:
+        """The rows that hold one of ``keys``: a byte a row, 1 where it does."""
+        mask = 0
+        for k in keys:
+            mark = columns[k][1] if k in columns else None
+            if k in columns and mark is None:
+                return every
+            if mark is not None:
+                mask |= int.from_bytes(mark[start:done], "little")
+        return mask
+
+    return bool(rows_holding(before ^ after) & (every ^ rows_holding(before & after)))
 
 
 def _bulk(

@@ -142,3 +142,49 @@ def test_the_summaries_of_a_real_log_grown_row_by_row_equal_a_reading_of_every_r
         assert {k: _read(v) for k, v in got.items()} == {k: _from_every_row(prefix, k) for k in watch}, cut
         kept = classify_keys(snapshot.names, rows=snapshot, index=report_index)
         assert _report(kept) == _report(classify_keys(snapshot.names, rows=prefix)), cut
+
+
+def test_a_key_at_every_other_record_does_not_have_every_row_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key at every row (a first record of the run's arguments) and an evaluation key at every other step: the
+    evaluation key is per-step when its records are half the most frequent key's or more, so it comes and goes
+    with the parity of the rows. Its rows do not change class (each holds the step's stats too): past the first
+    reads (where the arguments' record stops being read as a step's), no read reads every row again (before: every
+    other read did), and the summaries equal a reading of every row at each read."""
+    from rlguard.doctor import keyvalues
+
+    bulk_rows = [0]
+    bulk = keyvalues._bulk
+
+    def counted(rows: Columns, *args: object) -> KeyValues:
+        bulk_rows[0] += len(rows)
+        return bulk(rows, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(keyvalues, "_bulk", counted)
+    table, index = Columns(), ValueIndex()
+    table.append(0, {"args/kl_coef": 0.1})
+    watch = {"eval_accuracy": True, "reward_avg": True}
+    per_read = []
+    for step in range(1, 201):
+        table.append(
+            step, {"reward_avg": 0.01 * step, "loss": 1.0, **({"eval_accuracy": 0.5} if step % 2 == 0 else {})}
+        )
+        before = bulk_rows[0]
+        snapshot = table.copy()
+        got = index.read(snapshot, watch)
+        per_read.append(bulk_rows[0] - before)
+        rows = [(s, dict(r)) for s, r in snapshot]
+        assert {k: _read(v) for k, v in got.items()} == {k: _from_every_row(rows, k) for k in watch}
+    assert sum(per_read[10:]) == 0, per_read
+
+
+def test_rows_that_change_class_are_read_again() -> None:
+    """Records of their own whose key is per-step at one read and not at the next (a key in a third of the records,
+    the most frequent in two thirds): its rows are step records, then not, and the summaries follow."""
+    table, index = Columns(), ValueIndex()
+    watch = {"eval_accuracy": True, "reward_avg": True}
+    for step in range(1, 61):
+        table.append(step, {"eval_accuracy": 0.01 * step} if step % 3 == 0 else {"reward_avg": 0.5, "loss": 1.0})
+        snapshot = table.copy()
+        rows = [(s, dict(r)) for s, r in snapshot]
+        got = index.read(snapshot, watch)
+        assert {k: _read(v) for k, v in got.items()} == {k: _from_every_row(rows, k) for k in watch}

@@ -235,3 +235,39 @@ def test_the_incremental_watch_judges_each_prefix_of_a_real_log_as_from_scratch(
     lines = path.read_bytes().splitlines(keepends=True)
     cuts = sorted({*range(1, len(lines), max(len(lines) // 30, 1)), len(lines)})
     assert _follow_and_compare(tmp_path / path.name, lines, cuts) >= 10
+
+
+def test_a_judgement_during_a_long_critical_episode_reads_the_rewards_appended_not_the_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entropy collapse from step 150 that goes on, judged after each 50 records appended from step 200 to 700:
+    the consequence rule asks whether the reward rose over the episode's window at each judgement. The values its
+    Mann-Kendall sums read per judgement do not grow with the episode (before: the whole window at each, 120
+    values at the first judgement to 570 at the last; now the detectors' own windows, the same at each)."""
+    from rlguard.guards import robust
+    from tests.helpers.synthetic import failing_stream
+
+    read = [0]
+    sign_sum = robust._sign_sum
+
+    def counted(x: list[float]) -> int:
+        read[0] += len(x)
+        return sign_sum(x)
+
+    monkeypatch.setattr(robust, "_sign_sum", counted)
+    lines = [_line(step, stats) for step, stats in enumerate(failing_stream("entropy_collapse", 700, 150, 1), 1)]
+    path = tmp_path / "collapse.jsonl"
+    path.write_text("".join(lines[:200]))
+    follower, fold = JsonlFollower(path), DoctorFold(path)
+    follower.poll()
+    fold.judge(follower.log(), final=False)
+    per = []
+    for k in range(200, 700, 50):
+        with path.open("a") as fh:
+            fh.write("".join(lines[k : k + 50]))
+        follower.poll()
+        read[0] = 0
+        d = fold.judge(follower.log(), final=False)
+        per.append(read[0])
+    assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings)
+    assert per[-1] <= per[0], per

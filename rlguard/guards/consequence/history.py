@@ -11,6 +11,12 @@ percentiles of every reward are read from an ordered multiset kept in sorted blo
 only on the rewards before a position (the robust sigma of their differences, the ``peak_observations``-th highest of
 their EWMA) is computed once per position asked and kept. Memory: 32 bytes per finite reward (position, value, running
 sum and the sorted copy), 16 more per EWMA smoothing asked (its path and its last maximum).
+
+The rising-reward test over an episode's window (:func:`~rlguard.guards.consequence.rule.reward_rises`, asked again at
+each judgement while the episode goes on and its window grows) is kept per window start and end (:class:`_Rise`): its
+Mann-Kendall sum of signs and the medians of its first and last thirds are brought up to the window's end, a reward
+added or taken back in time per reward (a rank in sorted blocks), not per reward of the window. Memory: 24 bytes per
+reward of a window asked (the window's values sorted, and its two thirds).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 
 from rlguard.guards.consequence.peak import robust_sigma
 from rlguard.guards.consequence.rule import ConsequenceRule, margin_from_noise
-from rlguard.guards.robust import SortedBlocks
+from rlguard.guards.robust import SortedBlocks, _mann_kendall
 
 __all__ = ["RewardHistory"]
 
@@ -51,6 +57,9 @@ class RewardHistory:
         self._sigmas: dict[int, float] = {}  # count -> robust sigma of the first `count` differences
         self._tops: dict[tuple[float, int, int], float] = {}  # (alpha, m, k) -> the k-th highest of the path's first m
         self._scans: dict[int, _Recovery] = {}  # first reward after an onset -> the recovery's scans from there
+        #: first reward of a window -> the rising-reward tests from there: a window asked moves the test that ends
+        #: last before its end, else has one of its own (an episode over beside one going on, from the same reward)
+        self._rises: dict[int, list[_Rise]] = {}
 
     def read(self, rewards: Sequence[float]) -> None:
         """Read the timeline's rewards (``reward_mean`` per position, NaN where absent) from :attr:`seen` on."""
@@ -70,6 +79,10 @@ class RewardHistory:
         """Forget the positions from ``n`` on (the fold forgets a last step judged by a copy)."""
         count = bisect.bisect_left(self.positions, n)
         self.seen = min(self.seen, n)
+        self._rises = {a: tests for a, tests in self._rises.items() if a <= count}
+        for tests in self._rises.values():
+            for test in tests:
+                test.move(self.values, min(test.end, count))
         for value in self.values[count:]:
             self._ranked.remove(value)
         del self.positions[count:], self.values[count:], self._squares[max(count - 1, 0) :]
@@ -100,6 +113,18 @@ class RewardHistory:
         best = self._bests[rule.alpha][m - 1]  # the EWMA's last observation at its maximum before `before`
         start = statistics.median(self.values[: min(rule.anchor, best + 1)].tolist())
         return self._top(rule.alpha, m, rule.peak_observations) > start + margin
+
+    def rises(self, lo: int, hi: int, trend_z: float) -> bool:
+        """``reward_rises(rewards[lo : hi + 1], trend_z)`` of the rewards so far, kept per ``lo`` (module
+        docstring)."""
+        a, b = bisect.bisect_left(self.positions, lo), bisect.bisect_right(self.positions, hi)
+        tests = self._rises.setdefault(a, [])
+        test = max((t for t in tests if t.end <= b), key=lambda t: t.end, default=None)  # moved forward only
+        if test is None:  # a window of its own (an episode over, beside one going on from the same reward)
+            test = _Rise(a)
+            tests.append(test)
+        test.move(self.values, b)
+        return test.rising(trend_z)
 
     def sigma(self, count: int) -> float:
         """``RollingWindow(count, diffs).sigma()`` of the first ``count`` successive differences (0 for none)."""
@@ -143,6 +168,73 @@ class RewardHistory:
             path.append(ewma)
             best.append(i if not best or ewma >= path[best[-1]] else best[-1])
         return path
+
+
+class _Rise:
+    """:func:`~rlguard.guards.consequence.rule.reward_rises` of the finite rewards ``values[start:end]``, kept as
+    ``end`` moves (:meth:`move`): Mann-Kendall's sum of signs (each reward against those before it, counted in their
+    sorted blocks) and the sorted first and last thirds of the window, whose medians are compared."""
+
+    def __init__(self, start: int) -> None:
+        self.start = self.end = start
+        self.signs = 0  # Mann-Kendall's S over the window
+        self._ranked = SortedBlocks()  # the window's values
+        self._first = SortedBlocks()  # its first len // 3
+        self._last = SortedBlocks()  # its last len // 3
+
+    def move(self, values: Sequence[float], end: int) -> None:
+        """Bring the window to ``values[start:end]``, a reward at a time."""
+        while self.end > end:
+            self._pop(values)
+        while self.end < end:
+            self._push(values)
+
+    def _signs(self, x: float) -> int:
+        """The sum of ``sign(x - v)`` over the window's values ``v``."""
+        below = self._ranked.rank(math.nextafter(x, -math.inf))  # values < x: those <= the float before it
+        return below - (len(self._ranked) - self._ranked.rank(x))
+
+    def _push(self, values: Sequence[float]) -> None:
+        n, x = self.end - self.start, values[self.end]  # n values before it, then n + 1
+        self.signs += self._signs(x)
+        self._ranked.add(x)
+        third = n // 3
+        if (n + 1) // 3 > third:  # the first third takes the next value; the last third grows by x
+            self._first.add(values[self.start + third])
+        else:  # the last third moves on by one
+            if third:
+                self._last.remove(values[self.end - third])
+        if (n + 1) // 3:
+            self._last.add(x)
+        self.end += 1
+
+    def _pop(self, values: Sequence[float]) -> None:
+        self.end -= 1
+        n, x = self.end - self.start, values[self.end]  # n values before it: _push reversed
+        self._ranked.remove(x)
+        self.signs -= self._signs(x)
+        third = n // 3
+        if (n + 1) // 3:
+            self._last.remove(x)
+        if (n + 1) // 3 > third:
+            self._first.remove(values[self.start + third])
+        elif third:
+            self._last.add(values[self.end - third])
+
+    def rising(self, trend_z: float) -> bool:
+        """``reward_rises`` of the window: at least 8 rewards, the median of the last third above that of the first
+        and Mann-Kendall's z at least ``trend_z``."""
+        n = self.end - self.start
+        if n < 8:
+            return False
+        gained = _median(self._last) > _median(self._first)
+        return gained and _mann_kendall(float(self.signs), n) >= trend_z
+
+
+def _median(ranked: SortedBlocks) -> float:
+    """``statistics.median`` of the values, read from their sorted blocks."""
+    n = len(ranked)
+    return ranked[n // 2] if n % 2 else (ranked[n // 2 - 1] + ranked[n // 2]) / 2
 
 
 class _Recovery:

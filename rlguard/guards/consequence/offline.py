@@ -17,7 +17,6 @@ from rlguard.guards.consequence.rule import (
     ConsequenceRule,
     RecoveryWatch,
     converged,
-    reward_rises,
     sustained_count,
     sustained_why,
 )
@@ -102,7 +101,8 @@ class _Reward:
     def rises(self, lo: int, hi: int) -> bool:
         key = ("rises", lo, hi)
         if key not in self.cache:
-            self.cache[key] = reward_rises(self.rewards[lo : hi + 1], self.rule.trend_z)
+            self.history.read(self.rewards)
+            self.cache[key] = self.history.rises(lo, hi, self.rule.trend_z)  # reward_rises over lo..hi, kept
         return self.cache[key]
 
     def at_top(self, lo: int, hi: int) -> bool:
@@ -141,13 +141,20 @@ def _label(
     labels: dict[int, tuple[Severity, str]] = {}
     mine: set[int] = set()
 
+    lost_at: dict[tuple[int, int], str | None] = {}  # per episode's window: its findings share it
+
     def lost_control(lo: int, hi: int) -> str | None:
-        for other, positions in intrinsic.items():
-            if other != name and classes.get(other, "control") in CONTROL_CLASSES:
-                hit = _first_within(positions, lo, hi)
-                if hit is not None:
-                    return f"{other} at step {timeline.steps[hit]}"
-        return None
+        if (lo, hi) not in lost_at:
+            lost_at[lo, hi] = next(
+                (
+                    f"{other} at step {timeline.steps[hit]}"
+                    for other, positions in intrinsic.items()
+                    if other != name and classes.get(other, "control") in CONTROL_CLASSES
+                    if (hit := _first_within(positions, lo, hi)) is not None
+                ),
+                None,
+            )
+        return lost_at[lo, hi]
 
     for k in critical:
         p = obs[k]

@@ -4,7 +4,9 @@ as the fold's copy of the guard does; and it reads each reward once, however man
 
 from __future__ import annotations
 
+import bisect
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from rlguard.guards.consequence.excursions import Excursion, recovered_incidents
 from rlguard.guards.consequence.history import RewardHistory
 from rlguard.guards.consequence.peak import PeakHistory
-from rlguard.guards.consequence.rule import ConsequenceRule, reward_span
+from rlguard.guards.consequence.rule import ConsequenceRule, reward_rises, reward_span
 from tests.helpers.counted import Counted
 from tests.helpers.profiles import examples
 from tests.helpers.rewards import reward_series as _series
@@ -153,3 +155,81 @@ def test_the_recovery_tests_each_window_once_however_many_judgements_ask(monkeyp
 
 def _excursion(detector: str, onset: int, end: int) -> Excursion:
     return Excursion(detector, onset, end, "critical", onset, "unresolved", end - onset + 1, onset)
+
+
+@given(
+    kind=st.sampled_from(["quantized", "rise_fall", "noise"]),
+    seed=st.integers(0, 2**16),
+    chunks=st.lists(st.integers(1, 40), min_size=1, max_size=10),
+    starts=st.lists(st.integers(0, 200), min_size=1, max_size=3),
+    nan_every=st.sampled_from([0, 3, 7]),
+)
+@examples(quick=25, long=300)
+def test_the_rising_reward_kept_across_judgements_equals_reward_rises(
+    kind: str, seed: int, chunks: list[int], starts: list[int], nan_every: int
+) -> None:
+    """Episodes' windows from ``starts`` to the end of the rewards so far (NaN rewards among them), asked as the
+    rewards grow (a last step read by a copy, then forgotten), and a window asked shorter than before: the answer,
+    its Mann-Kendall sum and its thirds' medians equal ``reward_rises`` and its parts on the window read whole."""
+    from rlguard.guards.consequence.history import _median
+    from rlguard.guards.robust import _sign_sum
+
+    rewards = _series(kind, seed, n=240)
+    if nan_every:
+        rewards = [math.nan if i % nan_every == 0 else r for i, r in enumerate(rewards)]
+    history, at = RewardHistory(), 0
+
+    def check(upto: int) -> None:
+        for lo in starts:
+            for hi in (upto - 1, max(lo + (upto - lo) // 2, 0)):
+                window = [r for r in rewards[lo : hi + 1] if math.isfinite(r)]
+                assert history.rises(lo, hi, RULE.trend_z) == reward_rises(rewards[lo : hi + 1], RULE.trend_z)
+                a, b = bisect.bisect_left(history.positions, lo), bisect.bisect_right(history.positions, hi)
+                test = next(t for t in history._rises[a] if t.end == b)
+                assert test.signs == (_sign_sum(window) if window else 0)
+                third = len(window) // 3
+                if third:
+                    assert _median(test._first) == statistics.median(window[:third])
+                    assert _median(test._last) == statistics.median(window[-third:])
+
+    for size in [*chunks, 240]:
+        end = min(at + size, 240)
+        history.read(rewards[: end + 1])  # one step more, judged by a copy
+        check(end + 1)
+        history.forget(end)
+        history.read(rewards[:end])
+        check(end)
+        at = end
+
+
+def test_the_rising_reward_reads_each_reward_of_a_growing_window_once(monkeypatch: Any) -> None:
+    """An episode's window from reward 100 to the end, asked at 50 judgements of 20 more rewards each (and the
+    copy's one), beside the window of an episode over, from the same reward: the sum of signs counts each reward
+    appended against the window once (ranks asked: about 2 per reward appended, and 2 per reward forgotten), where
+    ``reward_rises`` reads the whole window at each; the window over is kept as it is, not moved back and forth."""
+    from rlguard.guards.robust import SortedBlocks
+
+    ranks = [0]
+    rank = SortedBlocks.rank
+
+    def counted(self: SortedBlocks, x: float) -> int:
+        ranks[0] += 1
+        return rank(self, x)
+
+    monkeypatch.setattr(SortedBlocks, "rank", counted)
+    rewards = _series("rise_fall", 3, n=3_000)
+    history = RewardHistory()
+    history.read(rewards[:2_000])
+    history.rises(100, 1_999, RULE.trend_z)
+    history.rises(100, 1_500, RULE.trend_z)
+    per = []
+    for end in range(2_020, 3_001, 20):
+        ranks[0] = 0
+        history.read(rewards[: end + 1])
+        history.rises(100, end, RULE.trend_z)
+        history.rises(100, 1_500, RULE.trend_z)
+        history.forget(end)
+        history.read(rewards[:end])
+        history.rises(100, end - 1, RULE.trend_z)
+        per.append(ranks[0])
+    assert max(per) <= 2 * (20 + 2), per

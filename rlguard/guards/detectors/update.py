@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _finite
+from rlguard.guards.detectors.base import Detector, _finite, finite_values
 from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.signal import without_signal
@@ -35,10 +36,16 @@ class NonFinite(Detector):
         evidence)."""
         return not stats.keys().isdisjoint(_WATCHED)
 
+    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool:
+        """Its names settle it (:meth:`observes`)."""
+        return not names.isdisjoint(_WATCHED)
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         count = stats.get("nonfinite", 0.0)
-        if not count > 0 and math.isfinite(sum([stats[k] for k in _VALUES if k in stats])):
-            return None  # a sum of values is finite only if each is (a NaN or an infinity carries through)
+        # a sum of values is finite only if each is (a NaN or an infinity carries through): all of the step's values
+        # at once (most steps), else those it judges
+        if not count > 0 and (finite_values(stats) or math.isfinite(sum([stats[k] for k in _VALUES if k in stats]))):
+            return None
         bad = [k for k in _VALUES if k in stats and not math.isfinite(stats[k])]
         if count > 0 or bad:
             what = f"{count:g} non-finite values" if count > 0 else "non-finite " + ", ".join(bad)
@@ -71,6 +78,11 @@ class _PolicyGradientSteps(Detector):
         """The step's stat, on a step whose batch carries a policy-gradient signal (a log without
         ``frac_zero_std_groups``: every step)."""
         return not without_signal(stats) and super().observes(stats)
+
+    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool | None:
+        """No step without the stat its detector judges (:meth:`reads`); else the values decide."""
+        reads = self.reads()
+        return False if reads and names.isdisjoint(reads) else None
 
 
 @dataclass(kw_only=True)
@@ -202,6 +214,10 @@ class MismatchGrowth(CusumDetector):
 
     def reads(self) -> tuple[str, ...]:
         return (self._s_metric,) if self._s_metric else _MISMATCH_NAMES
+
+    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool | None:
+        """No step without a mismatch stat, whichever it comes to read (:meth:`reads`); else the values decide."""
+        return False if names.isdisjoint(_MISMATCH_NAMES) and names.isdisjoint(self.reads()) else None
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         if self._s_metric is None:

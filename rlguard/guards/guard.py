@@ -151,7 +151,10 @@ class Guard:
         healthy = self._healthy(findings)  # the alarms change only after the decision
         decision = self._decide(step, proposals, healthy, findings, new_events)
         self._after(decision, healthy, poisoned=any([p.outcome == "skip" and p.poisoned for p in proposals]))
-        self._record(list(decision.events))
+        if decision.events:  # most steps raise none
+            self.events.extend(decision.events)  # the decision's own Event objects (the alerts compare identities)
+            if self._events_log is not None:
+                self._events_log.write(decision.events)
         return decision
 
     def apply(self, decision: Decision, actuator: Actuator) -> Applied:
@@ -292,11 +295,6 @@ class Guard:
                 self.live_rule.reset()
             for iv in self.interventions.values():
                 iv.on_rollback(decision.step)
-
-    def _record(self, events: list[Event]) -> None:
-        self.events.extend(events)  # the decision's own Event objects (the alerts plugin compares identities)
-        if self._events_log is not None:
-            self._events_log.write(events)
 
     def open_events(self, path: str | Path | None, *, resume_step: int | None = None) -> None:
         """Write this guard's events to ``path`` from now on (None: to no file, e.g. on ranks other than the first):

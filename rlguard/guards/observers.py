@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import TypeAlias
 
 from rlguard.guards.alarms import AlarmState
-from rlguard.guards.detectors.base import Detector, finite_values
+from rlguard.guards.detectors.base import Detector
+from rlguard.guards.detectors.update import finite_values
 
 __all__ = ["Observers", "Watch"]
 

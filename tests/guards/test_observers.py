@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rlguard.guards import Guard, GuardConfig
 from rlguard.guards.alarms import AlarmState
 from rlguard.guards.detectors import Detector
-from rlguard.guards.detectors.base import finite_values
+from rlguard.guards.detectors.update import finite_values
 from rlguard.guards.observers import Observers
 from rlguard.metrics import METRICS
 from tests.helpers.profiles import examples
@@ -52,7 +52,7 @@ class _Metric(Detector):
     metric: str = "x"
     asked: int = 0
 
-    def observed_with(self, names: frozenset[str] | set[str], *, finite: bool) -> bool | None:  # type: ignore[override]
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
         self.asked += 1
         return super().observed_with(names, finite=finite)
 

@@ -12,7 +12,6 @@ import operator
 import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -210,16 +209,6 @@ def warmed_up(warmup: int, seen: int, span: int | None) -> bool:
     return span is not None and seen >= MIN_BASELINE and span >= warmup
 
 
-def finite_values(stats: Mapping[str, float]) -> bool:
-    """Whether every value of ``stats`` is a finite number, where one sum tells: a sum of values is finite only if
-    each is (a NaN or an infinity carries through). False also where the sum overflows or a value is no number:
-    the caller then tests the values it needs one by one."""
-    try:
-        return math.isfinite(sum(stats.values()))
-    except (ArithmeticError, TypeError, ValueError, RuntimeWarning):  # RuntimeWarning: numpy's overflow, as error
-        return False
-
-
 @dataclass(kw_only=True)
 class Detector(PrivateState):
     """Base class. Subclasses set ``name``, ``source`` and ``summary`` and implement :meth:`check`.
@@ -301,21 +290,15 @@ class Detector(PrivateState):
         metric = getattr(self, "metric", "")
         return (metric,) if isinstance(metric, str) and metric else ()
 
-    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool | None:
-        """What :meth:`observes` says of every step whose stats have the ``names``, whatever their values (``finite``:
-        they are all finite numbers): True (it observes each such step), False (none) or None (the values decide:
-        :meth:`observes` is asked at each such step). The guard asks once per distinct set of names and reads
-        :meth:`reads` then: a detector whose stats change as it runs (a choice fixed at its first observation)
-        answers for each set of names it may come to read. A class that overrides :meth:`observes` overrides this
-        too, or the guard asks its :meth:`observes` at every step. Default, the default :meth:`observes`'s answer:
-        True for a detector that reads no stats, False where the step has none of them, True where its values are
-        finite, None otherwise."""
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """What :meth:`observes` says of every step whose stats have the ``names`` (``finite``: all finite numbers):
+        True, False, or None where the values decide (it is asked at each step). The guard asks once per set of names
+        (docs/guides/plugins.md); a class that overrides :meth:`observes` overrides this too, or it is asked at every
+        step. Default: the default :meth:`observes`'s answer from the stats it :meth:`reads`."""
         reads = self.reads()
-        if not reads:
-            return True
-        if names.isdisjoint(reads):
+        if reads and names.isdisjoint(reads):
             return False
-        return True if finite else None
+        return True if finite or not reads else None
 
     def observes(self, stats: Mapping[str, float]) -> bool:
         """Whether this step carries evidence for the detector. A step without evidence is not judged and does
@@ -323,20 +306,12 @@ class Detector(PrivateState):
         warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
         stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
         detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
-        if type(self).reads is Detector.reads:  # its ``metric`` alone (most detectors): no tuple to build
-            metric = getattr(self, "metric", "")
-            if not (isinstance(metric, str) and metric):
-                return True
-            value = stats.get(metric)
-            return value is not None and math.isfinite(value)
         reads = self.reads()
-        if not reads:
-            return True
-        for name in reads:  # _finite, inlined: this runs for every detector at every step
+        for name in reads:  # _finite, inlined
             value = stats.get(name)
             if value is not None and math.isfinite(value):
                 return True
-        return False
+        return not reads
 
 
 def _metric(stats: Mapping[str, float], name: str) -> float | None:

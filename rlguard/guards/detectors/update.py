@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _finite, finite_values
+from rlguard.guards.detectors.base import Detector, _finite
 from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector
 from rlguard.guards.events import Finding
 from rlguard.guards.signal import without_signal
 from rlguard.metrics import METRICS
+
+
+def finite_values(stats: Mapping[str, float]) -> bool:
+    """Whether every value of ``stats`` is a finite number, where one sum tells: a sum of values is finite only if
+    each is (a NaN or an infinity carries through). False also where the sum overflows or a value is no number:
+    the caller then tests the values it needs one by one."""
+    try:
+        return math.isfinite(sum(stats.values()))
+    except (ArithmeticError, TypeError, ValueError, RuntimeWarning):  # RuntimeWarning: numpy's overflow, as error
+        return False
 
 
 @dataclass(kw_only=True)
@@ -36,7 +45,7 @@ class NonFinite(Detector):
         evidence)."""
         return not stats.keys().isdisjoint(_WATCHED)
 
-    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool:
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool:
         """Its names settle it (:meth:`observes`)."""
         return not names.isdisjoint(_WATCHED)
 
@@ -79,7 +88,7 @@ class _PolicyGradientSteps(Detector):
         ``frac_zero_std_groups``: every step)."""
         return not without_signal(stats) and super().observes(stats)
 
-    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool | None:
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
         """No step without the stat its detector judges (:meth:`reads`); else the values decide."""
         reads = self.reads()
         return False if reads and names.isdisjoint(reads) else None
@@ -215,7 +224,7 @@ class MismatchGrowth(CusumDetector):
     def reads(self) -> tuple[str, ...]:
         return (self._s_metric,) if self._s_metric else _MISMATCH_NAMES
 
-    def observed_with(self, names: AbstractSet[str], *, finite: bool) -> bool | None:
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
         """No step without a mismatch stat, whichever it comes to read (:meth:`reads`); else the values decide."""
         return False if names.isdisjoint(_MISMATCH_NAMES) and names.isdisjoint(self.reads()) else None
 

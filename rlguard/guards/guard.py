@@ -24,6 +24,7 @@ from rlguard.guards.detectors.base import warmed_up
 from rlguard.guards.events import Event, EventsLog, Finding, Severity
 from rlguard.guards.guard_state import read_guard_state
 from rlguard.guards.interventions import Intervention, StepContext, handed_over
+from rlguard.guards.observers import Observers
 from rlguard.guards.registry import (
     build_members,
     detector_registry,
@@ -73,6 +74,8 @@ class Guard:
         self.handed_over = handed_over(self.interventions)
         self.events: list[Event] = []
         self._alarms = {name: AlarmState() for name in self.detectors}
+        #: the detectors that may observe a step, planned once per set of stat names
+        self._observers = Observers(self.detectors, self._alarms)
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
         #: to judge consequences with hindsight): a new dict at each step, which a reader may keep
         self.last_findings: dict[str, Finding] = {}
@@ -148,7 +151,10 @@ class Guard:
         healthy = self._healthy(findings)  # the alarms change only after the decision
         decision = self._decide(step, proposals, healthy, findings, new_events)
         self._after(decision, healthy, poisoned=any([p.outcome == "skip" and p.poisoned for p in proposals]))
-        self._record(list(decision.events))
+        if decision.events:  # most steps raise none
+            self.events.extend(decision.events)  # the decision's own Event objects (the alerts compare identities)
+            if self._events_log is not None:
+                self._events_log.write(decision.events)
         return decision
 
     def apply(self, decision: Decision, actuator: Actuator) -> Applied:
@@ -169,8 +175,8 @@ class Guard:
         judged_clean, seen_clean = self._judged_clean, self._seen_clean
         by_steps = self.config.warmup_unit == "steps"
         one_pass = self.live_rule is None
-        for name, det in self.detectors.items():
-            if not det.observes(stats):
+        for name, det, alarm, ask in self._observers.at(stats):  # those whose observes may say yes, in order
+            if ask is not None and not ask(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
             count = seen[name]
             first = first_seen[name]
@@ -187,7 +193,6 @@ class Guard:
             else:
                 found[name] = finding
             if one_pass:
-                alarm = alarms[name]
                 if finding is None and not alarm.level:  # AlarmState.see of a clean step with no alarm to clear
                     alarm.streak, alarm.clean, alarm.critical_age = 0, alarm.clean + 1, 0
                     continue
@@ -291,11 +296,6 @@ class Guard:
             for iv in self.interventions.values():
                 iv.on_rollback(decision.step)
 
-    def _record(self, events: list[Event]) -> None:
-        self.events.extend(events)  # the decision's own Event objects (the alerts plugin compares identities)
-        if self._events_log is not None:
-            self._events_log.write(events)
-
     def open_events(self, path: str | Path | None, *, resume_step: int | None = None) -> None:
         """Write this guard's events to ``path`` from now on (None: to no file, e.g. on ranks other than the first):
         a run that starts afresh moves an existing file aside; a resumed one (``resume_step``, the step it resumes
@@ -371,6 +371,7 @@ class Guard:
             self.live_rule.load_state_dict(online, where=f"{source}: consequence")
         self.events = events
         self._alarms.update(alarms)
+        self._observers.clear()  # new alarm objects, and what a detector reads may follow its loaded state
         self._seen.update({n: v for n, v in seen.items() if n in self._seen})
         self._first_seen.update({n: v for n, v in first_seen.items() if n in self._first_seen})
         self._judged_clean = {n for n in clean if n in self.detectors}

@@ -290,26 +290,28 @@ class Detector(PrivateState):
         metric = getattr(self, "metric", "")
         return (metric,) if isinstance(metric, str) and metric else ()
 
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """What :meth:`observes` says of every step whose stats have the ``names`` (``finite``: all finite numbers):
+        True, False, or None where the values decide (it is asked at each step). The guard asks once per set of names
+        (docs/guides/plugins.md); a class that overrides :meth:`observes` overrides this too, or it is asked at every
+        step. Default: the default :meth:`observes`'s answer from the stats it :meth:`reads`."""
+        reads = self.reads()
+        if reads and names.isdisjoint(reads):
+            return False
+        return True if finite or not reads else None
+
     def observes(self, stats: Mapping[str, float]) -> bool:
         """Whether this step carries evidence for the detector. A step without evidence is not judged and does
         not count: neither a clean step (it does not break a streak of findings or clear an alarm) nor a
         warm-up step. Default: a finite value of one of the stats it :meth:`reads` (frameworks log generation
         stats on some optimizer steps only: TRL with ``steps_per_generation > gradient_accumulation_steps``). A
         detector that declares no stats (a plugin without ``metric`` or ``reads``) is judged on every step."""
-        if type(self).reads is Detector.reads:  # its ``metric`` alone (most detectors): no tuple to build
-            metric = getattr(self, "metric", "")
-            if not (isinstance(metric, str) and metric):
-                return True
-            value = stats.get(metric)
-            return value is not None and math.isfinite(value)
         reads = self.reads()
-        if not reads:
-            return True
-        for name in reads:  # _finite, inlined: this runs for every detector at every step
+        for name in reads:  # _finite, inlined
             value = stats.get(name)
             if value is not None and math.isfinite(value):
                 return True
-        return False
+        return not reads
 
 
 def _metric(stats: Mapping[str, float], name: str) -> float | None:

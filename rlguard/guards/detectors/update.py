@@ -14,6 +14,16 @@ from rlguard.guards.signal import without_signal
 from rlguard.metrics import METRICS
 
 
+def finite_values(stats: Mapping[str, float]) -> bool:
+    """Whether every value of ``stats`` is a finite number, where one sum tells: a sum of values is finite only if
+    each is (a NaN or an infinity carries through). False also where the sum overflows or a value is no number:
+    the caller then tests the values it needs one by one."""
+    try:
+        return math.isfinite(sum(stats.values()))
+    except (ArithmeticError, TypeError, ValueError, RuntimeWarning):  # RuntimeWarning: numpy's overflow, as error
+        return False
+
+
 @dataclass(kw_only=True)
 class NonFinite(Detector):
     """NaN/Inf in the loss, log-probs or gradients (the ``nonfinite`` count), or in any judged stat (reward, KL,
@@ -35,10 +45,16 @@ class NonFinite(Detector):
         evidence)."""
         return not stats.keys().isdisjoint(_WATCHED)
 
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool:
+        """Its names settle it (:meth:`observes`)."""
+        return not names.isdisjoint(_WATCHED)
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         count = stats.get("nonfinite", 0.0)
-        if not count > 0 and math.isfinite(sum([stats[k] for k in _VALUES if k in stats])):
-            return None  # a sum of values is finite only if each is (a NaN or an infinity carries through)
+        # a sum of values is finite only if each is (a NaN or an infinity carries through): all of the step's values
+        # at once (most steps), else those it judges
+        if not count > 0 and (finite_values(stats) or math.isfinite(sum([stats[k] for k in _VALUES if k in stats]))):
+            return None
         bad = [k for k in _VALUES if k in stats and not math.isfinite(stats[k])]
         if count > 0 or bad:
             what = f"{count:g} non-finite values" if count > 0 else "non-finite " + ", ".join(bad)
@@ -71,6 +87,11 @@ class _PolicyGradientSteps(Detector):
         """The step's stat, on a step whose batch carries a policy-gradient signal (a log without
         ``frac_zero_std_groups``: every step)."""
         return not without_signal(stats) and super().observes(stats)
+
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """No step without the stat its detector judges (:meth:`reads`); else the values decide."""
+        reads = self.reads()
+        return False if reads and names.isdisjoint(reads) else None
 
 
 @dataclass(kw_only=True)
@@ -202,6 +223,10 @@ class MismatchGrowth(CusumDetector):
 
     def reads(self) -> tuple[str, ...]:
         return (self._s_metric,) if self._s_metric else _MISMATCH_NAMES
+
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """No step without a mismatch stat, whichever it comes to read (:meth:`reads`); else the values decide."""
+        return False if names.isdisjoint(_MISMATCH_NAMES) and names.isdisjoint(self.reads()) else None
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         if self._s_metric is None:

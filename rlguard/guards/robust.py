@@ -195,11 +195,15 @@ class RollingWindow:
 
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
-        if self._cache is not None:
-            return self._cache[0]
+        cache = self._cache
+        if cache is not None:
+            return cache[0]
         if self._nonfinite:
             return median_of(self.values)
-        return _sorted_median(self._ordered())
+        if self._stale:
+            return _sorted_median(self._ordered())
+        self._keep = True  # read: the next push keeps the sorted list (what _ordered does, inlined: a hot path)
+        return _sorted_median(self._sorted)
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but

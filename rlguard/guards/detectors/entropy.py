@@ -187,7 +187,8 @@ class EntropyBlowup(Detector):
         return finding
 
     def _judge(self, entropy: float, armed: bool, anchor: float | None) -> Finding | None:
-        if armed and anchor is not None and anchor > 0:
+        # below warn_ratio (at most critical_ratio) no bound is crossed: the bounds are not walked
+        if armed and anchor is not None and anchor > 0 and entropy / anchor >= self.warn_ratio:
             ratio = entropy / anchor
             for severity, r, nats in (
                 ("critical", self.critical_ratio, self.critical_nats),

@@ -258,17 +258,17 @@ class CusumDetector(Detector):
             if finding is None and len(early) < self.anchor:
                 early.append(x)
             return finding
-        cusum = self._s_cusum
-        if cusum <= 0.0 and x <= window.median() and self.slack >= 0.0 and self.min_sigma > 0.0:
-            # at or below the median z <= 0 (sigma > 0), so the statistic stays 0 and the value enters the window as
-            # it is (below the winsorizing bound median + 2 sigma): the same as below, without the MAD
+        cusum, floor, slack, median = self._s_cusum, self.min_sigma, self.slack, window.median()
+        if cusum <= 0.0 <= slack and floor > 0.0 and (x - median) / floor <= slack and x <= median + 2.0 * floor:
+            # sigma >= min_sigma > 0, so z <= slack (the statistic stays 0) and x <= median + 2 sigma (x is taken as
+            # it is): the same as below without the MAD (rounded division and addition are monotone)
             cusum, self._s_cusum, self._s_cusum_start = 0.0, 0.0, -1
             window.push(x)
         else:
             median, spread = window.location_scale()  # the window's robust z and sigma, read once
-            sigma = max(spread, self.min_sigma)
+            sigma = max(spread, floor)
             z = (x - median) / sigma
-            cusum = self._s_cusum = cusum_step(cusum, min(z, self.z_cap), self.slack)
+            cusum = self._s_cusum = cusum_step(cusum, min(z, self.z_cap), slack)
             if cusum == 0.0:
                 self._s_cusum_start = -1
             else:

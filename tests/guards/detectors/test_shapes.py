@@ -51,16 +51,18 @@ def _page_cusum(values: list[float], window: int, slack: float, min_sigma: float
 @given(
     values=st.lists(POSITIVE, min_size=1, max_size=120),
     window=st.integers(3, 12),
-    slack=st.sampled_from([0.0, 0.5, 1.0]),
+    slack=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
     min_sigma=st.sampled_from([1e-12, 0.05, 0.5]),
 )
 @example(values=[2.0, 2.0, 2.0, 2.0, 1.0, 2.0, 8.0, 2.0, 2.0], window=5, slack=0.0, min_sigma=1e-12)
 @example(values=[1.0, 1.1, 1.2, 1.0, 1.12, 1.3, 1.0], window=5, slack=0.0, min_sigma=0.05)
+@example(values=[1.0, 1.0, 1.12, 1.13, 1.5], window=5, slack=3.0, min_sigma=0.05)
 def test_the_cusum_is_pages_sum_of_robust_z_scores(
     values: list[float], window: int, slack: float, min_sigma: float
 ) -> None:
     """The statistic after each observation equals the from-scratch one bit for bit, through values at the median
-    (where the detector skips the MAD) and above it, with and without slack."""
+    and just above it (where the detector skips the MAD) and further above, with and without slack, and with a slack
+    over 2 (a value within it that the winsorizing bound caps)."""
     det = CusumDetector(metric="m", window=window, slack=slack, min_sigma=min_sigma, floor=1e-300, warmup=0)
     want = _page_cusum(values, window, slack, min_sigma, det.z_cap)
     got = []

@@ -69,10 +69,10 @@ class SpikeDetector(Detector):
         return value is not None and math.isfinite(value) and float(value) > self.floor
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
+        value = stats.get(self.metric)
         if value is None or not self.observes(stats):
             return None
-        x = math.log(value)
+        x = math.log(value := float(value))
         finding = None
         if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
             finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)

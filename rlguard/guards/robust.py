@@ -9,6 +9,7 @@ from array import array
 from bisect import bisect_left, bisect_right, insort, insort_right
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from math import isfinite
 from typing import overload
 
 #: MAD * 1.4826 estimates the standard deviation of a normal distribution.
@@ -37,35 +38,38 @@ def _sorted_median(s: list[float]) -> float:
 def _sorted_mad(s: list[float], med: float) -> float:
     """Median of ``|x - med|`` over the sorted values ``s`` in O(log n), without sorting: the deviations of the
     values at or below ``med``, read downwards, and of those above it, read upwards, are two sorted runs; the
-    order statistics of their merge are found by bisecting how many come from the first run."""
+    order statistics of their merge are found by bisecting how many come from the first run. A deviation is
+    ``med - x`` below ``med`` and ``x - med`` above it: ``abs(x - med)`` exactly (IEEE subtraction is rounded
+    symmetrically, ``fl(a - b) = -fl(b - a)``), but for the sign of a zero (``-0.0`` for ``x = 0.0`` at a median
+    of ``-0.0``), which compares equal: a MAD of 0 is replaced by the mean deviation (:meth:`RollingWindow.sigma`)."""
     n = len(s)
     if n == 0:
         return math.nan
-    m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is abs(s[m - 1 - i] - med), the j-th
-    p, q = m, n - m  # high one abs(s[m + j] - med) (inlined: this is the detectors' hot path)
+    m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is med - s[m - 1 - i], the j-th
+    p, q = m, n - m  # high one s[m + j] - med (inlined: this is the detectors' hot path)
     k = n // 2 if n % 2 else n // 2 - 1  # the (0-based) order statistic wanted, and the next one if n is even
     lo, hi = max(0, k + 1 - q), min(k + 1, p)
     while lo < hi:  # the fewest taken from the low run such that the next low one is not below the last high one
         i = (lo + hi) // 2
-        if abs(s[m + k - i] - med) <= abs(s[m - 1 - i] - med):
+        if s[m + k - i] - med <= med - s[m - 1 - i]:
             hi = i
         else:
             lo = i + 1
     i, j = lo, k + 1 - lo
     if i == 0:
-        kth = abs(s[m + j - 1] - med)
+        kth = s[m + j - 1] - med
     elif j == 0:
-        kth = abs(s[m - i] - med)
+        kth = med - s[m - i]
     else:
-        kth = max(abs(s[m - i] - med), abs(s[m + j - 1] - med))
+        kth = max(med - s[m - i], s[m + j - 1] - med)
     if n % 2:
         return kth
     if i == p:
-        after = abs(s[m + j] - med)
+        after = s[m + j] - med
     elif j == q:
-        after = abs(s[m - 1 - i] - med)
+        after = med - s[m - 1 - i]
     else:
-        after = min(abs(s[m - 1 - i] - med), abs(s[m + j] - med))
+        after = min(med - s[m - 1 - i], s[m + j] - med)
     return 0.5 * (kth + after)
 
 
@@ -106,6 +110,8 @@ class RollingWindow:
     reward level, read at a finding) sorts its values again at the next read. A window built from values that are
     not all finite (restored state) is judged from scratch until those values have left it."""
 
+    __slots__ = ("_cache", "_keep", "_nonfinite", "_sorted", "_stale", "_trend", "pushes", "values")
+
     def __init__(self, size: int, values: Iterable[float] = ()) -> None:
         if size < 1:
             raise ValueError(f"window size must be >= 1; got {size}.")
@@ -116,7 +122,9 @@ class RollingWindow:
         #: values accepted by :meth:`push` so far (a window that has not changed has the same count)
         self.pushes = 0
         self._trend: int | None = None  # Mann-Kendall's sum of signs, kept up to date once first asked for
-        self._read = False  # read since the last push: the next push keeps the sorted list up to date
+        # the next push keeps the sorted list up to date: a finite window read since the last push, or whose trend
+        # is kept (the sorted list is then never stale)
+        self._keep = False
         self._stale = False  # the sorted list lags the values (pushes without a read): sorted again when read
 
     def __len__(self) -> int:
@@ -129,66 +137,73 @@ class RollingWindow:
 
     def push(self, value: float) -> None:
         """Append ``value`` (finite values only; others are ignored)."""
-        if math.isfinite(value):
-            values = self.values
-            if self._nonfinite:
-                if len(values) == values.maxlen and not math.isfinite(values[0]):
-                    self._nonfinite -= 1
-                values.append(value)
-                if not self._nonfinite:  # the last non-finite value just left: sorted at the next read
-                    self._stale = True
-            elif self._trend is None and (self._stale or not self._read):
-                values.append(value)  # not read since the last push: the sorted list waits for the next read
+        if not isfinite(value):
+            return
+        values = self.values
+        if self._keep:
+            ordered, trend = self._sorted, self._trend
+            if len(values) == values.maxlen:  # the oldest of equal values is the first of them in the sorted list
+                oldest = values[0]
+                at = bisect_left(ordered, oldest)
+                if trend is not None:  # the oldest's pairs with each later value leave the sum of signs
+                    trend -= len(ordered) - bisect_right(ordered, oldest) - at
+                del ordered[at]
+            if trend is None:
+                self._keep = False  # kept again by the next read
+            else:  # the new value's pairs with each earlier one join the sum
+                self._trend = trend + bisect_left(ordered, value) - (len(ordered) - bisect_right(ordered, value))
+            values.append(value)
+            insort(ordered, value)  # after the equal values already there: their order of arrival
+        elif self._nonfinite:
+            if len(values) == values.maxlen and not isfinite(values[0]):
+                self._nonfinite -= 1
+            values.append(value)
+            if not self._nonfinite:  # the last non-finite value just left: sorted at the next read
                 self._stale = True
-            else:
-                ordered, trend = self._sorted, self._trend
-                if len(values) == values.maxlen:  # the oldest of equal values is the first of them in the sorted list
-                    oldest = values[0]
-                    at = bisect_left(ordered, oldest)
-                    if trend is not None:  # the oldest's pairs with each later value leave the sum of signs
-                        trend -= len(ordered) - bisect_right(ordered, oldest) - at
-                    del ordered[at]
-                if trend is not None:  # the new value's pairs with each earlier one join it
-                    trend += bisect_left(ordered, value) - (len(ordered) - bisect_right(ordered, value))
-                values.append(value)
-                insort(ordered, value)  # after the equal values already there: their order of arrival
-                self._trend = trend
-            self._cache = None
-            self._read = False
-            self.pushes += 1
+        else:
+            values.append(value)  # not read since the last push: the sorted list waits for the next read
+            self._stale = True
+        self._cache = None
+        self.pushes += 1
 
     def _ordered(self) -> list[float]:
         """The sorted values of a finite window, sorted again if pushes left them behind; marks the window read."""
         if self._stale:
             self._sorted, self._stale = sorted(self.values), False
-        self._read = True
+        self._keep = True
         return self._sorted
 
     def _stats(self) -> tuple[float, float]:
-        if self._cache is None:
-            if self._nonfinite:
-                med = median_of(self.values)
-                mad = median_of([abs(v - med) for v in self.values])
-            else:
-                ordered = self._ordered()
-                med = _sorted_median(ordered)
-                mad = _sorted_mad(ordered, med)
-            sigma = MAD_TO_SIGMA * mad
-            if sigma == 0.0 and self.values:
-                # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
-                # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
-                deviations = [abs(v - med) for v in self.values]
-                sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
-            self._cache = (med, sigma)
-        return self._cache
+        cache = self._cache
+        if cache is not None:
+            return cache
+        if self._nonfinite:
+            med = median_of(self.values)
+            mad = median_of([abs(v - med) for v in self.values])
+        else:
+            ordered = self._ordered()
+            med = _sorted_median(ordered)
+            mad = _sorted_mad(ordered, med)
+        sigma = MAD_TO_SIGMA * mad
+        if sigma == 0.0 and self.values:
+            # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
+            # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
+            deviations = [abs(v - med) for v in self.values]
+            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+        self._cache = cache = (med, sigma)
+        return cache
 
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
-        if self._cache is not None:
-            return self._cache[0]
+        cache = self._cache
+        if cache is not None:
+            return cache[0]
         if self._nonfinite:
             return median_of(self.values)
-        return _sorted_median(self._ordered())
+        if self._stale:
+            return _sorted_median(self._ordered())
+        self._keep = True  # read: the next push keeps the sorted list (what _ordered does, inlined: a hot path)
+        return _sorted_median(self._sorted)
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but

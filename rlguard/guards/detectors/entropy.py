@@ -64,10 +64,10 @@ class EntropyCollapse(Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         entropy = _metric(stats, "entropy")
+        baseline = self._baseline()  # unchanged by _judge until it returns: read once
         if entropy is not None and entropy > 0 and math.isfinite(entropy):
-            baseline = self._baseline()
             self._shift.see(step, math.log(entropy), baseline is None or entropy >= baseline)
-        finding = self._judge(stats, armed)
+        finding = self._judge(stats, armed, baseline)
         self._shift.judged(finding, self.clear_after)
         return finding
 
@@ -79,7 +79,7 @@ class EntropyCollapse(Detector):
         early = self._early_sorted(self._s_early)
         return early[(3 * (len(early) - 1)) // 4]
 
-    def _judge(self, stats: Mapping[str, float], armed: bool) -> Finding | None:
+    def _judge(self, stats: Mapping[str, float], armed: bool, baseline: float | None) -> Finding | None:
         entropy, reward = _metric(stats, "entropy"), _metric(stats, "reward_mean")
         if reward is not None and math.isfinite(reward):
             self._s_rewards.push(reward)
@@ -91,7 +91,6 @@ class EntropyCollapse(Detector):
             if len(self._s_early) < max(self.warmup, 3):
                 self._s_early.append(entropy)
             return None
-        baseline = self._baseline()
         if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
@@ -180,16 +179,16 @@ class EntropyBlowup(Detector):
         if entropy is None or not math.isfinite(entropy):
             return None
         entropy = float(entropy)
+        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # unchanged by _judge until it returns
         if entropy > 0:
-            anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
-        finding = self._judge(entropy, armed)
+        finding = self._judge(entropy, armed, anchor)
         self._shift.judged(finding, self.clear_after)
         return finding
 
-    def _judge(self, entropy: float, armed: bool) -> Finding | None:
-        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)
-        if armed and anchor is not None and anchor > 0:
+    def _judge(self, entropy: float, armed: bool, anchor: float | None) -> Finding | None:
+        # below warn_ratio (at most critical_ratio) no bound is crossed: the bounds are not walked
+        if armed and anchor is not None and anchor > 0 and entropy / anchor >= self.warn_ratio:
             ratio = entropy / anchor
             for severity, r, nats in (
                 ("critical", self.critical_ratio, self.critical_nats),

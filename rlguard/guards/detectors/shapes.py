@@ -15,7 +15,6 @@ from rlguard.guards.detectors.base import (
     _absolute,
     _anchor_median,
     _EarlySorted,
-    _finite,
     _metric,
     _rank,
     rise_onset,
@@ -70,33 +69,39 @@ class SpikeDetector(Detector):
         return value is not None and math.isfinite(value) and float(value) > self.floor
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
+        value = stats.get(self.metric)
         if value is None or not self.observes(stats):
             return None
-        x = math.log(value)
+        x = math.log(value := float(value))
         finding = None
         if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
             finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
-        # two baseline values suffice: a finding needs both the factor and the robust z over them
-        if finding is None and armed and len(self._s_window) >= 2 and value >= self.min_value:
-            median = self._s_window.median()
+        window = self._s_window
+        # two baseline values suffice: a finding needs both the factor and the robust z over them; below the warning
+        # factor (at most the critical one) nothing is found: no robust z to compute
+        if finding is None and armed and len(window) >= 2 and value >= self.min_value:
+            median = window.median()
             factor = math.exp(x - median)
-            # below the warning factor (at most the critical one) nothing is found: no robust z to compute
-            z = self._s_window.robust_z(x, floor=0.05) if factor >= self.warn_factor else -math.inf
-            base = math.exp(median)
-            for severity, bound in (("critical", self.critical_factor), ("warn", self.warn_factor)):
-                if factor >= bound and z >= self.min_z:
-                    finding = Finding(
-                        severity,  # type: ignore[arg-type]
-                        value,
-                        bound * base,
-                        f"{self.metric}={value:.4g} is {factor:.1f}x its rolling median {base:.4g} "
-                        f"(threshold {bound:g}x, robust z={z:.1f}). {self.advice}".rstrip(),
-                    )
-                    break
+            if factor >= self.warn_factor:
+                finding = self._spike(value, x, median, factor)
         if finding is None:
-            self._s_window.push(x)
+            window.push(x)
         return finding
+
+    def _spike(self, value: float, x: float, median: float, factor: float) -> Finding | None:
+        """The finding at ``factor`` x the rolling median (log ``median``) if the robust z of ``x`` is large enough."""
+        z = self._s_window.robust_z(x, floor=0.05)
+        base = math.exp(median)
+        for severity, bound in (("critical", self.critical_factor), ("warn", self.warn_factor)):
+            if factor >= bound and z >= self.min_z:
+                return Finding(
+                    severity,  # type: ignore[arg-type]
+                    value,
+                    bound * base,
+                    f"{self.metric}={value:.4g} is {factor:.1f}x its rolling median {base:.4g} "
+                    f"(threshold {bound:g}x, robust z={z:.1f}). {self.advice}".rstrip(),
+                )
+        return None
 
 
 @dataclass(kw_only=True)
@@ -185,16 +190,21 @@ class CusumDetector(Detector):
         cusum = math.ceil(self.critical_h / per_step) if per_step > 0 else 1
         return max(1, min(cusum, self.recent // 2 + 1))
 
-    def _control_lost(self, stats: Mapping[str, float]) -> str | None:
-        """Track ``lost_control``; a description if its recent median is below its early median by more than a
-        standard error (``sqrt(pi / 2n)`` robust sigmas, the median's)."""
-        if self.critical_drift is None or not _finite(stats, self.lost_control):
-            return None
-        value = float(stats[self.lost_control])
+    def _see_control(self, stats: Mapping[str, float]) -> bool:
+        """Track ``lost_control``: whether this step's value joined its recent window (its early one being full)."""
+        value = stats.get(self.lost_control)
+        if value is None or not math.isfinite(value):
+            return False
         if len(self._s_control_anchor) < self.anchor:
-            self._s_control_anchor.append(value)
-            return None
-        self._s_control.push(value)
+            self._s_control_anchor.append(float(value))
+            return False
+        self._s_control.push(float(value))
+        return True
+
+    def _control_lost(self) -> str | None:
+        """After :meth:`_see_control` took a value: a description if the recent median of ``lost_control`` is below
+        its early median by more than a standard error (``sqrt(pi / 2n)`` robust sigmas, the median's). Read only
+        where a drift needs it (the window sorts its values when read)."""
         early, recent = _anchor_median(self._s_control_anchor, self._control_sorted), self._s_control.median()
         n = len(self._s_control)
         if early is None or n < min(5, self.control_window) or recent >= early:
@@ -236,54 +246,62 @@ class CusumDetector(Detector):
         if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
             finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
         x = math.log(max(value, self.floor))
-        lost = self._control_lost(stats) if self.critical_drift is not None else None
-        self._s_recent.push(x)
-        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        controlled = self.critical_drift is not None and self._see_control(stats)
+        recent = self._s_recent
+        recent.push(x)
+        early = self._s_anchor
+        anchor = _anchor_median(early, self._anchor_sorted)  # None below 3 values; unchanged until returned
         window = self._s_window
-        self._shift.see(step, x, len(self._s_anchor) < 3 or x <= (anchor or 0.0))
+        self._shift.see(step, x, len(early) < 3 or x <= (anchor or 0.0))
         if len(window) < 3 or not armed:
             window.push(x)
-            if finding is None and len(self._s_anchor) < self.anchor:
-                self._s_anchor.append(x)
+            if finding is None and len(early) < self.anchor:
+                early.append(x)
             return finding
-        median, spread = window.location_scale()  # the window's robust z and sigma, read once
-        sigma = max(spread, self.min_sigma)
-        z = (x - median) / sigma
-        self._s_cusum = cusum_step(self._s_cusum, min(z, self.z_cap), self.slack)
-        if self._s_cusum == 0.0:
-            self._s_cusum_start = -1
-        elif self._s_cusum_start < 0:
-            self._s_cusum_start = step
-            self._s_rise_base = median
-            self._s_rise_steps, self._s_rise = [], []
-        if self._s_cusum_start >= 0 and len(self._s_rise) < SHIFT_WINDOW:
-            self._s_rise_steps.append(step)
-            self._s_rise.append(x)
-        window.push(min(x, median + 2.0 * sigma))
-        drift = math.exp(self._s_recent.median() - anchor) if anchor is not None else 1.0
-        if self._s_cusum >= self.warn_h and _rank(finding) < 2:
-            critical = self._s_cusum >= self.critical_h and (
-                self.critical_ratio is None or drift >= self.critical_ratio
-            )
+        cusum, floor, slack, median = self._s_cusum, self.min_sigma, self.slack, window.median()
+        if cusum <= 0.0 <= slack and floor > 0.0 and (x - median) / floor <= slack and x <= median + 2.0 * floor:
+            # sigma >= min_sigma > 0, so z <= slack (the statistic stays 0) and x <= median + 2 sigma (x is taken as
+            # it is): the same as below without the MAD (rounded division and addition are monotone)
+            cusum, self._s_cusum, self._s_cusum_start = 0.0, 0.0, -1
+            window.push(x)
+        else:
+            median, spread = window.location_scale()  # the window's robust z and sigma, read once
+            sigma = max(spread, floor)
+            z = (x - median) / sigma
+            cusum = self._s_cusum = cusum_step(cusum, min(z, self.z_cap), slack)
+            if cusum == 0.0:
+                self._s_cusum_start = -1
+            else:
+                if self._s_cusum_start < 0:
+                    self._s_cusum_start = step
+                    self._s_rise_base = median
+                    self._s_rise_steps, self._s_rise = [], []
+                if len(self._s_rise) < SHIFT_WINDOW:
+                    self._s_rise_steps.append(step)
+                    self._s_rise.append(x)
+            window.push(min(x, median + 2.0 * sigma))
+        drift = math.exp(recent.median() - anchor) if anchor is not None else 1.0
+        if cusum >= self.warn_h and _rank(finding) < 2:
+            critical = cusum >= self.critical_h and (self.critical_ratio is None or drift >= self.critical_ratio)
             bound = self.critical_h if critical else self.warn_h
-            base = math.exp(self._s_window.median())
+            base = math.exp(window.median())
             ratio = math.exp(x - anchor) if anchor is not None else math.inf
-            early = f", {ratio:.1f}x the early baseline {math.exp(anchor):.4g}" if anchor is not None else ""
+            early_text = f", {ratio:.1f}x the early baseline {math.exp(anchor):.4g}" if anchor is not None else ""
             trend = Finding(
                 "critical" if critical else "warn",
                 value,
                 bound,
-                f"{self.metric}={value:.4g}: a sustained rise: CUSUM {self._s_cusum:.1f} >= {bound:g} (rolling "
-                f"median {base:.4g}{early}). {self.advice}".rstrip(),
+                f"{self.metric}={value:.4g}: a sustained rise: CUSUM {cusum:.1f} >= {bound:g} (rolling "
+                f"median {base:.4g}{early_text}). {self.advice}".rstrip(),
             )
             finding = trend if _rank(trend) > _rank(finding) else finding
-        drift_critical = self.critical_drift is not None and drift >= self.critical_drift and lost is not None
-        if drift_critical and anchor is not None and _rank(finding) < 2:
+        drift_critical = controlled and self.critical_drift is not None and drift >= self.critical_drift
+        if drift_critical and anchor is not None and _rank(finding) < 2 and (lost := self._control_lost()):
             finding = Finding(
                 "critical",
                 drift,
                 self.critical_drift or 0.0,
-                f"{self.metric}: its recent median {math.exp(self._s_recent.median()):.4g} is {drift:.1f}x the run's "
+                f"{self.metric}: its recent median {math.exp(recent.median()):.4g} is {drift:.1f}x the run's "
                 f"early baseline {math.exp(anchor):.4g} (threshold {self.critical_drift:g}x) and {lost}. "
                 f"{self.advice}".rstrip(),
             )
@@ -292,12 +310,12 @@ class CusumDetector(Detector):
                 "warn",
                 drift,
                 self.drift_ratio,
-                f"{self.metric}: a slow drift: its recent median {math.exp(self._s_recent.median()):.4g} is "
+                f"{self.metric}: a slow drift: its recent median {math.exp(recent.median()):.4g} is "
                 f"{drift:.1f}x the run's early baseline {math.exp(anchor):.4g} (threshold {self.drift_ratio:g}x). "
                 f"{self.advice}".rstrip(),
             )
-        if finding is None and self._s_cusum == 0.0 and len(self._s_anchor) < self.anchor:
-            self._s_anchor.append(x)
+        if finding is None and cusum == 0.0 and len(early) < self.anchor:
+            early.append(x)
         return finding
 
 

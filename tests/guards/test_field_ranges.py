@@ -62,6 +62,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"detectors": {"kl_ref_blowup": {"warn_above": INF}}}, "kl_ref_blowup'].warn_above", "a finite number"),
     ({"detectors": {"grad_norm_spike": {"critical_factor": -INF}}}, "critical_factor", ">= 0"),
     ({"detectors": {"entropy_collapse": {"patience": 0}}}, "entropy_collapse'].patience", "an integer >= 1"),
+    ({"detectors": {"length_explosion": {"min_sigma": 0.0}}}, "length_explosion'].min_sigma", "> 0"),
     ({"detectors": {"grad_norm_spike": {"window": 2**60}}}, "grad_norm_spike'].window", "at most 2**53"),
     ({"interventions": {"halt": {"critical_steps": -1}}}, "halt'].critical_steps", "an integer >= 0"),
     ({"interventions": {"lr_backoff": {"factor": NAN}}}, "lr_backoff'].factor", ">= 0"),

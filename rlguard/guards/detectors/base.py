@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from rlguard.guards.consequence.rule import ConsequenceRule, converged, normalized_reward
 from rlguard.guards.events import SEVERITY_LEVEL, Finding
-from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, Range
+from rlguard.guards.fields import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range
 from rlguard.guards.robust import EarlySorted, RollingWindow, median_of
 from rlguard.guards.state import PrivateState
 
@@ -231,9 +231,11 @@ class Detector(PrivateState):
     summary: ClassVar[str] = ""
     finding_class: ClassVar[str] = "control"
     #: the range of each number a config may set (:func:`rlguard.guards.fields.field_range`): every threshold,
-    #: factor and count of a detector is ``>= 0``; a streak and the windows hold at least one observation
+    #: factor and count of a detector is ``>= 0``; a streak and the windows hold at least one observation; a floor
+    #: of a robust sigma (``min_sigma``) divides, so it is ``> 0``
     field_ranges: ClassVar[dict[str, Range]] = {
         "*": NON_NEGATIVE,
+        "min_sigma": POSITIVE,
         "patience": AT_LEAST_ONE,
         "window": AT_LEAST_ONE,
         "trend_window": AT_LEAST_ONE,

@@ -5,9 +5,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# the unit suite and the long property tests run on one pytest-xdist worker per core (at most 4), a module per worker
-# (module fixtures built once); the tests marked `serial` (they time themselves or a server) run after, alone
-PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
+# the unit suite runs on one pytest-xdist worker per core (at most 4), a module per worker (module fixtures built
+# once); the tests marked `serial` (they bound a wall time or race a writer) run after, alone. The long property
+# tests have no fixture to share: spread test by test.
+PYTEST_WORKERS ?= -n auto --maxprocesses=4
+PYTEST_PARALLEL ?= $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup demo docs docs-serve test test-fast test-integration lint format clean dist-check
 
@@ -54,7 +56,7 @@ test: setup
 # (tests/helpers/profiles.py)
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
-	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest $(PYTEST_PARALLEL) tests/doctor/test_properties.py tests/doctor/test_fold_incremental.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
+	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest $(PYTEST_WORKERS) --dist load tests/doctor/test_properties.py tests/doctor/test_fold_incremental.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow and not serial" $(PYTEST_ARGS)

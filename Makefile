@@ -5,6 +5,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# the unit suite runs on one pytest-xdist worker per core (at most 4), a module per worker (module fixtures built
+# once); the tests marked `serial` (they bound a wall time or race a writer) run after, alone. The long property
+# tests have no fixture to share: spread test by test.
+PYTEST_WORKERS ?= -n auto --maxprocesses=4
+PYTEST_PARALLEL ?= $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup demo docs docs-serve test test-fast test-integration lint format clean dist-check
 
@@ -41,18 +46,21 @@ docs: $(VENV)/.docs-installed
 docs-serve: $(VENV)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
+# exit code 5 (no test selected) is no failure of the serial pass: PYTEST_ARGS may name modules without one
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # real TRL and verl runs on CPU with tiny models: several steps per objective, under torchrun with 2 processes,
 # and TRL under DeepSpeed ZeRO-2 and ZeRO-3 with 2 processes; then the doctor's property tests with many examples
 # (tests/helpers/profiles.py)
 test-integration: setup
 	$(PY) -m pytest integration_tests $(PYTEST_ARGS)
-	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/doctor/test_properties.py tests/doctor/test_fold_incremental.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
+	RLGUARD_HYPOTHESIS_PROFILE=long $(PY) -m pytest $(PYTEST_WORKERS) --dist load tests/doctor/test_properties.py tests/doctor/test_fold_incremental.py "tests/doctor/test_stream.py::test_the_follower_agrees_with_read_log_however_the_log_is_cut" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow and not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "serial and not slow" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: setup
 	$(VENV)/bin/ruff check rlguard tests benchmarks integration_tests
@@ -67,8 +75,11 @@ format: setup
 # a release build: sdist + wheel pass `twine check`, the unpacked sdist's tests collect and its CLI tests pass, and
 # the wheel installs as a user installs it (.ci/wheel-check: the torch-free core runs the doctor, watch and report on
 # real logs, [torch] runs an objective; the venvs' sizes printed)
-dist-check: setup
+$(VENV)/.release-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[release]" "$(TORCH_SPEC)"
+	touch $@
+
+dist-check: $(VENV)/.release-installed
 	rm -rf dist build/sdist-check
 	$(PY) -m build --sdist --wheel --outdir dist . > /dev/null
 	$(VENV)/bin/twine check --strict dist/*

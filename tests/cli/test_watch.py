@@ -24,6 +24,7 @@ from rlguard.watch import job_ended, watch
 from tests.helpers.doctor_logs import TRL_KEYS, append_verl, renamed, verl_line
 from tests.helpers.synthetic import failing_stream, healthy_stream
 
+pytestmark = pytest.mark.serial  # the watch races a writer thread or process (make test runs it alone)
 ROOT = Path(__file__).resolve().parents[2]
 
 

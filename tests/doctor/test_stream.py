@@ -161,6 +161,8 @@ def test_watch_reads_each_appended_byte_once(tmp_path: Path) -> None:
     assert result.bytes_read == path.stat().st_size  # before: the whole log at each of the 30 changes
 
 
+# serial: the message it looks for is wrapped at 80 columns after the tmp_path, which an xdist worker lengthens
+@pytest.mark.serial
 def test_watch_says_when_the_log_was_truncated(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     stream = healthy_stream(60, seed=2)

@@ -57,7 +57,7 @@ def block_commands(code: str) -> list[str]:
 
 
 def normalise(command: str, version: str) -> list[list[str]]:
-    """``command`` as the words a user types, one list per command of a ``&&``/``||``/``;`` chain."""
+    """``command`` as the words a user types, one list per command of a ``&&``/``||``/``;``/``&`` chain."""
     text = command
     # the wheel-check's helpers: pip_install VENV ARGS is pip install ARGS; expect CODE CMD runs CMD
     text = re.sub(r'\bpip_install\s+"?\$\w+"?', "pip install", text)
@@ -74,9 +74,9 @@ def normalise(command: str, version: str) -> list[list[str]]:
         if skip:
             skip = False
             continue
-        if word in {"&&", "||", ";", "|"}:
+        if word in {"&&", "||", ";", "|", "&"}:  # "&": a command sent to the background ends like ";"
             commands.append([])
-        elif word in {">", ">>", "<", "2>"} or word.endswith(">"):
+        elif word in {">", ">>", "<", "2>", ">&"} or word.endswith(">"):  # ">&": "2>&1"
             skip = True  # and its target
             if commands[-1] and commands[-1][-1].isdigit() and i and words[i - 1] == commands[-1][-1]:
                 commands[-1].pop()

@@ -24,6 +24,7 @@ from rlguard.guards.alerts.config import webhook_payload
 from tests.helpers.guards import StubActuator
 from tests.helpers.webhook import Recorder, recording_webhook
 
+pytestmark = pytest.mark.serial  # bounds on the seconds a send takes (make test runs them alone)
 ROOT = Path(__file__).resolve().parents[3]
 ENV = "RLGUARD_TEST_WEBHOOK"
 NAN = float("nan")

@@ -18,6 +18,7 @@ from rlguard.guards.alerts import AlertConfig, AlertSender
 from rlguard.guards.alerts.sender import post_json
 from rlguard.guards.alerts.urls import redacted, scrub
 
+pytestmark = pytest.mark.serial  # bounds on the seconds a send takes (make test runs them alone)
 ENV = "RLGUARD_TEST_WEBHOOK_DEADLINE"
 SECRET = "T0000/B0000/XXXXsecretXXXX"
 

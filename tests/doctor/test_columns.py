@@ -139,7 +139,7 @@ _CANONICAL_KEYS = (
 def test_canonical_rows_equal_canonical_stats_of_every_row(seed: int) -> None:
     """CanonicalRows (stats read from the columns) equals canonical_stats of each dict row, steps without a stat
     left out: priorities, ties to the key first in the row, keys absent on some rows, NaN kept as evidence."""
-    from rlguard.doctor.columns import CanonicalRows
+    from rlguard.doctor.canonical import CanonicalRows
     from rlguard.metrics import canonical_stats
 
     rng = random.Random(seed)

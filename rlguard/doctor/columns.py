@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import compress
+from operator import eq
 from typing import overload
 
 from rlguard.guards.robust import Picked
-from rlguard.metrics import canonical_name, canonical_stats
 
-__all__ = ["CanonicalRows", "Columns"]
+__all__ = ["Columns"]
 
 
 class _Rows(Sequence[tuple[int, dict[str, float]]]):
-    """``(step, stats)`` rows read by position (:meth:`_row`): :class:`Columns` and :class:`CanonicalRows`."""
+    """``(step, stats)`` rows read by position (:meth:`_row`): :class:`Columns` and
+    :class:`~rlguard.doctor.canonical.CanonicalRows`."""
 
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
         raise NotImplementedError
@@ -63,13 +66,28 @@ class Columns(_Rows):
         self._n: int | None = None  # a snapshot's rows (:meth:`copy`); None: every row of its arrays
         self._shared = 0  # the rows of this table that a snapshot shares
         self._cow: set[str] = set()  # the keys whose arrays a snapshot shares: copied before a shared row changes
+        self._layout: _Layout | None = None  # the keys of the last new row, where it held every key of the table
 
-    def append(self, step: int, metrics: Mapping[str, float]) -> int:
-        """Add ``metrics`` at ``step`` (>= the last step): a new row, or merged into the last one when ``step`` is
-        its step. Returns the number of values replaced by a different one (a NaN replacing a NaN is no change)."""
+    def append(self, step: int, metrics: Mapping[str, float], skip: frozenset[str] = frozenset()) -> int:
+        """Add ``metrics`` less the keys in ``skip`` (a reader's step counters) at ``step`` (>= the last step): a
+        new row, or merged into the last one when ``step`` is its step. Returns the number of values replaced by a
+        different one (a NaN replacing a NaN is no change)."""
         if self._n is not None:
             self._own()
         n = len(self._steps)
+        layout = self._layout
+        if layout is not None and layout.fits(metrics, skip) and step > self._steps[-1]:
+            # a new row of the keys of the last one, in their order (the common case): each value appended to its
+            # key's array in one pass, as the loops below append it
+            self._steps.append(step)
+            deque(map(array.append, layout.columns, compress(metrics.values(), layout.kept)), maxlen=0)
+            for logged in layout.marks:
+                logged.append(1)
+            return 0
+        self._layout = None
+        given = metrics
+        if skip and not skip.isdisjoint(metrics):
+            metrics = {k: v for k, v in metrics.items() if k not in skip}
         replaced = 0
         if n and self._steps[-1] == step:
             i = n - 1
@@ -99,6 +117,7 @@ class Columns(_Rows):
                 mark = marks[key]
                 if mark is not None:
                     mark.append(1)
+            self._layout = _Layout.of(self, given, skip)
             return 0
         for key, values in self._values.items():
             if key not in metrics:
@@ -132,6 +151,7 @@ class Columns(_Rows):
 
     def _own(self) -> None:
         """A snapshot's rows copied into arrays of its own (before it changes)."""
+        self._layout = None
         n = len(self)
         self._steps = self._steps[:n]
         self._values = {k: v[:n] for k, v in self._values.items()}
@@ -219,151 +239,33 @@ class Columns(_Rows):
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
 
 
-class CanonicalRows(_Rows):
-    """Each step's canonical stats (:func:`~rlguard.metrics.canonical_stats` of its raw row under ``key_map``), for
-    the steps that have at least one, computed from the raw rows when read instead of held per step.
+class _Layout:
+    """Where the values of a row go when it holds the keys of the last new row in their order: that row's keys
+    (``skip``'s too), whether each is kept (not in ``skip``), the arrays of those kept, and the presence bytes among
+    them. Valid while the table's arrays and presence bytes are those it was taken from: :meth:`Columns.append`
+    drops it on any other path (a merged row, a new key, a key missing), and a snapshot's copy never has one."""
 
-    On a :class:`Columns` table a step's stats are read from the columns of the keys that map to a stat (each
-    stat from its highest-priority key present, ties to the key first in the row: ``canonical_stats``'s rule), and
-    the steps kept are those where one of those keys was logged: kept beside the table, an ``array('q')`` of row
-    numbers (8 bytes a step), none where every step has a stat. Other sequences of rows are read through
-    ``canonical_stats`` itself.
-    """
+    __slots__ = ("columns", "kept", "keys", "marks", "skip")
 
     def __init__(
         self,
-        rows: Sequence[tuple[int, Mapping[str, float]]],
-        key_map: Mapping[str, str],
-        previous: CanonicalRows | None = None,
+        keys: tuple[str, ...],
+        kept: list[bool],
+        columns: list[array[float]],
+        marks: list[bytearray],
+        skip: frozenset[str],
     ) -> None:
-        """``previous``: the stats of an earlier snapshot of the same table (``rlguard watch`` judges its growing
-        table again and again): the row numbers it kept are kept, only the rows appended since are read."""
-        self._rows, self._key_map = rows, dict(key_map)
-        #: stat -> its keys' (values, presence), highest priority first (ties: the key first in a row)
-        self._sources: dict[str, list[tuple[array[float], bytearray | None]]] = {}
-        self._plan: list[tuple[str, int, array[float], bytearray | None]] = []  # mapped keys in row order
-        self._index: array[int] | None = None  # row numbers kept (append only; the first `_kept`); None: every row
-        self._kept = 0
-        self._full: list[int] = []  # the plan's keys logged at every row (while there is one, every row is kept)
-        self._single = False  # every stat has one key of the table
-        if isinstance(rows, Columns):
-            ranked: dict[str, list[tuple[int, int, str]]] = {}
-            for pos, key in enumerate(rows.order):
-                hit = canonical_name(key, self._key_map)
-                if hit is not None:
-                    values, present = rows.column(key)
-                    self._plan.append((hit[0], hit[1], values, present))
-                    ranked.setdefault(hit[0], []).append((hit[1], pos, key))
-            for name, keys in ranked.items():
-                self._sources[name] = [rows.column(key) for _, _, key in sorted(keys)]
-            self._single = all(len(keys) == 1 for keys in ranked.values())
-            self._keep(previous if previous is not None and self._extends(previous) else None)
-        else:
-            self._index = array("q", (i for i, (_, raw) in enumerate(rows) if canonical_stats(raw, self._key_map)))
-            self._kept = len(self._index)
+        self.keys, self.kept, self.columns, self.marks, self.skip = keys, kept, columns, marks, skip
 
-    def _extends(self, previous: CanonicalRows) -> bool:
-        """Whether ``previous`` read a snapshot of this table's first rows (snapshots share the steps' array: it
-        only grows) under the same keys."""
-        before, now = previous._rows, self._rows
-        return (
-            isinstance(before, Columns)
-            and isinstance(now, Columns)
-            and before._steps is now._steps
-            and len(before) <= len(now)
-            and previous._key_map == self._key_map
-            and [p[:2] for p in previous._plan] == [p[:2] for p in self._plan]
-        )
+    def fits(self, row: Mapping[str, float], skip: frozenset[str]) -> bool:
+        """Whether ``row`` holds this layout's keys in its order (compared in place: no tuple built a row)."""
+        return skip is self.skip and len(row) == len(self.keys) and all(map(eq, row, self.keys))
 
-    def _keep(self, previous: CanonicalRows | None) -> None:
-        """The rows that hold a stat: every row while a mapped key was logged at each, else the row numbers of
-        those where one was (``previous``'s, then the rows appended since; a row is never dropped: a merged
-        record only adds keys)."""
-        n = len(self._rows)  # a snapshot's arrays may go on past its rows
-        start = 0 if previous is None else len(previous._rows)
-        candidates = range(len(self._plan)) if previous is None else previous._full
-        self._full = [j for j in candidates if (present := self._plan[j][3]) is None or present.count(0, start, n) == 0]
-        if self._full:
-            return
-        if previous is None or previous._index is None:  # every row read (once: the index is kept from here on)
-            hits = 0
-            for _, _, _, present in self._plan:
-                hits |= int.from_bytes((present or b"")[:n], "little")
-            mask = hits.to_bytes(n, "little") if n else b""
-            self._index = array("q", (i for i, b in enumerate(mask) if b))
-        else:
-            self._index, kept = previous._index, previous._kept
-            del self._index[kept:]  # what a judgement since (never finished) added
-            if not (kept and self._index[-1] == start - 1):  # the previous last row, merged since, may hold one now
-                start = max(start - 1, 0)
-            marks = [present for _, _, _, present in self._plan]
-            self._index.extend(i for i in range(start, n) if any(m is None or m[i] for m in marks))
-        self._kept = len(self._index)
-
-    def __len__(self) -> int:
-        return len(self._rows) if self._index is None else self._kept
-
-    def _stats(self, i: int) -> dict[str, float]:
-        if not isinstance(self._rows, Columns):
-            return canonical_stats(self._rows[i][1], self._key_map)
-        if self._single:  # one key per stat (the common case): no priorities to compare
-            return {name: values[i] for name, _, values, present in self._plan if present is None or present[i]}
-        best: dict[str, tuple[int, float]] = {}
-        for name, priority, values, present in self._plan:
-            if (present is None or present[i]) and (name not in best or priority < best[name][0]):
-                best[name] = (priority, values[i])
-        return {name: value for name, (_, value) in best.items()}
-
-    @property
-    def steps(self) -> Sequence[int]:
-        """The steps kept, increasing (the table's own array where every row is kept)."""
-        if isinstance(self._rows, Columns) and self._index is None:
-            return self._rows.steps
-        if isinstance(self._rows, Columns):
-            return Picked(self._rows.steps, self._kept_rows())
-        return [self._rows[i][0] for i in self._index or ()]
-
-    def _kept_rows(self) -> Sequence[int]:
-        """The row numbers kept (every row: a range)."""
-        return range(len(self._rows)) if self._index is None else Picked(self._index, range(self._kept))
-
-    @property
-    def names(self) -> list[str]:
-        """The stats logged at some step, sorted."""
-        if isinstance(self._rows, Columns):
-            return sorted(self._sources)
-        return sorted({n for _, stats in self for n in stats})
-
-    def series(self, name: str) -> array[float]:
-        """``name`` at each step kept (NaN where the step did not log it)."""
-        rows = self._kept_rows()
-        out = array("d")
-        sources = self._sources.get(name)
-        if sources is None:
-            out.extend(stats.get(name, math.nan) for _, stats in self)
-            return out
-        for i in rows:
-            out.append(next((values[i] for values, present in sources if present is None or present[i]), math.nan))
-        return out
-
-    def value(self, name: str, k: int) -> float:
-        """``name`` at the ``k``-th step kept (NaN where the step did not log it): ``series(name)[k]``, read alone."""
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"step {k} of {len(self)}")
-        k %= len(self)
-        sources = self._sources.get(name)
-        if sources is None:
-            return self._row(k)[1].get(name, math.nan)
-        i = k if self._index is None else self._index[k]
-        return next((values[i] for values, present in sources if present is None or present[i]), math.nan)
-
-    def _row(self, k: int) -> tuple[int, dict[str, float]]:
-        i = k if self._index is None else self._index[k]
-        return self._rows[i][0] if not isinstance(self._rows, Columns) else self._rows.steps[i], self._stats(i)
-
-    def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
-        for k in range(len(self)):
-            yield self._row(k)
-
-    def __repr__(self) -> str:
-        return f"CanonicalRows({len(self)} steps)"
+    @classmethod
+    def of(cls, table: Columns, row: Mapping[str, float], skip: frozenset[str]) -> _Layout:
+        """The layout of ``row`` (as given, ``skip``'s keys included), just appended with a value of every key of
+        ``table``."""
+        kept = [key not in skip for key in row]
+        columns = [table._values[key] for key in compress(row, kept)]
+        marks = [mark for key in compress(row, kept) if (mark := table._present[key]) is not None]
+        return cls(tuple(row), kept, columns, marks, skip)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.canonical import CanonicalRows
 from rlguard.doctor.keys import KeyReport, canonical_name, classify_keys
 from rlguard.doctor.keyvalues import ValueIndex
 from rlguard.doctor.readers import LogInputError, MetricLog, read_log
@@ -202,7 +202,7 @@ class CanonicalLog:
         log: the raw log (with the account of the read, ``log.report``).
         keys: how its keys map onto canonical names.
         rows: ``(step, canonical stats)`` for every step that has at least one, by increasing step: a view of
-            ``log.rows`` that computes a step's stats when read (:class:`~rlguard.doctor.columns.CanonicalRows`).
+            ``log.rows`` that computes a step's stats when read (:class:`~rlguard.doctor.canonical.CanonicalRows`).
     """
 
     log: MetricLog
@@ -228,8 +228,9 @@ def read_canonical(
     stat a detector reads, or for a ``key_map`` naming a key the log lacks or a stat it has. ``log``: the log at
     ``path`` already read (the watch reads it by increments); ``step_key``, ``row_steps``, ``run``: as
     :func:`~rlguard.doctor.readers.read_log`'s; ``previous``: the stats of an earlier snapshot of ``log``'s table
-    (:class:`~rlguard.doctor.columns.CanonicalRows`: only the rows appended since are read); ``index``: what the mapping
-    of keys by their values read of an earlier snapshot (:class:`~rlguard.doctor.keyvalues.ValueIndex`, likewise)."""
+    (:class:`~rlguard.doctor.canonical.CanonicalRows`: only the rows appended since are read); ``index``: what the
+    mapping of keys by their values read of an earlier snapshot (:class:`~rlguard.doctor.keyvalues.ValueIndex`,
+    likewise)."""
     log = read_log(path, step_key=step_key, row_steps=row_steps, run=run) if log is None else log
     _check_key_map(log, key_map or {})
     keys = classify_keys(log.keys, key_map, auto_map, rows=log.rows, index=index)

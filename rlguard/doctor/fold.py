@@ -13,7 +13,7 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.canonical import CanonicalRows
 from rlguard.doctor.diagnose import (
     WARMUP_SHARE,
     CanonicalLog,
@@ -88,7 +88,6 @@ class DoctorFold:
         self._defaults = {n: det.warmup for n, det in self._guard.detectors.items()}
         self._needs = {n: det.baseline_needed() for n, det in self._guard.detectors.items()}
         self._warmups: dict[str, int] = {}  # detector -> the warm-up fitted (those shortened)
-        self._counts = dict.fromkeys(self._guard.detectors, 0)  # observations in the steps fed
         self._fed = 0  # canonical steps fed to the guard
         self._last: int | None = None  # the last step fed
         self._findings: _Sparse[Finding] = _Sparse()
@@ -117,8 +116,10 @@ class DoctorFold:
         # the next judgement's table extends this one where the log grew (another log is judged from its start)
         self._canonical = rows
         enough = _enough(self._defaults, self._needs)
+        self._index.sync(self._observed, self._findings, self._rewards)  # each detector's observations in the steps fed
+        fed = {name: self._index.count(name) for name in self._guard.detectors}
         counts = _count_observations(
-            self._guard, (rows[k][1] for k in range(self._fed, len(rows))), self._counts, enough
+            self._guard, (stats for _, stats in rows.iter_from(self._fed, len(rows))), fed, enough
         )
         if _fit_plan(self._defaults, self._needs, counts) != self._warmups:
             self._restart()
@@ -126,9 +127,10 @@ class DoctorFold:
         if self._fed == 0:
             for name, warmup in self._warmups.items():
                 self._guard.detectors[name].warmup = warmup
-        for k in range(self._fed, keep):
-            step, stats = rows[k]
-            self._feed(self._guard, step, stats)
+        for step, stats in rows.iter_from(self._fed, keep):
+            self._observe(self._guard, step, stats)
+            self._fed += 1
+            self._last = step
         self._index.sync(self._observed, self._findings, self._rewards)
         guard, tail, mark = self._guard, len(self._findings), self._index.mark()
         if keep < len(rows):  # the last step, judged by a copy of the guard
@@ -159,13 +161,6 @@ class DoctorFold:
             self.replays += 1
         self._start()
 
-    def _feed(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
-        self._observe(guard, step, stats)
-        for name in guard.last_observed:
-            self._counts[name] += 1
-        self._fed += 1
-        self._last = step
-
     def _observe(self, guard: Guard, step: int, stats: Mapping[str, float]) -> None:
         guard.observe(step, stats)
         self._rewards.append(stats.get("reward_mean", math.nan))
@@ -175,7 +170,9 @@ class DoctorFold:
         self._observed.append(self._last_set)
         found = guard.last_findings  # a new dict at every step (Guard._run_detectors): kept as it is
         self._findings.append(found)  # most steps: none
-        self._points.append({n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None})
+        self._points.append(
+            {n: cp for n in found if (cp := guard.detectors[n].change_point()) is not None} if found else _NONE
+        )
 
     def _conclude(self, read: CanonicalLog, guard: Guard, fitted: Mapping[str, int]) -> Diagnosis:
         log, keys, rule = read.log, read.keys, self.rule

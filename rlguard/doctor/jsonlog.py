@@ -10,6 +10,7 @@ damage (:meth:`~rlguard.doctor.readreport.ReadReport.torn`); a bad line with lin
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,16 @@ _WIDE = float(2**63)
 
 def _narrow(value: Any) -> bool:
     """Whether no float in ``value`` (a parsed record) is at least 2**63 in magnitude."""
+    if type(value) is dict:
+        # a flat record of numbers (the common case) in one call: its Euclidean norm bounds every magnitude, so a
+        # norm under half the bound (a margin far beyond its rounding error) says every value is narrow; else the
+        # values are read one by one. A value that is not a number raises TypeError, an int beyond float's range
+        # OverflowError.
+        try:
+            if math.hypot(*value.values()) < _WIDE / 2:
+                return True
+        except (TypeError, OverflowError):
+            pass
     for item in value.values() if type(value) is dict else value if type(value) is list else (value,):
         if type(item) is float:
             if not -_WIDE < item < _WIDE:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from rlguard.doctor.columns import CanonicalRows
+from rlguard.doctor.canonical import CanonicalRows
 from rlguard.doctor.diagnose import detector_metrics
 from rlguard.doctor.html import events_table, page
 from rlguard.doctor.inputs import STDIN, is_stream

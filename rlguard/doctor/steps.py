@@ -127,10 +127,8 @@ class RunMerger:
     def add(self, item: Row) -> None:
         """Merge one reader's row (LogInputError for a named run whose step goes back)."""
         step, row, where, name = item
-        metrics = dict(row)  # less the step counters, which are not metrics (a few keys: popped, not filtered)
-        for key in self._excluded:
-            metrics.pop(key, None)
-        if not metrics:
+        excluded = self._excluded  # step counters are not metrics: left out of the table (Columns.append's skip)
+        if len(row) <= len(excluded) and row.keys() <= excluded:
             self.report.drop("records with no numeric value (all null, text or step counters only)")
             return
         if step is None:
@@ -158,7 +156,7 @@ class RunMerger:
         if self.run is not None and name != self.run:
             return
         self.report.rows += 1
-        self.report.overwritten += into.merged.append(step, metrics)
+        self.report.overwritten += into.merged.append(step, row, excluded)
 
     def finish(self, report: ReadReport) -> Columns:
         """The run's merged rows so far, their account completed in ``report`` (this merger's report, or a copy of
@@ -229,6 +227,8 @@ def _runs(runs: Mapping[str, _Run], most: int) -> str:
 
 def run_name(record: Mapping[str, Any]) -> str | None:
     """The value of the record's run column, or None."""
+    if record.keys().isdisjoint(RUN_KEYS):  # most records: none of them
+        return None
     for key in RUN_KEYS:
         value = record.get(key)
         if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip():

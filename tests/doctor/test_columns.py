@@ -11,12 +11,15 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rlguard.cli import app
 from rlguard.doctor import LogInputError, read_log
 from rlguard.doctor.columns import Columns
 from tests.helpers.logs_extra import jsonl_text, rows
+from tests.helpers.profiles import examples
 
 runner = CliRunner()
 
@@ -139,7 +142,7 @@ _CANONICAL_KEYS = (
 def test_canonical_rows_equal_canonical_stats_of_every_row(seed: int) -> None:
     """CanonicalRows (stats read from the columns) equals canonical_stats of each dict row, steps without a stat
     left out: priorities, ties to the key first in the row, keys absent on some rows, NaN kept as evidence."""
-    from rlguard.doctor.columns import CanonicalRows
+    from rlguard.doctor.canonical import CanonicalRows
     from rlguard.metrics import canonical_stats
 
     rng = random.Random(seed)
@@ -164,3 +167,90 @@ def test_canonical_rows_equal_canonical_stats_of_every_row(seed: int) -> None:
     assert list(listed) == list(got) or all(
         s1 == s2 and list(a) == list(b) for (s1, a), (s2, b) in zip(listed, got, strict=True)
     )
+
+
+_KEYS = ("a", "b", "c", "step", "late")
+
+
+@examples(quick=100, long=2000)
+@given(
+    rows_given=st.lists(
+        st.tuples(
+            st.integers(0, 2),  # the step's increase (0: merged into the last row)
+            st.permutations(_KEYS).flatmap(lambda keys: st.lists(st.sampled_from(keys), unique=True, max_size=5)),
+            st.floats(allow_infinity=True),
+            st.booleans(),  # a snapshot taken before the row
+        ),
+        max_size=40,
+    ),
+    same=st.integers(0, 8),  # rows repeating the first row's keys in its order (the layout's fast path)
+)
+def test_rows_appended_with_skipped_keys_read_back_as_dict_rows(
+    rows_given: list[tuple[int, list[str], float, bool]], same: int
+) -> None:
+    """``Columns.append`` with the step counters skipped, rows of the last row's keys appended in one pass and the
+    others key by key, snapshots in between: the table reads back the rows as dicts less the skipped keys, the
+    values replaced counted, and every snapshot reads the rows it was taken at."""
+    skip = frozenset({"step"})
+    records: list[tuple[int, dict[str, float]]] = []
+    step = 0
+    if rows_given:
+        rows_given = rows_given[:1] * same + rows_given
+    table, snapshots = Columns(), []
+    replaced = 0
+    for k, (increase, keys, value, snap) in enumerate(rows_given):
+        step += increase
+        row = {key: value + i + k for i, key in enumerate(keys)}
+        if not set(row) - skip:  # RunMerger drops a record of step counters alone
+            continue
+        if snap:
+            snapshots.append((table.copy(), list(table)))
+        replaced += table.append(step, row, skip)
+        records.append((step, {key: v for key, v in row.items() if key not in skip}))
+    expected, expected_replaced = _reference(records)
+    got = list(table)
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    for (_, a), (_, b) in zip(got, expected, strict=True):
+        assert list(a) == list(b) or a.keys() == b.keys()
+        assert [repr(a[key]) for key in b] == [repr(b[key]) for key in b]
+    assert replaced == expected_replaced
+    for snapshot, rows_then in snapshots:
+        assert repr(list(snapshot)) == repr(rows_then)
+
+
+def test_a_row_of_the_last_rows_keys_in_another_order_is_read_by_key() -> None:
+    """The one-pass append needs the keys in the last row's order; the same keys in another order go to their own
+    arrays, and a key missing after it leaves the others' arrays as they were."""
+    table = Columns()
+    table.append(1, {"a": 1.0, "b": 2.0, "step": 1.0}, frozenset({"step"}))
+    table.append(2, {"a": 3.0, "b": 4.0, "step": 2.0}, frozenset({"step"}))
+    table.append(3, {"b": 6.0, "a": 5.0, "step": 3.0}, frozenset({"step"}))
+    table.append(4, {"a": 7.0, "step": 4.0}, frozenset({"step"}))
+    table.append(5, {"a": 9.0, "b": 10.0, "step": 5.0}, frozenset({"step"}))
+    assert list(table) == [
+        (1, {"a": 1.0, "b": 2.0}),
+        (2, {"a": 3.0, "b": 4.0}),
+        (3, {"a": 5.0, "b": 6.0}),
+        (4, {"a": 7.0}),
+        (5, {"a": 9.0, "b": 10.0}),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_canonical_rows_read_in_one_pass_equal_rows_read_by_position(seed: int) -> None:
+    """``CanonicalRows.iter_from`` (the fold's reading) equals the rows read one by one, from any start: one key per
+    stat, keys some rows lack, rows without a stat left out, NaN kept."""
+    from rlguard.doctor.canonical import CanonicalRows
+
+    rng = random.Random(seed)
+    keys = ["reward", "kl", "entropy", "grad_norm", "epoch"]
+    table = Columns()
+    for step in range(1, 80):
+        row = {k: rng.choice([rng.random(), math.nan]) for k in keys if rng.random() < (0.9 if seed % 2 else 0.4)}
+        table.append(step, row or {"epoch": 1.0})
+    rows = CanonicalRows(table, {})
+    want = [rows[k] for k in range(len(rows))]
+    for start in (0, 1, len(rows) // 2, len(rows)):
+        got = list(rows.iter_from(start, len(rows)))
+        assert repr(got) == repr(want[start:])
+    assert repr(list(rows)) == repr(want)

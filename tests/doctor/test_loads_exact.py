@@ -109,3 +109,23 @@ def test_an_integer_beyond_64_bits_stays_an_integer() -> None:
     assert record == {"step": 2**64, "run": -(2**63) - 1}
     assert all(type(v) is int for v in record.values())
     assert math.isnan(loads_exact('{"loss": NaN}')["loss"])
+
+
+@examples(quick=200, long=5000)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.sampled_from([*EDGES, 2.0**62, -(2.0**62), 2.0**63 - 1024, 4.6e18, -9.2e18, True]),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.integers(),
+        ),
+        max_size=8,
+    )
+)
+def test_a_flat_record_of_numbers_is_narrow_exactly_when_each_float_is(values: list[Any]) -> None:
+    """``_narrow``'s one-call check of a flat record (its norm) agrees with reading the values one by one, at and
+    around the bound, with big integers (never wide: only a float is) and booleans."""
+    from rlguard.doctor.jsonlog import _WIDE, _narrow
+
+    record = {f"k{i}": v for i, v in enumerate(values)}
+    assert _narrow(record) == all(-_WIDE < v < _WIDE for v in values if type(v) is float)

@@ -5,18 +5,66 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from operator import getitem
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
 
 from rlguard.doctor.columns import Columns, _Rows
 from rlguard.guards.robust import Picked
 from rlguard.metrics import canonical_name, canonical_stats
 
-__all__ = ["CanonicalRows"]
+__all__ = ["CanonicalRows", "NameSet", "name_sets"]
 
 _T = TypeVar("_T")
+
+#: the steps grouped at a time: from dicts (held while grouped), from a table's columns (numpy, 1 byte a stat a step)
+_CHUNK_DICTS, _CHUNK_COLUMNS = 1024, 1 << 16
+#: the rows read at a time by :meth:`CanonicalRows.iter_from` (its arrays' slices: 32 KB each)
+_CHUNK_READ = 4096
+
+
+class NameSet(NamedTuple):
+    """Steps whose stats have the same ``names`` and are all finite numbers or not (``finite``): what the names
+    alone say of a detector's observations (``Detector.observed_with``) holds for each of them.
+
+    Attributes:
+        names: the stats' names.
+        finite: every value of each step is a finite number.
+        size: the steps.
+        stats: the steps' stats, in the order of the log, read when iterated.
+    """
+
+    names: frozenset[str]
+    finite: bool
+    size: int
+    stats: Iterable[Mapping[str, float]]
+
+
+def name_sets(rows: Iterable[Mapping[str, float]]) -> Iterator[NameSet]:
+    """``rows`` (each step's stats) grouped by :class:`NameSet`, a chunk of consecutive steps at a time."""
+    steps = iter(rows)
+    while chunk := list(islice(steps, _CHUNK_DICTS)):
+        groups: dict[tuple[frozenset[str], bool], list[Mapping[str, float]]] = {}
+        for stats in chunk:
+            groups.setdefault((frozenset(stats), _finite_numbers(stats.values())), []).append(stats)
+        for (names, finite), members in groups.items():
+            yield NameSet(names, finite, len(members), members)
+
+
+def _finite_numbers(values: Iterable[Any]) -> bool:
+    """Whether every one of ``values`` is a finite number."""
+    for value in values:
+        try:
+            if not math.isfinite(value):
+                return False
+        except OverflowError:  # an int beyond a float's range: finite
+            continue
+        except (TypeError, ValueError):  # not a number
+            return False
+    return True
 
 
 class CanonicalRows(_Rows):
@@ -184,23 +232,93 @@ class CanonicalRows(_Rows):
                 yield self._row(k)
             return
         index, names = self._index, self._names
-        steps = _at(rows._steps, start, stop, index)
-        columns = zip(*(_at(values, start, stop, index) for values in self._arrays), strict=True)
-        if not self._sparse:
-            for step, values in zip(steps, columns, strict=True):
-                yield step, dict(zip(names, values, strict=True))
-            return
-        for i, step, values in zip(_at(range(len(rows)), start, stop, index), steps, columns, strict=True):
-            yield step, self._absent(i, dict(zip(names, values, strict=True)))
+        for a in range(start, stop, _CHUNK_READ):
+            b = min(a + _CHUNK_READ, stop)
+            steps = _at(rows._steps, a, b, index)
+            columns = zip(*[_at(values, a, b, index) for values in self._arrays], strict=True)  # a row's, in the plan
+            if not self._sparse:  # a dict a row built in C (map, zip): the same dict as _stats builds
+                yield from zip(steps, map(dict, map(zip, repeat(names), columns)), strict=True)
+                continue
+            for i, step, values in zip(_at(range(len(rows)), a, b, index), steps, columns, strict=True):
+                yield step, self._absent(i, dict(zip(names, values, strict=True)))
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
         return self.iter_from(0, len(self))
+
+    def name_sets(self, start: int, stop: int) -> Iterator[NameSet]:
+        """The steps ``self[k]`` for ``k`` in ``range(start, stop)`` grouped by :class:`NameSet`, a chunk of
+        consecutive steps at a time. On a :class:`Columns` table the names and finiteness are read from the columns'
+        presence and values (no step's dict is built: a group's ``stats`` are read only if iterated); each step's
+        stat is the one ``_stats`` reads (the first source present by priority), so the groups are those of
+        :func:`name_sets` over ``iter_from(start, stop)``."""
+        if not isinstance(self._rows, Columns):
+            yield from name_sets(stats for _, stats in self.iter_from(start, stop))
+            return
+        for a in range(start, stop, _CHUNK_COLUMNS):
+            yield from self._chunk_sets(a, min(a + _CHUNK_COLUMNS, stop))
+
+    def _chunk_sets(self, a: int, b: int) -> Iterator[NameSet]:
+        """:meth:`name_sets` of the steps ``a..b`` (a chunk: one byte a stat a step)."""
+        n = b - a
+        at: np.ndarray[Any, Any] | None = None  # the rows' offsets from ``lo`` (None: rows lo..hi, every row kept)
+        if self._index is None:
+            lo, hi = a, b
+        else:  # array slices are copies: no view of a growing table's arrays outlives this call
+            at = np.frombuffer(self._index[a:b], dtype=np.int64)
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            at = at - lo
+        finite = np.ones(n, dtype=bool)
+        always: list[str] = []  # the stats logged at every step of the chunk, those at some
+        some: list[tuple[str, np.ndarray[Any, Any]]] = []
+        for name in sorted(self._sources):
+            logged, bad = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+            for values, present in self._sources[name]:  # highest priority first: a step's stat is the first logged
+                read = ~logged if present is None else _window(present, lo, hi, at, np.uint8).astype(bool) & ~logged
+                bad |= read & ~np.isfinite(_window(values, lo, hi, at, np.float64))
+                logged |= read
+            finite &= ~bad
+            if logged.all():
+                always.append(name)
+            elif logged.any():
+                some.append((name, logged))
+        if len(some) >= 63:  # more than a code of 64 bits holds: grouped from the steps' dicts
+            yield from name_sets(stats for _, stats in self.iter_from(a, b))
+            return
+        code = (~finite).astype(np.uint64)  # bit 0: a value not finite; bit j: the j-th of ``some`` logged
+        for bit, (_, logged) in enumerate(some, 1):
+            code |= logged.astype(np.uint64) << np.uint64(bit)
+        if code[0] == code.min() == code.max():  # most chunks: one set of names, all finite
+            yield NameSet(_names(always, some, int(code[0])), not code[0] & 1, n, self._stats_from(a, b))
+            return
+        keys, inverse = np.unique(code, return_inverse=True)
+        order = np.argsort(inverse, kind="stable") + a  # each group's steps, in order
+        sizes = np.bincount(inverse, minlength=len(keys))
+        for key, end, size in zip(keys.tolist(), np.cumsum(sizes).tolist(), sizes.tolist(), strict=True):
+            steps = order[end - size : end].tolist()
+            yield NameSet(_names(always, some, key), not key & 1, size, (self._row(k)[1] for k in steps))
+
+    def _stats_from(self, a: int, b: int) -> Iterator[dict[str, float]]:
+        return (stats for _, stats in self.iter_from(a, b))
 
     def __repr__(self) -> str:
         return f"CanonicalRows({len(self)} steps)"
 
 
-def _at(items: Sequence[_T], start: int, stop: int, index: array[int] | None) -> Iterator[_T]:
+def _names(always: list[str], some: list[tuple[str, Any]], code: int) -> frozenset[str]:
+    """The names of a step of :meth:`CanonicalRows._chunk_sets`'s ``code``."""
+    return frozenset(always + [name for bit, (name, _) in enumerate(some, 1) if code >> bit & 1])
+
+
+def _window(
+    items: array[float] | bytearray, lo: int, hi: int, at: np.ndarray[Any, Any] | None, dtype: type[np.generic]
+) -> np.ndarray[Any, Any]:
+    """``items`` at rows ``lo..hi``, or at rows ``lo + at``, as a numpy array of ``dtype`` (read from a copy)."""
+    window = np.frombuffer(items[lo:hi], dtype=dtype)
+    return window if at is None else window[at]
+
+
+def _at(items: Sequence[_T], start: int, stop: int, index: array[int] | None) -> Iterable[_T]:
     """``items`` at the rows kept from the ``start``-th to the ``stop``-th: ``items[start:stop]`` where every row is
-    kept (``index`` None), else at the row numbers ``index[start:stop]``; read in place."""
-    return islice(items, start, stop) if index is None else map(items.__getitem__, islice(index, start, stop))
+    kept (``index`` None: a slice, copied, as array slices are; a chunk's), else at the row numbers
+    ``index[start:stop]``, read in place."""
+    return items[start:stop] if index is None else map(items.__getitem__, islice(index, start, stop))

@@ -313,7 +313,7 @@ def _coverage(
     guard: Guard, keys: KeyReport, present: set[str], fitted: Mapping[str, int]
 ) -> dict[str, tuple[bool, str]]:
     """Per detector: whether it judged a step past its warm-up, and on how many steps, or why not (``fitted``:
-    detector -> its own warm-up, where :func:`~rlguard.doctor.fold.fit_warmups` shortened it)."""
+    detector -> its own warm-up, where :func:`~rlguard.doctor.warmups.fit_warmups` shortened it)."""
     seen = guard.observations()
     out: dict[str, tuple[bool, str]] = {}
     for name, det in guard.detectors.items():

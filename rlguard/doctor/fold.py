@@ -7,30 +7,22 @@ from __future__ import annotations
 import copy
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from rlguard.doctor.canonical import CanonicalRows
-from rlguard.doctor.diagnose import (
-    WARMUP_SHARE,
-    CanonicalLog,
-    Diagnosis,
-    _coverage,
-    _findings,
-    detector_metrics,
-    read_canonical,
-)
+from rlguard.doctor.diagnose import CanonicalLog, Diagnosis, _coverage, _findings, detector_metrics, read_canonical
 from rlguard.doctor.keyvalues import ValueIndex
 from rlguard.doctor.readers import LogInputError, MetricLog, events_file
+from rlguard.doctor.warmups import count_observations, enough_observations, fit_plan, fit_warmups
 from rlguard.guards import Event, Guard, GuardConfig
 from rlguard.guards.consequence.excursions import excursions, recovered_incidents
 from rlguard.guards.consequence.index import FindingIndex
 from rlguard.guards.consequence.offline import Timeline, judge_log, label_findings, relabel
 from rlguard.guards.consequence.rule import ConsequenceRule
-from rlguard.guards.detectors.base import MIN_BASELINE
 from rlguard.guards.events import EventsFileError, Finding, read_events
 
 __all__ = ["DoctorFold", "fit_warmups"]
@@ -115,15 +107,13 @@ class DoctorFold:
             self._restart()
         # the next judgement's table extends this one where the log grew (another log is judged from its start)
         self._canonical = rows
-        enough = _enough(self._defaults, self._needs)
+        enough = enough_observations(self._defaults, self._needs)
         self._index.sync(self._observed, self._findings, self._rewards)  # each detector's observations in the steps fed
         fed = {name: self._index.count(name) for name in self._guard.detectors}
-        counts = _count_observations(
-            self._guard, (stats for _, stats in rows.iter_from(self._fed, len(rows))), fed, enough
-        )
-        if _fit_plan(self._defaults, self._needs, counts) != self._warmups:
+        counts = count_observations(self._guard.detectors, rows.name_sets(self._fed, len(rows)), fed, enough)
+        if fit_plan(self._defaults, self._needs, counts) != self._warmups:
             self._restart()
-        self._warmups = _fit_plan(self._defaults, self._needs, counts)
+        self._warmups = fit_plan(self._defaults, self._needs, counts)
         if self._fed == 0:
             for name, warmup in self._warmups.items():
                 self._guard.detectors[name].warmup = warmup
@@ -255,73 +245,6 @@ class _Sparse(Sequence[Mapping[str, _V]]):
     def __iter__(self) -> Iterator[Mapping[str, _V]]:
         at = self._at
         return (at.get(k, _NONE) for k in range(self._n))
-
-
-def fit_warmups(guard: Guard, rows: Iterable[Mapping[str, float]]) -> dict[str, int]:
-    """Fit each detector's warm-up (stated in observations: logged records that carry its stats) to the log: at
-    most ``1/WARMUP_SHARE`` of its observations, never fewer than ``MIN_BASELINE`` nor more than its own, and only
-    for a detector with at least ``2 * MIN_BASELINE`` observations (a baseline, then a window of the 3-of-5 run rule
-    to judge; fewer cannot be judged). A short or sparse log (21 records logged every 20 steps) is judged instead
-    of refused. A detector whose judgement needs a fixed number of observations (``Detector.baseline_needed``:
-    0 for absolute bounds alone; ``zero_variance_groups`` the reward level it tells solved from failed groups by)
-    gets that warm-up in any log long enough to judge: a condition at the first records (100% of groups without reward
-    variance at a reward of 0) is a fact there, and the consequence rule still exempts a condition present from the
-    first observations while the reward rises. ``rows``: each step's canonical stats, read once. Returns detector ->
-    its own warm-up, for those whose warm-up was shortened. The live guard counts its warm-ups in optimizer steps
-    (``GuardConfig.warmup_unit``), with at least ``MIN_BASELINE`` observations."""
-    dets = guard.detectors.items()
-    warmups, needs = {n: det.warmup for n, det in dets}, {n: det.baseline_needed() for n, det in dets}
-    counts = _count_observations(guard, rows, dict.fromkeys(guard.detectors, 0), _enough(warmups, needs))
-    plan = _fit_plan(warmups, needs, counts)
-    fitted = {}
-    for name, warmup in plan.items():
-        det = guard.detectors[name]
-        fitted[name], det.warmup = det.warmup, warmup
-    return fitted
-
-
-def _count_observations(
-    guard: Guard, rows: Iterable[Mapping[str, float]], counts: Mapping[str, int], enough: Mapping[str, int]
-) -> dict[str, int]:
-    """``counts`` plus, per detector of ``guard``, the steps of ``rows`` that carry its evidence
-    (``Detector.observes``), counted up to ``enough`` (:func:`_enough`): past it the count changes no warm-up, so a
-    long log's rows are read for the few detectors with little evidence only."""
-    out = dict(counts)
-    counting = [(name, det) for name, det in guard.detectors.items() if out[name] < enough[name]]
-    for stats in rows:
-        if not counting:
-            break
-        done = False
-        for name, det in counting:
-            if det.observes(stats):
-                out[name] += 1
-                done = done or out[name] >= enough[name]
-        if done:
-            counting = [(name, det) for name, det in counting if out[name] < enough[name]]
-    return out
-
-
-def _enough(warmups: Mapping[str, int], needs: Mapping[str, int | None]) -> dict[str, int]:
-    """Detector -> the observations from which :func:`_fit_plan` no longer depends on its count: its warm-up is then
-    its own (``WARMUP_SHARE`` times it) or the fixed one its judgement needs, and it has a baseline and a window to
-    judge (``2 * MIN_BASELINE``)."""
-    return {
-        name: max(2 * MIN_BASELINE, WARMUP_SHARE * own if needs.get(name) is None else 0)
-        for name, own in warmups.items()
-    }
-
-
-def _fit_plan(warmups: Mapping[str, int], needs: Mapping[str, int | None], counts: Mapping[str, int]) -> dict[str, int]:
-    """Detector -> its warm-up fitted to ``counts`` observations, for those :func:`fit_warmups` shortens from their
-    own ``warmups`` (``needs``: ``Detector.baseline_needed``, the observations a judgement needs where that is
-    fixed)."""
-    plan = {}
-    for name, own in warmups.items():
-        seen, need = counts.get(name, 0), needs.get(name)
-        warmup = min(own, need if need is not None else max(MIN_BASELINE, seen // WARMUP_SHARE))
-        if warmup < own and seen >= 2 * MIN_BASELINE:  # a baseline, then a 3-of-5 window to judge
-            plan[name] = warmup
-    return plan
 
 
 class _Series(Mapping[str, Sequence[float]]):

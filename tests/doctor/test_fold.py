@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlguard.doctor.diagnose import diagnose_log
-from rlguard.doctor.fold import DoctorFold, _enough, _fit_plan
+from rlguard.doctor.fold import DoctorFold
 from rlguard.doctor.stream import JsonlFollower
+from rlguard.doctor.warmups import enough_observations, fit_plan
 from rlguard.guards import Guard
 from rlguard.guards.decision import Decision
 from tests.helpers.synthetic import FAILURES, failing_stream, healthy_stream
@@ -172,10 +173,11 @@ def test_the_copy_that_judges_the_last_step_leaves_the_folds_guard_as_it_was(tmp
     )
 )
 def test_observations_counted_up_to_enough_fit_the_same_warmups(detectors: list[tuple[int, int | None, int]]) -> None:
-    """The warm-up counts stop at ``_enough``: any count from there on fits the same warm-up as the whole count."""
+    """The warm-up counts stop at ``enough_observations``: any count from there on fits the same warm-up as the whole
+    count."""
     warmups = {f"d{i}": own for i, (own, _, _) in enumerate(detectors)}
     needs = {f"d{i}": need for i, (_, need, _) in enumerate(detectors)}
     counts = {f"d{i}": seen for i, (_, _, seen) in enumerate(detectors)}
-    enough = _enough(warmups, needs)
+    enough = enough_observations(warmups, needs)
     stopped = {name: min(seen, enough[name]) for name, seen in counts.items()}
-    assert _fit_plan(warmups, needs, stopped) == _fit_plan(warmups, needs, counts)
+    assert fit_plan(warmups, needs, stopped) == fit_plan(warmups, needs, counts)

@@ -236,21 +236,29 @@ def test_a_row_of_the_last_rows_keys_in_another_order_is_read_by_key() -> None:
     ]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_canonical_rows_read_in_one_pass_equal_rows_read_by_position(seed: int) -> None:
-    """``CanonicalRows.iter_from`` (the fold's reading) equals the rows read one by one, from any start: one key per
-    stat, keys some rows lack, rows without a stat left out, NaN kept."""
+@pytest.mark.parametrize("chunk", [3, 4096])
+@pytest.mark.parametrize("seed", range(6))
+def test_canonical_rows_read_in_one_pass_equal_rows_read_by_position(
+    monkeypatch: pytest.MonkeyPatch, seed: int, chunk: int
+) -> None:
+    """``CanonicalRows.iter_from`` (the fold's reading, by chunks of rows) equals the rows read one by one, from any
+    start to any stop: one key per stat, keys some rows lack or every row has, rows without a stat left out, NaN
+    kept."""
+    from rlguard.doctor import canonical
     from rlguard.doctor.canonical import CanonicalRows
 
+    monkeypatch.setattr(canonical, "_CHUNK_READ", chunk)
     rng = random.Random(seed)
     keys = ["reward", "kl", "entropy", "grad_norm", "epoch"]
     table = Columns()
+    share = (0.9, 0.4, 1.0)[seed % 3]  # 1.0: every row holds every key (no row left out, none lacks a stat)
     for step in range(1, 80):
-        row = {k: rng.choice([rng.random(), math.nan]) for k in keys if rng.random() < (0.9 if seed % 2 else 0.4)}
+        row = {k: rng.choice([rng.random(), math.nan]) for k in keys if rng.random() < share}
         table.append(step, row or {"epoch": 1.0})
     rows = CanonicalRows(table, {})
     want = [rows[k] for k in range(len(rows))]
     for start in (0, 1, len(rows) // 2, len(rows)):
-        got = list(rows.iter_from(start, len(rows)))
-        assert repr(got) == repr(want[start:])
+        for stop in {start, min(start + 5, len(rows)), len(rows)}:
+            got = list(rows.iter_from(start, stop))
+            assert repr(got) == repr(want[start:stop])
     assert repr(list(rows)) == repr(want)

@@ -61,7 +61,7 @@ def count_observations(
         # a plan is read from the names and whether every value is finite: a mapping of this group's names says both
         plan = plans.at(dict.fromkeys(names, 0.0 if finite else math.nan))
         asked = []
-        for name, _, _, observes, *_ in plan:  # a Watch
+        for name, _, _, observes, *_ in plan:  # a Watch (name, detector, alarm, its observes where asked, ...)
             if name not in counting:
                 continue
             if observes is not None:

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlguard.guards.consequence.episodes import Episodes
 from rlguard.guards.consequence.history import RewardHistory
 
 if TYPE_CHECKING:
+    from rlguard.guards.consequence.rule import ConsequenceRule
+    from rlguard.guards.detectors.base import Detector
     from rlguard.guards.events import Finding
 
-__all__ = ["FindingIndex", "IndexMark", "episode_bounds"]
+__all__ = ["FindingIndex", "IndexMark"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class FindingIndex:
         self._dense: set[str] = set()  # the detectors that observed every position so far
         #: the finite rewards, read when the rule first asks of the whole series (an established peak)
         self.history = RewardHistory()
+        self._episodes: dict[str, Episodes] = {}  # detector -> its findings by episode, and their labels
 
     def sync(
         self, observed: Sequence[frozenset[str]], findings: Sequence[Mapping[str, Finding]], rewards: Sequence[float]
@@ -116,6 +120,8 @@ class FindingIndex:
                 del self._sparse[name][mark.lengths[name] :]
             else:  # first observed, or first skipped a position, since the mark
                 del self._sparse[name]
+        for name, episodes in self._episodes.items():
+            episodes.truncate(self.found(name), mark.found.get(name, 0))
         for name in list(self._found):
             del self._found[name][mark.found.get(name, 0) :]
         self._dense = {name for name in self._counts if name not in self._sparse}
@@ -134,19 +140,16 @@ class FindingIndex:
         """``name``'s findings at its observations, in order: (observation index, position, finding)."""
         return self._found.get(name, ())
 
+    def episodes(self, name: str, det: Detector, rule: ConsequenceRule) -> Episodes:
+        """``name``'s findings by episode (:class:`~rlguard.guards.consequence.episodes.Episodes`), read up to its
+        last finding; read again from its first where ``det``'s hysteresis or ``rule``'s sustained count differ
+        from those it was read with."""
+        episodes = self._episodes.get(name)
+        if episodes is None or episodes.key != (det.clear_after, rule.within, rule.sustained):
+            episodes = self._episodes[name] = Episodes(det.clear_after, rule)
+        episodes.read(self.found(name), det)
+        return episodes
+
     def found_at(self, name: str) -> dict[int, Finding]:
         """Position -> ``name``'s finding there, for its findings at its observations."""
         return {p: f for _, p, f in self.found(name)}
-
-
-def episode_bounds(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> Iterator[tuple[int, int, int]]:
-    """Each episode of a detector's findings (``FindingIndex.found``) as (index into ``found`` of its first, of its
-    last, the observation index of its first): findings separated by fewer than ``clear_after`` clean observations
-    (at least 1) belong together, the alarm's hysteresis."""
-    start = 0
-    for i in range(1, len(found)):
-        if found[i][0] - found[i - 1][0] - 1 >= max(clear_after, 1):
-            yield start, i - 1, found[start][0]
-            start = i
-    if found:
-        yield start, len(found) - 1, found[start][0]

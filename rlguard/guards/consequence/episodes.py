@@ -54,11 +54,13 @@ class Episode:
         recoverable: its critical findings that are not unrecoverable.
         relative: its sustained findings that are not absolute (``Finding.absolute``).
         lone: indices (into the findings) of its critical findings neither unrecoverable nor sustained.
+        settled: how many of the first of them have labels that stay while no episode of any detector within the
+            rule's horizon after them changes what of it is critical in itself (:meth:`Episodes.unsettle`).
         applied: the verdict its labels were written with (:meth:`Episodes.apply`), and up to which finding.
     """
 
     __slots__ = ("applied", "applied_to", "checkpoints", "dirty", "events", "first", "first_i", "first_obs", "last",
-                 "last_i", "lone", "onset", "recoverable", "relative", "sets")  # fmt: skip
+                 "last_i", "lone", "onset", "recoverable", "relative", "sets", "settled")  # fmt: skip
 
     def __init__(self, i: int, k: int, p: int) -> None:
         self.first_i = self.last_i = i
@@ -67,6 +69,7 @@ class Episode:
         self.sets = tuple(array("q") for _ in range(4))  # the positions of each set (:meth:`positions`)
         self.recoverable = self.relative = 0
         self.lone: list[int] = []
+        self.settled = 0  # the first lone findings whose labels stay (``offline._lone``)
         self.applied: Verdict | None = None
         self.applied_to = i
         self.dirty = i  # the first finding whose label changed since the alarm's replay (:meth:`Episodes.replay`)
@@ -89,10 +92,11 @@ class Episodes:
     -> (severity by consequence, why)), written by :meth:`apply`.
 
     ``clear_after``: the detector's alarm hysteresis; ``rule``: the rule whose ``within`` and ``sustained`` say which
-    findings are sustained (a finding's sustained reason is fixed when it is read: it looks back only)."""
+    findings are sustained (a finding's sustained reason is fixed when it is read: it looks back only), and whose
+    ``horizon`` and ``recovered`` say whether a lone one recovered (:attr:`recovered`)."""
 
     def __init__(self, clear_after: int, rule: ConsequenceRule) -> None:
-        self.key = (clear_after, rule.within, rule.sustained)
+        self.key = self.key_for(clear_after, rule)
         self.clear_after, self.rule = max(clear_after, 1), rule
         self.episodes: list[Episode] = []
         self.firsts, self.lasts = array("q"), array("q")  # each episode's first and last position
@@ -100,6 +104,15 @@ class Episodes:
         self.why: list[str | None] = []  # each finding's sustained reason (None: not critical, or not sustained)
         self._critical: set[int] = set()  # the observation indices of its critical findings
         self.labels: dict[int, tuple[Severity, str]] = {}
+        #: finding -> whether the detector recovered after it, for lone findings where the log told before its last
+        #: step (``offline._recovery``: it reads the detector's own findings after it, which stay)
+        self.recovered: dict[int, bool] = {}
+        self.levels: list[int] = []  # each episode's level (:meth:`Episode.positions`) when lone ones were labelled
+
+    @staticmethod
+    def key_for(clear_after: int, rule: ConsequenceRule) -> tuple[int, ...]:
+        """What the episodes and what is kept of them depend on besides the findings."""
+        return (clear_after, rule.within, rule.sustained, rule.horizon, rule.recovered)
 
     @property
     def n(self) -> int:
@@ -149,6 +162,7 @@ class Episodes:
             why = self.why.pop()
             ep = self.episodes[-1]
             self.labels.pop(p, None)
+            self.recovered.pop(i, None)
             if f.severity == "critical":
                 self._critical.discard(k)
                 for positions in ep.sets:
@@ -158,6 +172,7 @@ class Episodes:
                     ep.recoverable -= 1
                     if why is None:
                         ep.lone.pop()
+                        ep.settled = min(ep.settled, len(ep.lone))
                     elif not f.absolute:
                         ep.relative -= 1
             ep.onset = None
@@ -169,6 +184,16 @@ class Episodes:
                 ep.last_i, ep.last = i - 1, self.positions[-1]
                 self.lasts[-1] = ep.last
                 ep.applied_to = min(ep.applied_to, i)
+
+    def unsettle(self, changed: Sequence[tuple[int, int]], horizon: int) -> None:
+        """Label again the lone findings within ``horizon`` positions before or in a range of positions in
+        ``changed`` (episodes, of any detector, whose findings critical in themselves changed)."""
+        for a, b in changed:
+            for j in range(bisect.bisect_left(self.lasts, a - horizon), bisect.bisect_right(self.firsts, b)):
+                ep = self.episodes[j]
+                x = bisect.bisect_left(ep.lone, a - horizon, hi=ep.settled, key=self.positions.__getitem__)
+                if x < ep.settled and self.positions[ep.lone[x]] <= b:
+                    ep.settled = x
 
     def first_within(self, levels: Sequence[int], lo: int, hi: int) -> int | None:
         """The first position in ``lo..hi`` of a finding critical in itself, each episode's at its level in
@@ -194,6 +219,8 @@ class Episodes:
         labels = self.labels
         for ep, verdict in zip(self.episodes, verdicts, strict=True):
             start = ep.applied_to if ep.applied == verdict else ep.first_i
+            if start == ep.first_i:
+                ep.settled = 0
             warning, absolute_critical = verdict
             for i in range(start, ep.last_i + 1):
                 f = found[i][2]

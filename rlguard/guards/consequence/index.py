@@ -142,10 +142,10 @@ class FindingIndex:
 
     def episodes(self, name: str, det: Detector, rule: ConsequenceRule) -> Episodes:
         """``name``'s findings by episode (:class:`~rlguard.guards.consequence.episodes.Episodes`), read up to its
-        last finding; read again from its first where ``det``'s hysteresis or ``rule``'s sustained count differ
-        from those it was read with."""
+        last finding; read again from its first where ``det``'s hysteresis or the ``rule`` differ from those it
+        was read with."""
         episodes = self._episodes.get(name)
-        if episodes is None or episodes.key != (det.clear_after, rule.within, rule.sustained):
+        if episodes is None or episodes.key != Episodes.key_for(det.clear_after, rule):
             episodes = self._episodes[name] = Episodes(det.clear_after, rule)
         episodes.read(self.found(name), det)
         return episodes

@@ -206,16 +206,23 @@ def _lone(
     sustained findings need no future and stay critical."""
     n = len(timeline.steps)
     own_episodes, own_levels = intrinsic[name]
+    kind = classes.get(name, "control")
     for ep, (warning, _) in zip(episodes.episodes, verdicts, strict=True):
         if warning is not None:
             continue
-        for i in ep.lone:
+        settling = True  # the lone findings before this one stay
+        for j in range(ep.settled, len(ep.lone)):
+            i = ep.lone[j]
             k, p, _f = mine_found[i]
             label: tuple[Severity, str]
             hi = min(p + rule.horizon, n - 1)
             own = own_episodes.first_within(own_levels, p, hi)
             lost = _lost_control(name, timeline, intrinsic, classes, p, hi)
-            recovery = _recovery(name, timeline, obs, k + 1, p + rule.horizon, rule.recovered)
+            recovery = episodes.recovered.get(i)
+            if recovery is None:
+                recovery, told = _recovery(name, timeline, obs, k + 1, p + rule.horizon, rule.recovered)
+                if recovery is not None and told < n - 1:  # told by steps that stay (not the last, which may change)
+                    episodes.recovered[i] = recovery
             seen_after = len(obs) - k - 1
             if own is not None:
                 label = (
@@ -225,7 +232,7 @@ def _lone(
                 )
             elif lost is not None:
                 label = ("critical", f"followed by lost control ({lost})")
-            elif (kind := classes.get(name, "control")) in _AT_TOP and reward.at_top(p, hi):
+            elif kind in _AT_TOP and reward.at_top(p, hi):
                 label = ("warn", _AT_TOP[kind])
             elif recovery is None:
                 label = (
@@ -246,18 +253,28 @@ def _lone(
                     "skips such a step)",
                 )
             episodes.write(ep, i, label)
+            # it stays where what decided it stays: its horizon and recovery told by steps before the last, the
+            # reward's range over the log (``at_top``) not asked; an intrinsic critical changing in it unsettles it
+            stays = p + rule.horizon < n - 1 and i in episodes.recovered
+            if settling and stays and (own is not None or lost is not None or kind not in _AT_TOP):
+                ep.settled = j + 1
+            else:
+                settling = False
 
 
-def _recovery(name: str, timeline: Timeline, obs: Sequence[int], first: int, until: int, clean: int) -> bool | None:
+def _recovery(
+    name: str, timeline: Timeline, obs: Sequence[int], first: int, until: int, clean: int
+) -> tuple[bool | None, int]:
     """Whether ``name`` recovered over the positions ``obs[first:]`` (its observations after a lone critical one):
-    :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved)."""
+    :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved). And the position at which it
+    could tell (``len(timeline.steps)`` where it could not)."""
     watch = RecoveryWatch(until, clean)
     for k in range(first, len(obs)):
         q = obs[k]
         verdict = watch.see(q, name in timeline.findings[q])
         if verdict is not None:
-            return verdict
-    return None
+            return verdict, q
+    return None, len(timeline.steps)
 
 
 def label_findings(
@@ -285,7 +302,15 @@ def label_findings(
         if all(episodes[n].same(new[n][1], intrinsic[n][1]) for n in detectors):
             break
         intrinsic = new
+    changed = [  # the episodes whose intrinsic criticals changed since the last lone findings were labelled
+        (ep.first, ep.last)
+        for name in detectors
+        for ep, old, level in zip(episodes[name].episodes, episodes[name].levels, intrinsic[name][1], strict=False)
+        if old != level
+    ]
     for name in detectors:
+        episodes[name].unsettle(changed, rule.horizon)
+        episodes[name].levels = list(intrinsic[name][1])
         episodes[name].apply(index.found(name), verdicts[name])
         _lone(
             name, timeline, index.positions(name), index.found(name), episodes[name], verdicts[name], intrinsic,

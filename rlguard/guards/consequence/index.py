@@ -8,7 +8,9 @@ kept here, a judgement reads only the positions added since the last (:meth:`Fin
 the findings, not on the steps.
 
 Memory, beyond the timeline itself: per detector one int64 per observed position where the detector skipped a step
-(none for a detector that observed every step: a ``range``), one tuple per finding, and two floats.
+(none for a detector that observed every step: a ``range``), one tuple per finding, and two floats; and each
+detector's findings by episode with their labels (:class:`~rlguard.guards.consequence.episodes.Episodes`, kept
+here so that a judgement labels only what changed since the last).
 """
 
 from __future__ import annotations
@@ -69,8 +71,13 @@ class FindingIndex:
         there (``findings``; a finding of a detector that did not observe the position is not one of its
         observations and is left out, as the rule reads it) and the reward (``rewards``, NaN where absent)."""
         counts, sparse, found, dense = self._counts, self._sparse, self._found, self._dense
-        for p in range(self.n, len(observed)):
+        end = len(observed)
+        p = self.n
+        while p < end:  # a run of positions observed by one set (the fold shares one object per set)
             seen = observed[p]
+            q = p + 1
+            while q < end and observed[q] is seen:
+                q += 1
             if not seen >= dense:  # a detector that observed every position skips this one
                 for name in dense - seen:
                     sparse[name] = array("q", range(counts[name]))
@@ -84,19 +91,22 @@ class FindingIndex:
                     else:
                         dense.add(name)
                 if name in sparse:
-                    sparse[name].append(p)
-                counts[name] = k + 1
-            here = findings[p]
-            if here:
-                for name, f in here.items():
-                    if name in seen:
-                        found.setdefault(name, []).append((counts[name] - 1, p, f))
-            r = rewards[p]
-            if math.isfinite(r):
-                if not r >= self.lowest:  # NaN at first
-                    self.lowest = r
-                if not r <= self.highest:
-                    self.highest = r
+                    sparse[name].extend(range(p, q))
+                counts[name] = k + q - p
+            for r in range(p, q):
+                here = findings[r]
+                if here:
+                    for name, f in here.items():
+                        if name in seen:  # its observation index: counts[name] - 1 at r
+                            found.setdefault(name, []).append((counts[name] - q + r, r, f))
+            p = q
+        # the extremes of the finite rewards (``min`` and ``max`` keep the first where tied, as one by one)
+        lowest = min(filter(math.isfinite, rewards[self.n : end]), default=math.nan)
+        highest = max(filter(math.isfinite, rewards[self.n : end]), default=math.nan)
+        if not lowest >= self.lowest and lowest == lowest:  # NaN at first
+            self.lowest = lowest
+        if not highest <= self.highest and highest == highest:
+            self.highest = highest
         self.n = max(self.n, len(observed))
 
     def mark(self) -> IndexMark:

@@ -102,7 +102,6 @@ class Episodes:
         self.firsts, self.lasts = array("q"), array("q")  # each episode's first and last position
         self.positions, self.observations = array("q"), array("q")  # each finding's
         self.why: list[str | None] = []  # each finding's sustained reason (None: not critical, or not sustained)
-        self._critical: set[int] = set()  # the observation indices of its critical findings
         self.labels: dict[int, tuple[Severity, str]] = {}
         #: finding -> whether the detector recovered after it, for lone findings where the log told before its last
         #: step (``offline._recovery``: it reads the detector's own findings after it, which stay)
@@ -134,7 +133,6 @@ class Episodes:
             self.observations.append(k)
             why = None
             if f.severity == "critical":
-                self._critical.add(k)
                 sets = ep.sets
                 sets[CRITICAL].append(p)
                 if f.unrecoverable:
@@ -142,7 +140,7 @@ class Episodes:
                         sets[level].append(p)
                 else:
                     ep.recoverable += 1
-                    recent = sustained_count(self._critical.__contains__, k, self.rule)
+                    recent = sustained_count(self._recent_critical(found, i).__contains__, k, self.rule)
                     why = sustained_why(recent, det.evidence(f), self.rule)
                     if why is None:
                         ep.lone.append(i)
@@ -154,17 +152,23 @@ class Episodes:
                             ep.relative += 1
             self.why.append(why)
 
+    def _recent_critical(self, found: Sequence[tuple[int, int, Finding]], i: int) -> set[int]:
+        """The observation indices of the critical findings among the last ``rule.within`` findings up to ``i``
+        (those that :func:`sustained_count` can count: observation indices increase)."""
+        return {
+            found[j][0] for j in range(max(i - self.rule.within + 1, 0), i + 1) if found[j][2].severity == "critical"
+        }
+
     def truncate(self, found: Sequence[tuple[int, int, Finding]], m: int) -> None:
         """Forget the findings from ``m`` on (``found``: the findings as read, before they are truncated)."""
         while self.n > m:
             i = self.n - 1
-            p, k, f = self.positions.pop(), self.observations.pop(), found[i][2]
-            why = self.why.pop()
+            p, f, why = self.positions.pop(), found[i][2], self.why.pop()
+            self.observations.pop()
             ep = self.episodes[-1]
             self.labels.pop(p, None)
             self.recovered.pop(i, None)
             if f.severity == "critical":
-                self._critical.discard(k)
                 for positions in ep.sets:
                     if positions and positions[-1] == p:
                         positions.pop()

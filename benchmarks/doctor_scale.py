@@ -259,14 +259,14 @@ def watch_cost(
     follower.poll()
     fold.judge(follower.log(), final=False)
     fed = [0.0]
-    feed = fold._feed
+    observe = fold._observe
 
-    def timed_feed(*args: object) -> None:
+    def timed_observe(*args: object) -> None:
         start = time.process_time()
-        feed(*args)  # type: ignore[arg-type]
+        observe(*args)  # type: ignore[arg-type]
         fed[0] += time.process_time() - start
 
-    fold._feed = timed_feed  # type: ignore[method-assign,assignment]
+    fold._observe = timed_observe  # type: ignore[method-assign,assignment]
     read = judged = view = 0.0
     for k in range(polls):
         with path.open("ab") as fh:

@@ -222,9 +222,9 @@ class _Sparse(Sequence[Mapping[str, _V]]):
         self._n += 1
 
     def truncate(self, n: int) -> None:
-        """Keep the first ``n`` steps."""
-        for k in [k for k in self._at if k >= n]:
-            del self._at[k]
+        """Keep the first ``n`` steps (the steps taken back, not every step with a mapping, are read)."""
+        for k in range(n, self._n):
+            self._at.pop(k, None)
         self._n = min(self._n, n)
 
     def __len__(self) -> int:

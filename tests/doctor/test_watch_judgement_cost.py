@@ -10,7 +10,9 @@ import json
 import math
 import random
 import tracemalloc
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -271,3 +273,88 @@ def test_a_judgement_during_a_long_critical_episode_reads_the_rewards_appended_n
         per.append(read[0])
     assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings)
     assert per[-1] <= per[0], per
+
+
+class _Counted(Sequence[Any]):
+    """A detector's findings (``FindingIndex.found``) that count the findings read from them."""
+
+    read = 0
+
+    def __init__(self, found: Sequence[Any]) -> None:
+        self._found = found
+
+    def __len__(self) -> int:
+        return len(self._found)
+
+    def __getitem__(self, i: Any) -> Any:
+        item = self._found[i]
+        _Counted.read += len(item) if isinstance(i, slice) else 1
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self._found:
+            _Counted.read += 1
+            yield item
+
+
+def test_a_judgement_during_a_long_critical_episode_reads_the_findings_appended_not_the_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entropy collapse from step 150 that goes on, judged after each 50 records appended from step 200 to 700:
+    each record adds a finding of each detector in the condition. The findings the labels, the alarms' replay and
+    the excursions read per judgement do not grow with the episode (before: every finding at each judgement, 1,443
+    at the first to 8,643 at the last; now those appended and the episode's lone findings, 168 at each)."""
+    from rlguard.guards.consequence.index import FindingIndex
+    from tests.helpers.synthetic import failing_stream
+
+    found = FindingIndex.found
+    monkeypatch.setattr(FindingIndex, "found", lambda self, name: _Counted(found(self, name)))
+    lines = [_line(step, stats) for step, stats in enumerate(failing_stream("entropy_collapse", 700, 150, 1), 1)]
+    path = tmp_path / "collapse.jsonl"
+    path.write_text("".join(lines[:200]))
+    follower, fold = JsonlFollower(path), DoctorFold(path)
+    follower.poll()
+    fold.judge(follower.log(), final=False)
+    per = []
+    for k in range(200, 700, 50):
+        with path.open("a") as fh:
+            fh.write("".join(lines[k : k + 50]))
+        follower.poll()
+        _Counted.read = 0
+        d = fold.judge(follower.log(), final=False)
+        per.append(_Counted.read)
+    assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings)
+    assert per[-1] <= per[0], per
+
+
+@given(
+    episodes=st.lists(
+        st.tuples(
+            st.sampled_from(["entropy_collapse", "grad_explosion", "reward_collapse", "kl_ref_blowup", "too_hard"]),
+            st.integers(60, 260),  # the step it starts at
+            st.integers(3, 120),  # its length: the stats return to the healthy run's after it
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    cuts=st.lists(st.integers(1, 300), min_size=1, max_size=10),
+    seed=st.integers(0, 2**16),
+)
+@examples(quick=5, long=60)
+def test_the_watch_judges_long_critical_episodes_that_start_go_on_end_and_restart_as_from_scratch(
+    tmp_path_factory: pytest.TempPathFactory, episodes: list[tuple[str, int, int]], cuts: list[int], seed: int
+) -> None:
+    """A 300-step run with failures that start, go on (long episodes of critical findings), end (the stats return
+    to the healthy run's) and start again (a mode drawn twice), judged by one fold at random records appended, as
+    the watch judges (its episodes' labels, alarms and excursions kept between judgements), equals a judgement from
+    scratch of each prefix."""
+    from tests.helpers.synthetic import FAILURES
+
+    stream = healthy_stream(300, seed=seed)
+    for mode, start, length in episodes:
+        inject = FAILURES[mode][0]
+        for i in range(start, min(start + length, len(stream))):
+            inject(stream[i], i, start, 1.0)
+    lines = [_line(step, stats).encode() for step, stats in enumerate(stream, 1)]
+    path = tmp_path_factory.mktemp("episodes") / "metrics.jsonl"
+    assert _follow_and_compare(path, lines, [*sorted(set(cuts)), len(lines)]) >= 1

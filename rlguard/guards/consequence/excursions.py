@@ -50,13 +50,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlguard.guards.consequence.history import RewardHistory
-from rlguard.guards.consequence.index import episode_bounds
-from rlguard.guards.consequence.offline import timeline_index
+from rlguard.guards.consequence.offline import labelled_episodes, timeline_index
 from rlguard.guards.consequence.rule import ConsequenceRule, level_margin_from_noise
-from rlguard.guards.events import SEVERITY_LEVEL, Finding, Severity
+from rlguard.guards.events import Event, Finding, Severity
 from rlguard.guards.robust import Picked
 
 if TYPE_CHECKING:
+    from rlguard.guards.consequence.episodes import Episode
     from rlguard.guards.consequence.offline import Timeline
     from rlguard.guards.detectors.base import Detector
 
@@ -114,21 +114,24 @@ def excursions(
 ) -> dict[str, list[Excursion]]:
     """Detector -> its excursions over the log, in order; ``labels`` are
     :func:`~rlguard.guards.consequence.offline.label_findings`'s (the severity by consequence of each critical
-    finding). Only excursions that raised the alarm are kept (a streak of ``patience`` findings), as the events."""
+    finding). Only excursions that raised the alarm are kept (a streak of ``patience`` findings), as the events:
+    an excursion is an episode of the alarm's replay (:meth:`~rlguard.guards.consequence.episodes.Episodes.replay`)
+    with events, from the first (the alarm) to the last (the severity reached)."""
     rule = rule or ConsequenceRule()
     index = timeline_index(timeline)
     out: dict[str, list[Excursion]] = {}
     for name, det in detectors.items():
         obs = index.positions(name)
-        mine_found = index.found(name)
-        found = {p: f for _, p, f in mine_found}
-        mine = labels.get(name, {})
-        groups = _groups(mine_found, det.clear_after)
-        out[name] = [
-            ex for group in groups if (ex := _excursion(name, det, timeline, obs, group, found, mine, rule)) is not None
+        found = index.found(name)
+        labelled = labelled_episodes(index, name, det, rule, labels)
+        mine = [
+            _excursion(name, det, timeline, obs, ep, events, found, rule)
+            for ep, episodes in labelled
+            if (events := episodes.replay(ep, found, det, timeline.steps, name))
         ]
-        at = _Observed(timeline.steps, obs, groups)
-        out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in out[name]]
+        ends = [timeline.steps[ep.last] for ep, _ in labelled]
+        at = _Observed(timeline.steps, obs, ends)
+        out[name] = [_backdate(ex, name, timeline, obs, at, rule.horizon) for ex in mine]
     return out
 
 
@@ -137,10 +140,10 @@ class _Observed:
     the timeline's steps and the observed positions (``bisect`` of a step among the observed steps is that of its
     position among the observed positions: steps increase with positions)."""
 
-    def __init__(self, timeline_steps: Sequence[int], obs: Sequence[int], groups: list[range]) -> None:
+    def __init__(self, timeline_steps: Sequence[int], obs: Sequence[int], ends: list[int]) -> None:
         self._timeline_steps, self._obs = timeline_steps, obs
         self.steps = Picked(timeline_steps, obs)  # the steps at the observed positions
-        self.ends = [self.steps[g[-1]] for g in groups]
+        self.ends = ends
 
     def bisect_left(self, step: int) -> int:
         """``bisect.bisect_left(self.steps, step)``."""
@@ -180,66 +183,54 @@ def _backdate(
     return replace(ex, onset=min(steps[first], ex.onset)) if first < len(steps) else ex
 
 
-def _groups(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> list[range]:
-    """The detector's observation indices from each episode's first finding to its last (``found``: its findings,
-    ``FindingIndex.found``): findings separated by fewer than ``clear_after`` clean observations belong together
-    (the alarm's hysteresis, as :func:`~rlguard.guards.consequence.offline._episodes`)."""
-    return [range(found[a][0], found[b][0] + 1) for a, b, _ in episode_bounds(found, clear_after)]
-
-
 def _excursion(
     name: str,
     det: Detector,
     timeline: Timeline,
     obs: Sequence[int],
-    group: range,
-    found: Mapping[int, Finding],
-    labels: Mapping[int, tuple[Severity, str]],
+    ep: Episode,
+    events: list[tuple[int, Event]],
+    found: Sequence[tuple[int, int, Finding]],
     rule: ConsequenceRule,
-) -> Excursion | None:
-    streak, best, reached, onset = 0, 0, -1, -1
-    for k in group:
-        p = obs[k]
-        streak = streak + 1 if p in found else 0
-        if not streak:
-            continue
-        if streak == det.patience and onset < 0:
-            onset = obs[k - det.patience + 1]  # the first finding of the streak that raised the alarm
-        severity = labels.get(p, (found[p].severity, ""))[0]
-        if streak >= det.patience and SEVERITY_LEVEL[severity] > best:
-            best, reached = SEVERITY_LEVEL[severity], p
-    if reached < 0:
-        return None
-    critical, alarm = best == SEVERITY_LEVEL["critical"], onset
+) -> Excursion:
+    """Episode ``ep`` of ``name``'s findings as an excursion, from its alarm's ``events`` (position, event: the
+    first raised the alarm, ``patience`` findings in a row from the onset, the last reached its severity); ``obs``:
+    the detector's observed positions."""
+    alarm = obs[bisect.bisect_left(obs, events[0][0]) - det.patience + 1]  # the first finding of the streak
+    reached, last_event = events[-1]
+    critical = last_event.severity == "critical"
+    onset = alarm
     if critical:
-        onset = _critical_onset(obs, group, found, reached, det.clear_after)
-    last = group[-1]
-    after = obs[last + 1 : last + 1 + rule.recovered]
-    clean = next((i for i, q in enumerate(after) if q in found), len(after))
-    outcome: Outcome = "recovered" if clean >= rule.recovered else "relapsed" if clean < len(after) else "unresolved"
+        if ep.onset is None or ep.onset[0] != reached:
+            ep.onset = (reached, _critical_onset(ep, found, reached, det.clear_after))
+        onset = ep.onset[1]
+    last_k = found[ep.last_i][0]
+    after = min(rule.recovered, len(obs) - last_k - 1)  # the observations after its last finding, up to recovery
+    clean = min(found[ep.last_i + 1][0] - last_k - 1, after) if ep.last_i + 1 < len(found) else after
+    outcome: Outcome = "recovered" if clean >= rule.recovered else "relapsed" if clean < after else "unresolved"
     steps = timeline.steps
     return Excursion(
         name,
         steps[onset],
-        steps[obs[last]],
+        steps[ep.last],
         "critical" if critical else "warn",
         steps[reached],
         outcome,
-        sum(1 for k in group if obs[k] in found),
+        ep.last_i - ep.first_i + 1,
         steps[alarm],
     )
 
 
-def _critical_onset(
-    obs: Sequence[int], group: range, found: Mapping[int, Finding], reached: int, clear_after: int
-) -> int:
+def _critical_onset(ep: Episode, found: Sequence[tuple[int, int, Finding]], reached: int, clear_after: int) -> int:
     """Where the critical condition began: the first of the detector's own critical observations in the run of
     them (separated by fewer than ``clear_after`` other observations, the hysteresis of the alarm's critical level)
     that leads to ``reached``. A stretch of warnings before it is the excursion's precursor, not its onset."""
-    onset, gap = -1, clear_after
-    for k in group:
-        p = obs[k]
-        if p in found and found[p].severity == "critical":
+    onset, gap, previous = -1, clear_after, ep.first_obs - 1
+    for i in range(ep.first_i, ep.last_i + 1):
+        k, p, f = found[i]
+        gap += k - previous - 1  # observations without a finding
+        previous = k
+        if f.severity == "critical":
             onset = p if gap >= max(clear_after, 1) else onset
             gap = 0
         else:

@@ -8,23 +8,28 @@ kept here, a judgement reads only the positions added since the last (:meth:`Fin
 the findings, not on the steps.
 
 Memory, beyond the timeline itself: per detector one int64 per observed position where the detector skipped a step
-(none for a detector that observed every step: a ``range``), one tuple per finding, and two floats.
+(none for a detector that observed every step: a ``range``), one tuple per finding, and two floats; and each
+detector's findings by episode with their labels (:class:`~rlguard.guards.consequence.episodes.Episodes`, kept
+here so that a judgement labels only what changed since the last).
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlguard.guards.consequence.episodes import Episodes
 from rlguard.guards.consequence.history import RewardHistory
 
 if TYPE_CHECKING:
+    from rlguard.guards.consequence.rule import ConsequenceRule
+    from rlguard.guards.detectors.base import Detector
     from rlguard.guards.events import Finding
 
-__all__ = ["FindingIndex", "IndexMark", "episode_bounds"]
+__all__ = ["FindingIndex", "IndexMark"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class FindingIndex:
         self._dense: set[str] = set()  # the detectors that observed every position so far
         #: the finite rewards, read when the rule first asks of the whole series (an established peak)
         self.history = RewardHistory()
+        self._episodes: dict[str, Episodes] = {}  # detector -> its findings by episode, and their labels
 
     def sync(
         self, observed: Sequence[frozenset[str]], findings: Sequence[Mapping[str, Finding]], rewards: Sequence[float]
@@ -65,8 +71,13 @@ class FindingIndex:
         there (``findings``; a finding of a detector that did not observe the position is not one of its
         observations and is left out, as the rule reads it) and the reward (``rewards``, NaN where absent)."""
         counts, sparse, found, dense = self._counts, self._sparse, self._found, self._dense
-        for p in range(self.n, len(observed)):
+        end = len(observed)
+        p = self.n
+        while p < end:  # a run of positions observed by one set (the fold shares one object per set)
             seen = observed[p]
+            q = p + 1
+            while q < end and observed[q] is seen:
+                q += 1
             if not seen >= dense:  # a detector that observed every position skips this one
                 for name in dense - seen:
                     sparse[name] = array("q", range(counts[name]))
@@ -80,19 +91,22 @@ class FindingIndex:
                     else:
                         dense.add(name)
                 if name in sparse:
-                    sparse[name].append(p)
-                counts[name] = k + 1
-            here = findings[p]
-            if here:
-                for name, f in here.items():
-                    if name in seen:
-                        found.setdefault(name, []).append((counts[name] - 1, p, f))
-            r = rewards[p]
-            if math.isfinite(r):
-                if not r >= self.lowest:  # NaN at first
-                    self.lowest = r
-                if not r <= self.highest:
-                    self.highest = r
+                    sparse[name].extend(range(p, q))
+                counts[name] = k + q - p
+            for r in range(p, q):
+                here = findings[r]
+                if here:
+                    for name, f in here.items():
+                        if name in seen:  # its observation index: counts[name] - 1 at r
+                            found.setdefault(name, []).append((counts[name] - q + r, r, f))
+            p = q
+        # the extremes of the finite rewards (``min`` and ``max`` keep the first where tied, as one by one)
+        lowest = min(filter(math.isfinite, rewards[self.n : end]), default=math.nan)
+        highest = max(filter(math.isfinite, rewards[self.n : end]), default=math.nan)
+        if not lowest >= self.lowest and lowest == lowest:  # NaN at first
+            self.lowest = lowest
+        if not highest <= self.highest and highest == highest:
+            self.highest = highest
         self.n = max(self.n, len(observed))
 
     def mark(self) -> IndexMark:
@@ -116,6 +130,8 @@ class FindingIndex:
                 del self._sparse[name][mark.lengths[name] :]
             else:  # first observed, or first skipped a position, since the mark
                 del self._sparse[name]
+        for name, episodes in self._episodes.items():
+            episodes.truncate(self.found(name), mark.found.get(name, 0))
         for name in list(self._found):
             del self._found[name][mark.found.get(name, 0) :]
         self._dense = {name for name in self._counts if name not in self._sparse}
@@ -134,19 +150,16 @@ class FindingIndex:
         """``name``'s findings at its observations, in order: (observation index, position, finding)."""
         return self._found.get(name, ())
 
+    def episodes(self, name: str, det: Detector, rule: ConsequenceRule) -> Episodes:
+        """``name``'s findings by episode (:class:`~rlguard.guards.consequence.episodes.Episodes`), read up to its
+        last finding; read again from its first where ``det``'s hysteresis or the ``rule`` differ from those it
+        was read with."""
+        episodes = self._episodes.get(name)
+        if episodes is None or episodes.key != Episodes.key_for(det.clear_after, rule):
+            episodes = self._episodes[name] = Episodes(det.clear_after, rule)
+        episodes.read(self.found(name), det)
+        return episodes
+
     def found_at(self, name: str) -> dict[int, Finding]:
         """Position -> ``name``'s finding there, for its findings at its observations."""
         return {p: f for _, p, f in self.found(name)}
-
-
-def episode_bounds(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> Iterator[tuple[int, int, int]]:
-    """Each episode of a detector's findings (``FindingIndex.found``) as (index into ``found`` of its first, of its
-    last, the observation index of its first): findings separated by fewer than ``clear_after`` clean observations
-    (at least 1) belong together, the alarm's hysteresis."""
-    start = 0
-    for i in range(1, len(found)):
-        if found[i][0] - found[i - 1][0] - 1 >= max(clear_after, 1):
-            yield start, i - 1, found[start][0]
-            start = i
-    if found:
-        yield start, len(found) - 1, found[start][0]

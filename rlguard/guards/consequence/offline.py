@@ -11,16 +11,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from rlguard.guards.consequence.index import FindingIndex, episode_bounds
+from rlguard.guards.consequence.episodes import (
+    CRITICAL,
+    SUSTAINED,
+    SUSTAINED_ABSOLUTE,
+    UNRECOVERABLE,
+    Episode,
+    Episodes,
+    Verdict,
+)
+from rlguard.guards.consequence.index import FindingIndex
 from rlguard.guards.consequence.rule import (
     CONTROL_CLASSES,
     ConsequenceRule,
     RecoveryWatch,
     converged,
-    sustained_count,
-    sustained_why,
 )
-from rlguard.guards.events import SEVERITY_LEVEL, Event, Finding, Severity
+from rlguard.guards.events import Event, Finding, Severity
 
 if TYPE_CHECKING:
     from rlguard.guards.detectors.base import Detector
@@ -64,23 +71,6 @@ def observed_positions(timeline: Timeline, name: str) -> Sequence[int]:
     return timeline_index(timeline).positions(name)
 
 
-@dataclass(frozen=True)
-class _Episode:
-    first: int  # position (index into the timeline) of its first finding
-    last: int  # position of its last finding
-    first_obs: int  # index of its first finding among the detector's observations
-
-
-def _episodes(found: Sequence[tuple[int, int, Finding]], clear_after: int) -> dict[int, _Episode]:
-    """position of each finding (``FindingIndex.found``) -> its episode: findings separated by fewer than
-    ``clear_after`` clean observations (the alarm's hysteresis) belong together."""
-    out: dict[int, _Episode] = {}
-    for first, last, first_obs in episode_bounds(found, clear_after):
-        ep = _Episode(found[first][1], found[last][1], first_obs)
-        out.update({found[i][1]: ep for i in range(first, last + 1)})
-    return out
-
-
 class _Reward:
     """What the labels ask of the reward, cached per episode: the established peak (the index's
     :class:`~rlguard.guards.consequence.history.RewardHistory`, brought up to the timeline's end when first asked),
@@ -118,82 +108,63 @@ def _first_within(positions: Sequence[int], lo: int, hi: int) -> int | None:
     return positions[i] if i < len(positions) and positions[i] <= hi else None
 
 
-def _label(
+#: detector -> its findings by episode and the level of each episode's findings critical in themselves
+#: (:meth:`Episodes.first_within`)
+_Intrinsic = dict[str, tuple["Episodes", list[int]]]
+
+
+def _lost_control(
+    name: str, timeline: Timeline, intrinsic: _Intrinsic, classes: Mapping[str, str], lo: int, hi: int
+) -> str | None:
+    """The first other detector of a control class critical in itself in positions ``lo..hi``, and where."""
+    return next(
+        (
+            f"{other} at step {timeline.steps[hit]}"
+            for other, (episodes, levels) in intrinsic.items()
+            if other != name and classes.get(other, "control") in CONTROL_CLASSES
+            if (hit := episodes.first_within(levels, lo, hi)) is not None
+        ),
+        None,
+    )
+
+
+def _verdict(
     name: str,
     det: Detector,
+    ep: Episode,
     timeline: Timeline,
-    obs: Sequence[int],
-    mine_found: Sequence[tuple[int, int, Finding]],
-    intrinsic: Mapping[str, list[int]],
+    intrinsic: _Intrinsic,
     classes: Mapping[str, str],
     rule: ConsequenceRule,
     reward: _Reward,
-) -> tuple[dict[int, tuple[Severity, str]], set[int]]:
-    """Labels of ``name``'s critical findings (position -> severity, why) and the positions that are critical in
-    themselves (unrecoverable or sustained), given the other detectors' ``intrinsic`` criticals; ``obs``, its
-    observed positions, ``mine_found`` its findings (``FindingIndex``)."""
-    n = len(timeline.steps)
-    found = {p: f for _, p, f in mine_found}
-    critical = [k for k, _, f in mine_found if f.severity == "critical"]
-    is_critical = set(critical)
-    episodes = _episodes(mine_found, det.clear_after)
+) -> tuple[Verdict, int]:
+    """The verdict on ``name``'s episode ``ep`` (:data:`~rlguard.guards.consequence.episodes.Verdict`: the
+    warning its findings carry, if any) and the level of its findings critical in themselves
+    (:meth:`Episode.positions`), given the other detectors' ``intrinsic`` criticals. A reward's episode without an
+    established peak is a warning; a sustained episode is a warning where the reward rose over its window and
+    nothing lost control, and it is present from the first observations, a condition of the budget or a drift
+    below the absolute bound, or where its class costs nothing at a converged reward (:data:`_AT_TOP`);
+    otherwise its sustained findings are critical."""
     kind = classes.get(name, "control")
-    labels: dict[int, tuple[Severity, str]] = {}
-    mine: set[int] = set()
-
-    lost_at: dict[tuple[int, int], str | None] = {}  # per episode's window: its findings share it
-
-    def lost_control(lo: int, hi: int) -> str | None:
-        if (lo, hi) not in lost_at:
-            lost_at[lo, hi] = next(
-                (
-                    f"{other} at step {timeline.steps[hit]}"
-                    for other, positions in intrinsic.items()
-                    if other != name and classes.get(other, "control") in CONTROL_CLASSES
-                    if (hit := _first_within(positions, lo, hi)) is not None
-                ),
-                None,
-            )
-        return lost_at[lo, hi]
-
-    for k in critical:
-        p = obs[k]
-        f, ep = found[p], episodes[p]
-        if f.unrecoverable:
-            labels[p] = ("critical", "")
-            mine.add(p)
-            continue
-        if kind == "reward" and not reward.established(ep.first):
-            labels[p] = ("warn", "no established reward peak to collapse from (never clearly above its start)")
-            continue
-        sustained = sustained_why(sustained_count(is_critical.__contains__, k, rule), det.evidence(f), rule)
-        if sustained is None:
-            continue  # a lone observation: judged once the others' intrinsic criticals are known
-        window_end = min(ep.last + rule.horizon, n - 1)
-        rising = reward.rises(ep.first, window_end)
-        from_start = ep.first_obs < det.warmup + rule.start
-        lost = lost_control(ep.first, window_end)
-        drift = kind == "drift" and not f.absolute
-        if rising and lost is None and (kind == "budget" or from_start or drift):
-            where = (
-                "present from the first observations"
-                if from_start
-                else "a condition of the generation budget"
-                if kind == "budget"
-                else "a drift above the run's baseline (below its absolute bound)"
-            )
-            labels[p] = ("warn", f"{where}, while the reward rose and nothing lost control")
-        elif kind in _AT_TOP and lost is None and reward.at_top(ep.first, window_end):
-            labels[p] = ("warn", _AT_TOP[kind])
-        else:
-            labels[p] = ("critical", sustained)
-            mine.add(p)
-    # the first observations of an exempted episode (before it counted as sustained) share its label
-    exempt = {episodes[p]: lab for p, lab in labels.items() if lab[0] == "warn"}
-    for k in critical:
-        if obs[k] not in labels and episodes[obs[k]] in exempt:
-            labels[obs[k]] = exempt[episodes[obs[k]]]
-    return labels, mine
+    if kind == "reward" and ep.recoverable and not reward.established(ep.first):
+        return ("no established reward peak to collapse from (never clearly above its start)", False), UNRECOVERABLE
+    if len(ep.sets[SUSTAINED]) == len(ep.sets[UNRECOVERABLE]):  # nothing sustained: its lone findings, later
+        return (None, False), SUSTAINED
+    window_end = min(ep.last + rule.horizon, len(timeline.steps) - 1)
+    rising = reward.rises(ep.first, window_end)
+    from_start = ep.first_obs < det.warmup + rule.start
+    lost = _lost_control(name, timeline, intrinsic, classes, ep.first, window_end)
+    if rising and lost is None and (kind == "budget" or from_start):
+        where = "present from the first observations" if from_start else "a condition of the generation budget"
+        return (f"{where}, while the reward rose and nothing lost control", False), UNRECOVERABLE
+    if rising and lost is None and kind == "drift":
+        if not ep.relative:
+            return (None, False), SUSTAINED
+        where = "a drift above the run's baseline (below its absolute bound)"
+        return (f"{where}, while the reward rose and nothing lost control", True), SUSTAINED_ABSOLUTE
+    if kind in _AT_TOP and lost is None and reward.at_top(ep.first, window_end):
+        return (_AT_TOP[kind], False), UNRECOVERABLE
+    return (None, False), SUSTAINED
 
 
 #: the classes whose condition costs nothing at a converged reward, and why: the budget's consequence is reward lost,
@@ -219,103 +190,133 @@ def _lone(
     timeline: Timeline,
     obs: Sequence[int],
     mine_found: Sequence[tuple[int, int, Finding]],
-    labels: dict[int, tuple[Severity, str]],
-    intrinsic: Mapping[str, list[int]],
+    episodes: Episodes,
+    verdicts: Sequence[Verdict],
+    intrinsic: _Intrinsic,
     classes: Mapping[str, str],
     rule: ConsequenceRule,
     reward: _Reward,
 ) -> None:
-    """Label ``name``'s lone critical observations: critical when lost control follows within the horizon or
+    """Label ``name``'s lone critical observations (neither unrecoverable nor sustained, in an episode whose verdict
+    carries no warning): critical when lost control follows within the horizon or
     recovery does not show within it; a warning otherwise (and for a class of :data:`_AT_TOP` at a converged reward
     over the horizon, nothing losing control). A lone observation near the end of the log that has
     not had the chance to recover (the log ends before recovery or its absence could show) is unresolved: a
     warning that says so. Principle: the rule needs what followed, and nothing followed; unrecoverable and
     sustained findings need no future and stay critical."""
     n = len(timeline.steps)
-    for k, p, f in mine_found:
-        if f.severity != "critical" or p in labels:
+    own_episodes, own_levels = intrinsic[name]
+    kind = classes.get(name, "control")
+    for ep, (warning, _) in zip(episodes.episodes, verdicts, strict=True):
+        if warning is not None:
             continue
-        hi = min(p + rule.horizon, n - 1)
-        own = _first_within(intrinsic.get(name, []), p, hi)
-        lost = next(
-            (
-                f"{other} at step {timeline.steps[q]}"
-                for other, positions in intrinsic.items()
-                if other != name and classes.get(other, "control") in CONTROL_CLASSES
-                if (q := _first_within(positions, p, hi)) is not None
-            ),
-            None,
-        )
-        recovery = _recovery(name, timeline, obs, k + 1, p + rule.horizon, rule.recovered)
-        seen_after = len(obs) - k - 1
-        if own is not None:
-            labels[p] = (
-                "critical",
-                f"sustained: critical in {rule.sustained} of {rule.within} observations by step {timeline.steps[own]}",
-            )
-        elif lost is not None:
-            labels[p] = ("critical", f"followed by lost control ({lost})")
-        elif (kind := classes.get(name, "control")) in _AT_TOP and reward.at_top(p, hi):
-            labels[p] = ("warn", _AT_TOP[kind])
-        elif recovery is None:
-            labels[p] = (
-                "warn",
-                f"unresolved: the log ends {seen_after} observations after it, before recovery could show "
-                f"({rule.recovered} clean observations in a row) or lost control did",
-            )
-        elif not recovery:
-            labels[p] = (
-                "critical",
-                f"no sign of recovery within {rule.horizon} logged steps "
-                f"({rule.recovered} clean observations in a row)",
-            )
-        else:
-            labels[p] = (
-                "warn",
-                "a single observation the run recovered from: nothing lost control after it (the live guard skips "
-                "such a step)",
-            )
+        settling = True  # the lone findings before this one stay
+        for j in range(ep.settled, len(ep.lone)):
+            i = ep.lone[j]
+            k, p, _f = mine_found[i]
+            label: tuple[Severity, str]
+            hi = min(p + rule.horizon, n - 1)
+            own = own_episodes.first_within(own_levels, p, hi)
+            lost = _lost_control(name, timeline, intrinsic, classes, p, hi)
+            recovery = episodes.recovered.get(i)
+            if recovery is None:
+                recovery, told = _recovery(name, timeline, obs, k + 1, p + rule.horizon, rule.recovered)
+                if recovery is not None and told < n - 1:  # told by steps that stay (not the last, which may change)
+                    episodes.recovered[i] = recovery
+            seen_after = len(obs) - k - 1
+            if own is not None:
+                label = (
+                    "critical",
+                    f"sustained: critical in {rule.sustained} of {rule.within} observations by step "
+                    f"{timeline.steps[own]}",
+                )
+            elif lost is not None:
+                label = ("critical", f"followed by lost control ({lost})")
+            elif kind in _AT_TOP and reward.at_top(p, hi):
+                label = ("warn", _AT_TOP[kind])
+            elif recovery is None:
+                label = (
+                    "warn",
+                    f"unresolved: the log ends {seen_after} observations after it, before recovery could show "
+                    f"({rule.recovered} clean observations in a row) or lost control did",
+                )
+            elif not recovery:
+                label = (
+                    "critical",
+                    f"no sign of recovery within {rule.horizon} logged steps "
+                    f"({rule.recovered} clean observations in a row)",
+                )
+            else:
+                label = (
+                    "warn",
+                    "a single observation the run recovered from: nothing lost control after it (the live guard "
+                    "skips such a step)",
+                )
+            episodes.write(ep, i, label)
+            # it stays where what decided it stays: its horizon and recovery told by steps before the last, the
+            # reward's range over the log (``at_top``) not asked; an intrinsic critical changing in it unsettles it
+            stays = p + rule.horizon < n - 1 and i in episodes.recovered
+            if settling and stays and (own is not None or lost is not None or kind not in _AT_TOP):
+                ep.settled = j + 1
+            else:
+                settling = False
 
 
-def _recovery(name: str, timeline: Timeline, obs: Sequence[int], first: int, until: int, clean: int) -> bool | None:
+def _recovery(
+    name: str, timeline: Timeline, obs: Sequence[int], first: int, until: int, clean: int
+) -> tuple[bool | None, int]:
     """Whether ``name`` recovered over the positions ``obs[first:]`` (its observations after a lone critical one):
-    :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved)."""
+    :class:`RecoveryWatch`; None when the log ends before it could tell (unresolved). And the position at which it
+    could tell (``len(timeline.steps)`` where it could not)."""
     watch = RecoveryWatch(until, clean)
     for k in range(first, len(obs)):
         q = obs[k]
         verdict = watch.see(q, name in timeline.findings[q])
         if verdict is not None:
-            return verdict
-    return None
+            return verdict, q
+    return None, len(timeline.steps)
 
 
 def label_findings(
     timeline: Timeline, detectors: Mapping[str, Detector], rule: ConsequenceRule | None = None
 ) -> dict[str, dict[int, tuple[Severity, str]]]:
-    """Detector -> position -> (severity by consequence, why) for each of its critical findings over the log."""
+    """Detector -> position -> (severity by consequence, why) for each of its critical findings over the log. Each
+    episode of a detector's findings gets one verdict (:func:`_verdict`), its lone findings one label each
+    (:func:`_lone`). The labels are those the timeline's index keeps (:meth:`FindingIndex.episodes`), written again
+    only for an episode whose verdict changed: read them before the timeline grows."""
     rule = rule or ConsequenceRule()
     index = timeline_index(timeline)
     classes = {name: det.finding_class for name, det in detectors.items()}
-    obs = {name: index.positions(name) for name in detectors}
-    found = {name: index.found(name) for name in detectors}
-    # each detector's intrinsic critical positions, sorted
-    intrinsic: dict[str, list[int]] = {
-        name: [p for _, p, f in found[name] if f.severity == "critical"] for name in detectors
-    }
+    episodes = {name: index.episodes(name, det, rule) for name, det in detectors.items()}
+    # each detector's intrinsic criticals: every critical finding at first
+    intrinsic: _Intrinsic = {name: (e, [CRITICAL] * len(e.episodes)) for name, e in episodes.items()}
     reward = _Reward(timeline.rewards, rule, index)
-    labels: dict[str, dict[int, tuple[Severity, str]]] = {}
+    verdicts: dict[str, list[Verdict]] = {}
     for _ in range(3):  # exemptions need the others' intrinsic criticals, which need theirs: iterate to a fixpoint
         results = {
-            n: _label(n, d, timeline, obs[n], found[n], intrinsic, classes, rule, reward) for n, d in detectors.items()
+            n: [_verdict(n, d, ep, timeline, intrinsic, classes, rule, reward) for ep in episodes[n].episodes]
+            for n, d in detectors.items()
         }
-        new = {n: sorted(mine) for n, (_, mine) in results.items()}
-        labels = {n: lab for n, (lab, _) in results.items()}
-        if new == intrinsic:
+        verdicts = {n: [v for v, _ in r] for n, r in results.items()}
+        new: _Intrinsic = {n: (episodes[n], [level for _, level in r]) for n, r in results.items()}
+        if all(episodes[n].same(new[n][1], intrinsic[n][1]) for n in detectors):
             break
         intrinsic = new
+    changed = [  # the episodes whose intrinsic criticals changed since the last lone findings were labelled
+        (ep.first, ep.last)
+        for name in detectors
+        for ep, old, level in zip(episodes[name].episodes, episodes[name].levels, intrinsic[name][1], strict=False)
+        if old != level
+    ]
     for name in detectors:
-        _lone(name, timeline, obs[name], found[name], labels[name], intrinsic, classes, rule, reward)
-    return labels
+        episodes[name].unsettle(changed, rule.horizon)
+        episodes[name].levels = list(intrinsic[name][1])
+        episodes[name].apply(index.found(name), verdicts[name])
+        _lone(
+            name, timeline, index.positions(name), index.found(name), episodes[name], verdicts[name], intrinsic,
+            classes, rule, reward,
+        )  # fmt: skip
+    return {name: e.labels for name, e in episodes.items()}
 
 
 def judge_log(
@@ -326,28 +327,35 @@ def judge_log(
 ) -> list[Event]:
     """The detectors' events over the log with severity by consequence, in step order: each detector's alarm is
     replayed as the guard raises it (``patience`` findings in a row, cleared after ``clear_after`` clean
-    observations), from its findings labelled by :func:`label_findings` (or ``labels``, already computed); a
-    label's reason ends its message."""
+    observations: :meth:`Episodes.replay`), from its findings labelled by :func:`label_findings` (or ``labels``,
+    already computed); a label's reason ends its message."""
+    rule = rule or ConsequenceRule()
     labels = labels if labels is not None else label_findings(timeline, detectors, rule)
     index = timeline_index(timeline)
-    events: list[Event] = []
-    for name, det in detectors.items():
-        level = streak = 0
-        previous = -1  # observation index of the previous finding
-        for k, p, f in index.found(name):
-            clean = k - previous - 1  # clean observations since the previous finding: each clears the streak
-            previous = k
-            if clean:
-                streak = 0
-                if level and clean >= det.clear_after:
-                    level = 0
-            streak += 1
-            severity, why = labels.get(name, {}).get(p, (f.severity, ""))
-            if streak >= det.patience and SEVERITY_LEVEL[severity] > level:
-                level = SEVERITY_LEVEL[severity]
-                note = f" [{severity}: {why}]" if why else ""
-                events.append(Event(timeline.steps[p], name, severity, f.value, f.message + note, f.threshold))
+    events = [
+        event
+        for name, det in detectors.items()
+        for ep, episodes in labelled_episodes(index, name, det, rule, labels)
+        for _, event in episodes.replay(ep, index.found(name), det, timeline.steps, name)
+    ]
     return sorted(events, key=lambda e: e.step)
+
+
+def labelled_episodes(
+    index: FindingIndex,
+    name: str,
+    det: Detector,
+    rule: ConsequenceRule,
+    labels: Mapping[str, Mapping[int, tuple[Severity, str]]],
+) -> list[tuple[Episode, Episodes]]:
+    """``name``'s episodes with ``labels``: the index's (:meth:`FindingIndex.episodes`), where ``labels`` are its
+    own (:func:`label_findings` of this timeline); else episodes of their own, read whole, with ``labels``."""
+    episodes = index.episodes(name, det, rule)
+    if labels.get(name) is not episodes.labels:
+        episodes = Episodes(det.clear_after, rule)
+        episodes.read(index.found(name), det)
+        episodes.labels = dict(labels.get(name, {}))
+    return [(ep, episodes) for ep in episodes.episodes]
 
 
 def relabel(

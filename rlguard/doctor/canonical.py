@@ -320,5 +320,5 @@ def _window(
 def _at(items: Sequence[_T], start: int, stop: int, index: array[int] | None) -> Iterable[_T]:
     """``items`` at the rows kept from the ``start``-th to the ``stop``-th: ``items[start:stop]`` where every row is
     kept (``index`` None: a slice, copied, as array slices are; a chunk's), else at the row numbers
-    ``index[start:stop]``, read in place."""
-    return items[start:stop] if index is None else map(items.__getitem__, islice(index, start, stop))
+    ``index[start:stop]`` (a slice of the index: its rows before ``start`` are not stepped over)."""
+    return items[start:stop] if index is None else map(items.__getitem__, index[start:stop])

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import compress
-from operator import eq
 from typing import overload
 
 from rlguard.guards.robust import Picked
@@ -77,13 +74,16 @@ class Columns(_Rows):
         n = len(self._steps)
         layout = self._layout
         if layout is not None and layout.fits(metrics, skip) and step > self._steps[-1]:
-            # a new row of the keys of the last one, in their order (the common case): each value appended to its
-            # key's array in one pass, as the loops below append it
+            # a new row of the keys of the last one, in their order (the common case): its values appended to the
+            # layout's block in one call (an array("d") stores each as its keys' arrays would), the kept ones moved
+            # into their keys' arrays a block at a time (_Layout.flush), before any other use of the arrays
             self._steps.append(step)
-            deque(map(array.append, layout.columns, compress(metrics.values(), layout.kept)), maxlen=0)
-            for logged in layout.marks:
-                logged.append(1)
+            block = layout.block
+            block.fromlist(list(metrics.values()))
+            if len(block) >= layout.full:
+                layout.flush()
             return 0
+        self._settle()
         self._layout = None
         given = metrics
         if skip and not skip.isdisjoint(metrics):
@@ -111,7 +111,7 @@ class Columns(_Rows):
             raise ValueError(f"step {step} after step {self._steps[-1]}: rows are appended by increasing step")
         self._steps.append(step)
         columns, marks = self._values, self._present
-        if metrics.keys() == columns.keys():  # the common case: the keys of the rows before
+        if metrics.keys() == columns.keys():  # the keys of the rows before
             for key, value in metrics.items():
                 columns[key].append(value)
                 mark = marks[key]
@@ -143,11 +143,17 @@ class Columns(_Rows):
         and reads only its first ``len(self)`` rows. Rows appended later lie past its end; the one row an append
         changes in place (the last, merged with a record of its step) has the arrays of the keys it changes copied
         first (once per snapshot and key); appending to the snapshot copies its rows into arrays of its own first."""
+        self._settle()
         out = Columns()
         out._steps, out._values, out._present, out._n = self._steps, dict(self._values), dict(self._present), len(self)
         out.conflicts, out.conflict_steps = list(self.conflicts), self.conflict_steps
         self._shared, self._cow = len(self), set(self._values)
         return out
+
+    def _settle(self) -> None:
+        """The rows appended by the layout's fast path moved into the keys' arrays (:meth:`_Layout.flush`)."""
+        if self._layout is not None:
+            self._layout.flush()
 
     def _own(self) -> None:
         """A snapshot's rows copied into arrays of its own (before it changes)."""
@@ -201,21 +207,26 @@ class Columns(_Rows):
         """The values of ``key`` at every row and whether it was logged there (None: at every row; ``KeyError``
         for a key never logged). A snapshot's arrays may go on past its rows (:meth:`copy`): read the first
         ``len(self)``."""
+        self._settle()
         return self._values[key], self._present[key]
 
     def __len__(self) -> int:
         return len(self._steps) if self._n is None else self._n
 
     def _row(self, i: int) -> tuple[int, dict[str, float]]:
+        self._settle()
         return self._steps[i], {k: v[i] for k, v in self._values.items() if self._logged(k, i)}
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, float]]]:
+        self._settle()
         items = [(v, self._present[k], k) for k, v in self._values.items()]
         for i, step in enumerate(self.steps):
             yield step, {k: v[i] for v, present, k in items if present is None or present[i]}
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Columns):  # by bytes: a NaN equals a NaN (evidence read the same way)
+            self._settle()
+            other._settle()
             n = len(self)
             return (
                 n == len(other)
@@ -239,33 +250,56 @@ class Columns(_Rows):
         return f"Columns({len(self)} rows, {len(self._values)} keys)"
 
 
+#: rows a layout's block holds before they are moved into the keys' arrays (a few pages: memory stays the table's)
+_BLOCK_ROWS = 256
+
+
 class _Layout:
     """Where the values of a row go when it holds the keys of the last new row in their order: that row's keys
-    (``skip``'s too), whether each is kept (not in ``skip``), the arrays of those kept, and the presence bytes among
-    them. Valid while the table's arrays and presence bytes are those it was taken from: :meth:`Columns.append`
-    drops it on any other path (a merged row, a new key, a key missing), and a snapshot's copy never has one."""
+    (``skip``'s too), the positions of those kept (not in ``skip``) and their arrays, and the presence bytes among
+    them. Such rows are appended to :attr:`block` (row after row, every value) and the kept values moved into the
+    arrays by :meth:`flush`: at :data:`_BLOCK_ROWS` rows, and before the table's arrays are read or changed otherwise
+    (:meth:`Columns._settle`). Valid while the table's arrays and presence bytes are those it was taken
+    from: :meth:`Columns.append` drops it on any other path (a merged row, a new key, a key missing), and a
+    snapshot's copy never has one."""
 
-    __slots__ = ("columns", "kept", "keys", "marks", "skip")
+    __slots__ = ("block", "columns", "full", "kept", "keys", "marks", "skip")
 
     def __init__(
         self,
-        keys: tuple[str, ...],
-        kept: list[bool],
+        keys: list[str],
+        kept: list[int],
         columns: list[array[float]],
         marks: list[bytearray],
         skip: frozenset[str],
     ) -> None:
         self.keys, self.kept, self.columns, self.marks, self.skip = keys, kept, columns, marks, skip
+        self.block: array[float] = array("d")
+        self.full = _BLOCK_ROWS * len(keys)
 
     def fits(self, row: Mapping[str, float], skip: frozenset[str]) -> bool:
-        """Whether ``row`` holds this layout's keys in its order (compared in place: no tuple built a row)."""
-        return skip is self.skip and len(row) == len(self.keys) and all(map(eq, row, self.keys))
+        """Whether ``row`` holds this layout's keys in its order."""
+        return skip is self.skip and list(row) == self.keys
+
+    def flush(self) -> None:
+        """The rows in :attr:`block` appended to the keys' arrays (value ``j`` of each row to column ``j``), and
+        to the presence bytes as logged."""
+        block, width = self.block, len(self.keys)
+        if not block:
+            return
+        for j, column in zip(self.kept, self.columns, strict=True):
+            column.extend(block[j::width])
+        logged = b"\x01" * (len(block) // width)
+        for mark in self.marks:
+            mark.extend(logged)
+        del block[:]
 
     @classmethod
     def of(cls, table: Columns, row: Mapping[str, float], skip: frozenset[str]) -> _Layout:
         """The layout of ``row`` (as given, ``skip``'s keys included), just appended with a value of every key of
         ``table``."""
-        kept = [key not in skip for key in row]
-        columns = [table._values[key] for key in compress(row, kept)]
-        marks = [mark for key in compress(row, kept) if (mark := table._present[key]) is not None]
-        return cls(tuple(row), kept, columns, marks, skip)
+        kept = [j for j, key in enumerate(row) if key not in skip]
+        keys = list(row)
+        columns = [table._values[keys[j]] for j in kept]
+        marks = [mark for j in kept if (mark := table._present[keys[j]]) is not None]
+        return cls(keys, kept, columns, marks, skip)

@@ -46,7 +46,20 @@ _MAX_DEPTH = 4
 
 def _numeric(record: Mapping[str, Any], report: ReadReport, prefix: str = "", depth: int = 0) -> dict[str, float]:
     """The numeric values of a record (nested objects as ``outer/inner`` keys), the rest counted in ``report``."""
-    out: dict[str, float] = {}
+    if not prefix:
+        # a record without nested objects (the common case): a copy, in which each value that is not a float is
+        # read (or deleted) in place, in the record's order: the keys, values, order and counts of the loop below
+        others = [key for key, value in record.items() if type(value) is not float]
+        if not any(isinstance(record[key], Mapping) for key in others):
+            out = dict(record)
+            for key in others:
+                number = report.number(key, record[key])
+                if number is None:
+                    del out[key]
+                else:
+                    out[key] = number
+            return out
+    out = {}
     for key, value in record.items():
         if type(value) is float and not prefix:  # the common case, without the account's checks
             out[key] = value
@@ -109,9 +122,13 @@ def read_trainer_state(path: Path, report: ReadReport, steps: StepRule) -> Itera
 _WIDE = float(2**63)
 
 
+#: a dict of at most this many values is read one by one by _narrow (verl's ``{"step", "data"}``: no TypeError)
+_SMALL = 4
+
+
 def _narrow(value: Any) -> bool:
     """Whether no float in ``value`` (a parsed record) is at least 2**63 in magnitude."""
-    if type(value) is dict:
+    if type(value) is dict and len(value) > _SMALL:
         # a flat record of numbers (the common case) in one call: its Euclidean norm bounds every magnitude, so a
         # norm under half the bound (a margin far beyond its rounding error) says every value is narrow; else the
         # values are read one by one. A value that is not a number raises TypeError, an int beyond float's range
@@ -173,8 +190,13 @@ def jsonl_row(record: Mapping[str, Any], report: ReadReport, steps: StepRule, n:
         row = _numeric(data, report)
         given = record.get("step")
         value = report.number("step", given) if given is not None else None
-        view = {**row, **({} if value is None else {"step": value})}
-        step = steps.of(view, {**data, "step": given}, n, path, where)
+        if value is not None and not steps.key:
+            # "step" is the rule's first key and it holds a number: the step is read from it alone, as from the
+            # merged views below (no copy of the data)
+            step = steps.of({"step": value}, {"step": given}, n, path, where)
+        else:
+            view = {**row, **({} if value is None else {"step": value})}
+            step = steps.of(view, {**data, "step": given}, n, path, where)
     else:
         row = _numeric(record, report)
         step = steps.of(row, record, n, path, where)

@@ -22,7 +22,6 @@ values and drop the other's. The merged rows are kept by column (:class:`~rlguar
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,15 +62,11 @@ class StepRule:
         that is not a whole number >= 0."""
         if self.row_steps:
             return n + 1
-        for key in self.keys:
+        for key in (self.key,) if self.key else STEP_KEYS:
             if key in raw and raw[key] is not None:
                 value = row.get(key)
-                if (
-                    value is None
-                    or not math.isfinite(value)
-                    or not float(value).is_integer()
-                    or not 0 <= value <= MAX_STEP
-                ):
+                # a NaN or an infinity fails the bounds
+                if value is None or not 0 <= value <= MAX_STEP or not float(value).is_integer():
                     raise LogInputError(
                         f"{path}, {where}: {key} {raw[key]!r} is not a whole number of steps from 0 to 2**53 - 1; "
                         "the step column must count optimizer steps (fix the record, or rename the column if it holds "
@@ -119,6 +114,7 @@ class RunMerger:
         self.report, self.steps, self.path, self.run = report, steps, path, run
         self.runs: dict[str, _Run] = {}
         self._stretch, self._last, self._named = 1, -1, False
+        self._stretch_name = "1"  # str(self._stretch)
         self._current: str | None = None
         self._stepless: tuple[str, dict[str, float]] | None = None  # the first record with values and no step
         self._stepless_count = 0
@@ -142,7 +138,8 @@ class RunMerger:
         if name is None:
             if step < self._last:  # the step goes back: another run starts here
                 self._stretch, back = self._stretch + 1, f"the step goes back from {self._last} to {step} at {where}"
-            self._last, name = step, str(self._stretch)
+                self._stretch_name = str(self._stretch)
+            self._last, name = step, self._stretch_name
         into = self.runs.get(name)
         if into is None:
             into = self.runs[name] = _Run(name, step, where, restart=back)

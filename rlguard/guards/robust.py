@@ -173,26 +173,6 @@ class RollingWindow:
         self._keep = True
         return self._sorted
 
-    def _stats(self) -> tuple[float, float]:
-        cache = self._cache
-        if cache is not None:
-            return cache
-        if self._nonfinite:
-            med = median_of(self.values)
-            mad = median_of([abs(v - med) for v in self.values])
-        else:
-            ordered = self._ordered()
-            med = _sorted_median(ordered)
-            mad = _sorted_mad(ordered, med)
-        sigma = MAD_TO_SIGMA * mad
-        if sigma == 0.0 and self.values:
-            # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
-            # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
-            deviations = [abs(v - med) for v in self.values]
-            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
-        self._cache = cache = (med, sigma)
-        return cache
-
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
         cache = self._cache
@@ -203,25 +183,47 @@ class RollingWindow:
         if self._stale:
             return _sorted_median(self._ordered())
         self._keep = True  # read: the next push keeps the sorted list (what _ordered does, inlined: a hot path)
-        return _sorted_median(self._sorted)
+        s = self._sorted  # _sorted_median, inlined (the detectors read a median at every step)
+        n = len(s)
+        if n % 2:
+            return s[n // 2]
+        return 0.5 * (s[n // 2 - 1] + s[n // 2]) if n else math.nan
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but
         the values are not all equal), at least ``floor``."""
         if not self.values:
             return floor
-        return max(self._stats()[1], floor)
+        return max(self.location_scale()[1], floor)
 
     def location_scale(self) -> tuple[float, float]:
         """The median and the robust sigma (unfloored) at once: what :meth:`median` and :meth:`sigma` read (NaN for
         an empty window)."""
-        return self._stats()
+        cache = self._cache
+        if cache is not None:
+            return cache
+        values = self.values
+        if self._nonfinite:
+            med = median_of(values)
+            mad = median_of([abs(v - med) for v in values])
+        else:
+            ordered = self._ordered()
+            med = _sorted_median(ordered)
+            mad = _sorted_mad(ordered, med)
+        sigma = MAD_TO_SIGMA * mad
+        if sigma == 0.0 and values:
+            # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
+            # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
+            deviations = [abs(v - med) for v in values]
+            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+        self._cache = cache = (med, sigma)
+        return cache
 
     def robust_z(self, value: float, floor: float) -> float:
         """``(value - median) / max(sigma, floor)``."""
         if not self.values:
             return (value - self.median()) / self.sigma(floor)
-        median, sigma = self._stats()  # both at once: the median is the one :meth:`median` reads
+        median, sigma = self.location_scale()  # both at once: the median is the one :meth:`median` reads
         return (value - median) / max(sigma, floor)
 
     def mann_kendall_z(self) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlguard.guards.detectors.base import (
     SHIFT_WINDOW,
@@ -64,6 +65,13 @@ class SpikeDetector(Detector):
             )
         self._s_window = RollingWindow(self.window)
 
+    #: whether the class's :meth:`observes` is this one (:meth:`check` then inlines it)
+    _own_observes: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._own_observes = cls.observes is SpikeDetector.observes
+
     def observes(self, stats: Mapping[str, float]) -> bool:
         """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
         would make the next ordinary value look like a huge spike over a median at the floor (with alternating
@@ -73,12 +81,19 @@ class SpikeDetector(Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = stats.get(self.metric)
-        if value is None or not self.observes(stats):
+        if value is None:
+            return None
+        if self._own_observes:  # its test, inlined (the hot path)
+            if not (math.isfinite(value) and float(value) > self.floor):
+                return None
+        elif not self.observes(stats):
             return None
         x = math.log(value := float(value))
         finding = None
-        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
-            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        warn_above, critical_above = self.warn_above, self.critical_above
+        # _absolute finds only a value at or above a bound that is set: asked only then
+        if (warn_above is not None and value >= warn_above) or (critical_above is not None and value >= critical_above):
+            finding = _absolute(self.metric, value, warn_above, critical_above, self.advice)
         window = self._s_window
         # two baseline values suffice: a finding needs both the factor and the robust z over them; below the warning
         # factor (at most the critical one) nothing is found: no robust z to compute
@@ -253,9 +268,10 @@ class CusumDetector(Detector):
         recent = self._s_recent
         recent.push(x)
         early = self._s_anchor
-        anchor = _anchor_median(early, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        # _anchor_median (None below 3 values; unchanged until returned), without its call: the hot path
+        anchor = self._anchor_sorted.median(early) if len(early) >= 3 else None
         window = self._s_window
-        self._shift.see(step, x, len(early) < 3 or x <= (anchor or 0.0))
+        self._shift.see(step, x, anchor is None or x <= anchor)
         if len(window) < 3 or not armed:
             window.push(x)
             if finding is None and len(early) < self.anchor:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, _metric
+from rlguard.guards.detectors.base import Detector
 from rlguard.guards.events import Finding, Severity
 from rlguard.guards.robust import RollingWindow
 
@@ -73,9 +73,10 @@ class ThresholdDetector(Detector):
         return f"{self.metric}={value:.4g} >= {bound:g}. {self.advice}".rstrip()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
+        value = stats.get(self.metric)
         if value is None or not math.isfinite(value):
             return None
+        value = float(value)
         if not self.critical_condition(value):
             self._s_run_gap += 1
         else:

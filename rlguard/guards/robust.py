@@ -46,9 +46,9 @@ def _sorted_mad(s: list[float], med: float) -> float:
     if n == 0:
         return math.nan
     m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is med - s[m - 1 - i], the j-th
-    p, q = m, n - m  # high one s[m + j] - med (inlined: this is the detectors' hot path)
+    p, q = m, n - m  # high one s[m + j] - med (inlined, max and min as their comparisons: the detectors' hot path)
     k = n // 2 if n % 2 else n // 2 - 1  # the (0-based) order statistic wanted, and the next one if n is even
-    lo, hi = max(0, k + 1 - q), min(k + 1, p)
+    lo, hi = (k + 1 - q if k + 1 - q > 0 else 0), (p if p < k + 1 else k + 1)
     while lo < hi:  # the fewest taken from the low run such that the next low one is not below the last high one
         i = (lo + hi) // 2
         if s[m + k - i] - med <= med - s[m - 1 - i]:
@@ -61,7 +61,7 @@ def _sorted_mad(s: list[float], med: float) -> float:
     elif j == 0:
         kth = med - s[m - i]
     else:
-        kth = max(med - s[m - i], s[m + j - 1] - med)
+        kth = high if (high := s[m + j - 1] - med) > (low := med - s[m - i]) else low
     if n % 2:
         return kth
     if i == p:
@@ -69,7 +69,7 @@ def _sorted_mad(s: list[float], med: float) -> float:
     elif j == q:
         after = med - s[m - 1 - i]
     else:
-        after = min(med - s[m - 1 - i], s[m + j] - med)
+        after = high if (high := s[m + j] - med) < (low := med - s[m - 1 - i]) else low
     return 0.5 * (kth + after)
 
 
@@ -380,8 +380,8 @@ def mann_kendall_z(values: Sequence[float]) -> float:
 
 
 def cusum_step(statistic: float, z: float, slack: float) -> float:
-    """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)``."""
-    return max(0.0, statistic + z - slack)
+    """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)`` (max's comparison)."""
+    return s if (s := statistic + z - slack) > 0.0 else 0.0
 
 
 @functools.lru_cache(maxsize=4)  # a detector asks twice a step for one n: its level judged, then taken

@@ -94,7 +94,10 @@ class EntropyCollapse(Detector):
         if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
-        if ratio >= max(self.floor_ratio, self.critical_ratio, self.warn_ratio):
+        highest = self.floor_ratio  # max() of the three bounds, by its comparisons (the builtin's call costs more)
+        highest = bound if (bound := self.critical_ratio) > highest else highest
+        highest = bound if (bound := self.warn_ratio) > highest else highest
+        if ratio >= highest:
             return None  # no bound crossed, whatever the reward does
         z = self._s_rewards.mann_kendall_z() if len(self._s_rewards) >= 5 else 0.0
         early_reward = _anchor_median(self._s_early_rewards, self._rewards_sorted)

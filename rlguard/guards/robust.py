@@ -46,9 +46,9 @@ def _sorted_mad(s: list[float], med: float) -> float:
     if n == 0:
         return math.nan
     m = bisect_right(s, med)  # s[:m] <= med < s[m:]; the i-th low deviation is med - s[m - 1 - i], the j-th
-    p, q = m, n - m  # high one s[m + j] - med (inlined: this is the detectors' hot path)
+    p, q = m, n - m  # high one s[m + j] - med (inlined, max and min as their comparisons: the detectors' hot path)
     k = n // 2 if n % 2 else n // 2 - 1  # the (0-based) order statistic wanted, and the next one if n is even
-    lo, hi = max(0, k + 1 - q), min(k + 1, p)
+    lo, hi = (k + 1 - q if k + 1 - q > 0 else 0), (p if p < k + 1 else k + 1)
     while lo < hi:  # the fewest taken from the low run such that the next low one is not below the last high one
         i = (lo + hi) // 2
         if s[m + k - i] - med <= med - s[m - 1 - i]:
@@ -61,7 +61,7 @@ def _sorted_mad(s: list[float], med: float) -> float:
     elif j == 0:
         kth = med - s[m - i]
     else:
-        kth = max(med - s[m - i], s[m + j - 1] - med)
+        kth = high if (high := s[m + j - 1] - med) > (low := med - s[m - i]) else low
     if n % 2:
         return kth
     if i == p:
@@ -69,7 +69,7 @@ def _sorted_mad(s: list[float], med: float) -> float:
     elif j == q:
         after = med - s[m - 1 - i]
     else:
-        after = min(med - s[m - 1 - i], s[m + j] - med)
+        after = high if (high := s[m + j] - med) < (low := med - s[m - 1 - i]) else low
     return 0.5 * (kth + after)
 
 
@@ -173,26 +173,6 @@ class RollingWindow:
         self._keep = True
         return self._sorted
 
-    def _stats(self) -> tuple[float, float]:
-        cache = self._cache
-        if cache is not None:
-            return cache
-        if self._nonfinite:
-            med = median_of(self.values)
-            mad = median_of([abs(v - med) for v in self.values])
-        else:
-            ordered = self._ordered()
-            med = _sorted_median(ordered)
-            mad = _sorted_mad(ordered, med)
-        sigma = MAD_TO_SIGMA * mad
-        if sigma == 0.0 and self.values:
-            # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
-            # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
-            deviations = [abs(v - med) for v in self.values]
-            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
-        self._cache = cache = (med, sigma)
-        return cache
-
     def median(self) -> float:
         """Median of the window (NaN when empty)."""
         cache = self._cache
@@ -203,25 +183,47 @@ class RollingWindow:
         if self._stale:
             return _sorted_median(self._ordered())
         self._keep = True  # read: the next push keeps the sorted list (what _ordered does, inlined: a hot path)
-        return _sorted_median(self._sorted)
+        s = self._sorted  # _sorted_median, inlined (the detectors read a median at every step)
+        n = len(s)
+        if n % 2:
+            return s[n // 2]
+        return 0.5 * (s[n // 2 - 1] + s[n // 2]) if n else math.nan
 
     def sigma(self, floor: float = 0.0) -> float:
         """Robust standard deviation ``1.4826 * MAD`` (``sqrt(pi/2) * mean |x - median|`` where the MAD is 0 but
         the values are not all equal), at least ``floor``."""
         if not self.values:
             return floor
-        return max(self._stats()[1], floor)
+        return max(self.location_scale()[1], floor)
 
     def location_scale(self) -> tuple[float, float]:
         """The median and the robust sigma (unfloored) at once: what :meth:`median` and :meth:`sigma` read (NaN for
         an empty window)."""
-        return self._stats()
+        cache = self._cache
+        if cache is not None:
+            return cache
+        values = self.values
+        if self._nonfinite:
+            med = median_of(values)
+            mad = median_of([abs(v - med) for v in values])
+        else:
+            ordered = self._ordered()
+            med = _sorted_median(ordered)
+            mad = _sorted_mad(ordered, med)
+        sigma = MAD_TO_SIGMA * mad
+        if sigma == 0.0 and values:
+            # quantized values (rewards of 8 samples: 0, 1/8, ...) often have MAD = 0 although they vary; the
+            # mean absolute deviation x sqrt(pi/2) also estimates sigma (normal) and is 0 only for constants
+            deviations = [abs(v - med) for v in values]
+            sigma = MEAN_AD_TO_SIGMA * sum(deviations) / len(deviations)
+        self._cache = cache = (med, sigma)
+        return cache
 
     def robust_z(self, value: float, floor: float) -> float:
         """``(value - median) / max(sigma, floor)``."""
         if not self.values:
             return (value - self.median()) / self.sigma(floor)
-        median, sigma = self._stats()  # both at once: the median is the one :meth:`median` reads
+        median, sigma = self.location_scale()  # both at once: the median is the one :meth:`median` reads
         return (value - median) / max(sigma, floor)
 
     def mann_kendall_z(self) -> float:
@@ -378,8 +380,8 @@ def mann_kendall_z(values: Sequence[float]) -> float:
 
 
 def cusum_step(statistic: float, z: float, slack: float) -> float:
-    """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)``."""
-    return max(0.0, statistic + z - slack)
+    """One step of the one-sided (upward) CUSUM of Page (1954): ``S = max(0, S + z - k)`` (max's comparison)."""
+    return s if (s := statistic + z - slack) > 0.0 else 0.0
 
 
 @functools.lru_cache(maxsize=4)  # a detector asks twice a step for one n: its level judged, then taken

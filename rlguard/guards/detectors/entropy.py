@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _EarlySorted, _finite, _metric
+from rlguard.guards.detectors.base import Detector, LevelShift, _anchor_median, _EarlySorted, _finite
 from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow
 
@@ -63,25 +63,25 @@ class EntropyCollapse(Detector):
         return self._shift.change_point()
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        entropy = _metric(stats, "entropy")
-        baseline = self._baseline()  # unchanged by _judge until it returns: read once
+        entropy = stats.get("entropy")
+        if entropy is not None:
+            entropy = float(entropy)
+        # the baseline, unchanged by _judge until it returns (read once): the upper quartile of the warm-up (None
+        # before 3 observations), so that a collapse that starts inside the warm-up does not drag it down
+        early = self._s_early
+        baseline = self._early_sorted(early)[(3 * (len(early) - 1)) // 4] if len(early) >= 3 else None
         if entropy is not None and entropy > 0 and math.isfinite(entropy):
             self._shift.see(step, math.log(entropy), baseline is None or entropy >= baseline)
-        finding = self._judge(stats, armed, baseline)
+        finding = self._judge(entropy, stats, armed, baseline)
         self._shift.judged(finding, self.clear_after)
         return finding
 
-    def _baseline(self) -> float | None:
-        """The upper quartile of the warm-up (None before 3 observations): a collapse that starts inside the
-        warm-up does not drag it down."""
-        if len(self._s_early) < 3:
-            return None
-        early = self._early_sorted(self._s_early)
-        return early[(3 * (len(early) - 1)) // 4]
-
-    def _judge(self, stats: Mapping[str, float], armed: bool, baseline: float | None) -> Finding | None:
-        entropy, reward = _metric(stats, "entropy"), _metric(stats, "reward_mean")
+    def _judge(
+        self, entropy: float | None, stats: Mapping[str, float], armed: bool, baseline: float | None
+    ) -> Finding | None:
+        reward = stats.get("reward_mean")
         if reward is not None and math.isfinite(reward):
+            reward = float(reward)
             self._s_rewards.push(reward)
             if len(self._s_early_rewards) < self.anchor:
                 self._s_early_rewards.append(reward)
@@ -94,7 +94,10 @@ class EntropyCollapse(Detector):
         if baseline is None or baseline <= 0:
             return None
         ratio = entropy / baseline
-        if ratio >= max(self.floor_ratio, self.critical_ratio, self.warn_ratio):
+        highest = self.floor_ratio  # max() of the three bounds, by its comparisons (the builtin's call costs more)
+        highest = bound if (bound := self.critical_ratio) > highest else highest
+        highest = bound if (bound := self.warn_ratio) > highest else highest
+        if ratio >= highest:
             return None  # no bound crossed, whatever the reward does
         z = self._s_rewards.mann_kendall_z() if len(self._s_rewards) >= 5 else 0.0
         early_reward = _anchor_median(self._s_early_rewards, self._rewards_sorted)
@@ -179,7 +182,8 @@ class EntropyBlowup(Detector):
         if entropy is None or not math.isfinite(entropy):
             return None
         entropy = float(entropy)
-        anchor = _anchor_median(self._s_anchor, self._anchor_sorted)  # unchanged by _judge until it returns
+        early = self._s_anchor  # _anchor_median, without its call (the hot path): unchanged by _judge until it returns
+        anchor = self._anchor_sorted.median(early) if len(early) >= 3 else None
         if entropy > 0:
             self._shift.see(step, math.log(entropy), anchor is None or entropy <= anchor)
         finding = self._judge(entropy, armed, anchor)

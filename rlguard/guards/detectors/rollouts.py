@@ -91,7 +91,7 @@ class RewardCollapse(Detector):
             self._s_level_n = 1
         elif judged_clean:
             self._s_level_n = n + 1
-        self._s_best = max(self._s_best, ewma)
+        self._s_best = ewma if ewma > self._s_best else self._s_best  # max(), without its call (a hot path)
 
     def reads(self) -> tuple[str, ...]:
         return (self.metric,)
@@ -114,16 +114,16 @@ class RewardCollapse(Detector):
         (:meth:`DifferencesNoise.lower`, O(1)): at or below the best (no new level), the drop short of the smallest
         bound and, where ``deep``, the fall under ``warn_drop`` scales (no sustained low). Rounding is monotone, and
         the margins (1e-9 relative, ``ROUNDING`` of the best) exceed that of the operations up to :meth:`_judge`'s."""
-        least = min(self.warn_drop, self.critical_drop)
+        least = bound if (bound := self.critical_drop) < (warn := self.warn_drop) else warn  # min(), without its call
         if not (ewma <= self._s_best and least > 0):
             return False
-        low = max(self._noise.lower(self._s_window), 1e-6) * math.sqrt(self.alpha / (2 - self.alpha)) * (1 - 1e-9)
+        low = 1e-6 if (lower := self._noise.lower(self._s_window)) < 1e-6 else lower  # max(), without its call
+        low = low * math.sqrt(self.alpha / (2 - self.alpha)) * (1 - 1e-9)
         reach = raw * (1 + 1e-9) + ROUNDING * abs(self._s_best)
         n, (m, excess) = self._s_level_n, self._floor
         if not m <= n <= m + m // 4:  # the expected maximum grows with n: that of m <= n observations is at most it
             self._floor = m, excess = n, expected_maximum(n)
-        settled = reach < (least + excess) * low
-        return settled and not (deep and reach >= self.warn_drop * low)
+        return reach < (least + excess) * low and not (deep and reach >= self.warn_drop * low)  # settled
 
     def _judge(self, ewma: float, raw: float, deep: bool) -> tuple[Finding | None, bool, float]:
         """The armed observation's finding, whether it is held out of the window, and the EWMA's noise scale."""
@@ -179,7 +179,7 @@ class RewardCollapse(Detector):
             self._noise.push(self._s_window, reward)
         if armed:
             self._see_best(ewma, scale, finding is None and not held)
-        self._s_worst = min(self._s_worst, ewma)
+        self._s_worst = ewma if ewma < self._s_worst else self._s_worst  # min(), without its call (a hot path)
         self._shift.see(step, reward, ewma >= self._s_best)
         self._shift.judged(finding, self.clear_after)
         return finding

@@ -1,12 +1,14 @@
 """The three generic shapes: :class:`SpikeDetector` (a value far above its rolling median, in log space),
 :class:`CusumDetector` (a sustained upward shift, Page's CUSUM) and :class:`ThresholdDetector` (absolute bounds,
-optionally above the run's own baseline). Most built-in detectors are one of them with their own defaults."""
+optionally above the run's own baseline; in :mod:`~rlguard.guards.detectors.threshold`). Most built-in detectors are
+one of them with their own defaults."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlguard.guards.detectors.base import (
     SHIFT_WINDOW,
@@ -15,12 +17,14 @@ from rlguard.guards.detectors.base import (
     _absolute,
     _anchor_median,
     _EarlySorted,
-    _metric,
     _rank,
     rise_onset,
 )
-from rlguard.guards.events import Finding, Severity
+from rlguard.guards.detectors.threshold import ThresholdDetector
+from rlguard.guards.events import Finding
 from rlguard.guards.robust import RollingWindow, cusum_step
+
+__all__ = ["CusumDetector", "SpikeDetector", "ThresholdDetector"]
 
 
 @dataclass(kw_only=True)
@@ -61,6 +65,13 @@ class SpikeDetector(Detector):
             )
         self._s_window = RollingWindow(self.window)
 
+    #: whether the class's :meth:`observes` is this one (:meth:`check` then inlines it)
+    _own_observes: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._own_observes = cls.observes is SpikeDetector.observes
+
     def observes(self, stats: Mapping[str, float]) -> bool:
         """A finite value above ``floor``: non-finite values are the ``nonfinite`` detector's; values at the floor
         would make the next ordinary value look like a huge spike over a median at the floor (with alternating
@@ -70,12 +81,19 @@ class SpikeDetector(Detector):
 
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = stats.get(self.metric)
-        if value is None or not self.observes(stats):
+        if value is None:
+            return None
+        if self._own_observes:  # its test, inlined (the hot path)
+            if not (math.isfinite(value) and float(value) > self.floor):
+                return None
+        elif not self.observes(stats):
             return None
         x = math.log(value := float(value))
         finding = None
-        if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
-            finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
+        warn_above, critical_above = self.warn_above, self.critical_above
+        # _absolute finds only a value at or above a bound that is set: asked only then
+        if (warn_above is not None and value >= warn_above) or (critical_above is not None and value >= critical_above):
+            finding = _absolute(self.metric, value, warn_above, critical_above, self.advice)
         window = self._s_window
         # two baseline values suffice: a finding needs both the factor and the robust z over them; below the warning
         # factor (at most the critical one) nothing is found: no robust z to compute
@@ -245,14 +263,16 @@ class CusumDetector(Detector):
         finding = None
         if self.warn_above is not None or self.critical_above is not None:  # absolute bounds set
             finding = _absolute(self.metric, value, self.warn_above, self.critical_above, self.advice)
-        x = math.log(max(value, self.floor))
+        # max and min below are written as their comparisons: the builtins cost more to call (Python 3.11)
+        x = math.log(low if (low := self.floor) > value else value)
         controlled = self.critical_drift is not None and self._see_control(stats)
         recent = self._s_recent
         recent.push(x)
         early = self._s_anchor
-        anchor = _anchor_median(early, self._anchor_sorted)  # None below 3 values; unchanged until returned
+        # _anchor_median (None below 3 values; unchanged until returned), without its call: the hot path
+        anchor = self._anchor_sorted.median(early) if len(early) >= 3 else None
         window = self._s_window
-        self._shift.see(step, x, len(early) < 3 or x <= (anchor or 0.0))
+        self._shift.see(step, x, anchor is None or x <= anchor)
         if len(window) < 3 or not armed:
             window.push(x)
             if finding is None and len(early) < self.anchor:
@@ -266,9 +286,9 @@ class CusumDetector(Detector):
             window.push(x)
         else:
             median, spread = window.location_scale()  # the window's robust z and sigma, read once
-            sigma = max(spread, floor)
+            sigma = floor if floor > spread else spread
             z = (x - median) / sigma
-            cusum = self._s_cusum = cusum_step(cusum, min(z, self.z_cap), slack)
+            cusum = self._s_cusum = cusum_step(cusum, cap if (cap := self.z_cap) < z else z, slack)
             if cusum == 0.0:
                 self._s_cusum_start = -1
             else:
@@ -279,7 +299,7 @@ class CusumDetector(Detector):
                 if len(self._s_rise) < SHIFT_WINDOW:
                     self._s_rise_steps.append(step)
                     self._s_rise.append(x)
-            window.push(min(x, median + 2.0 * sigma))
+            window.push(top if (top := median + 2.0 * sigma) < x else x)
         drift = math.exp(recent.median() - anchor) if anchor is not None else 1.0
         if cusum >= self.warn_h and _rank(finding) < 2:
             critical = cusum >= self.critical_h and (self.critical_ratio is None or drift >= self.critical_ratio)
@@ -317,84 +337,3 @@ class CusumDetector(Detector):
         if finding is None and cusum == 0.0 and len(early) < self.anchor:
             early.append(x)
         return finding
-
-
-@dataclass(kw_only=True)
-class ThresholdDetector(Detector):
-    """Absolute bounds on a metric that is a fraction or a rate, above the run's own level by ``margin``.
-
-    Attributes:
-        metric: the stat to watch.
-        warn: value that warns; critical: value that is critical.
-        margin: a finding also needs ``value >= baseline median + margin`` (0: absolute bounds only).
-        window: healthy steps in the baseline.
-        advice: what to do, appended to the message.
-    """
-
-    metric: str = ""
-    warn: float = 0.5
-    critical: float = 0.9
-    margin: float = 0.0
-    window: int = 50
-    advice: str = ""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.warn > self.critical:
-            raise ValueError(f"{self.name}: warn ({self.warn}) must not exceed critical ({self.critical}).")
-        self._s_window = RollingWindow(self.window)
-        # the step of the first observation in the critical condition in the current run of them (-1: none) and the
-        # observations out of it since the last one: warm-up observations count (the bound is absolute)
-        self._s_run_start, self._s_run_gap = -1, 0
-
-    def baseline_needed(self) -> int | None:
-        """None where a finding also needs the value ``margin`` above the run's own level; else 0 (absolute bounds)."""
-        return None if self.margin > 0 else 0
-
-    def critical_condition(self, value: float) -> bool:
-        """Whether ``value`` is the critical condition by the absolute bound alone (before any baseline margin)."""
-        return value >= self.critical
-
-    def change_point(self) -> int | None:
-        """Where a critical condition judged by the absolute bound alone began: the first observation in the
-        critical condition (:meth:`critical_condition`) in the run of them (separated by fewer than ``clear_after``
-        others: the alarm's hysteresis) that the last observation belongs to, warm-up observations included. The
-        warm-up of such a detector learns no baseline of its stat (``baseline_needed`` is fixed), so a value in
-        the condition during it is the condition already present, not yet judged: its onset is not where the
-        warm-up ended. None with a ``margin`` (an observation is read against the run's own level, which the
-        warm-up learns) or out of the condition now."""
-        if self.baseline_needed() is None or self._s_run_start < 0 or self._s_run_gap:
-            return None
-        return self._s_run_start
-
-    def level(self, value: float) -> tuple[Severity, float] | None:
-        """Severity and bound crossed by ``value``, before the baseline margin."""
-        if value >= self.critical:
-            return "critical", self.critical
-        if value >= self.warn:
-            return "warn", self.warn
-        return None
-
-    def describe(self, value: float, bound: float, stats: Mapping[str, float]) -> str:
-        """The finding's message; subclasses add context."""
-        return f"{self.metric}={value:.4g} >= {bound:g}. {self.advice}".rstrip()
-
-    def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
-        value = _metric(stats, self.metric)
-        if value is None or not math.isfinite(value):
-            return None
-        if not self.critical_condition(value):
-            self._s_run_gap += 1
-        else:
-            if self._s_run_start < 0 or self._s_run_gap >= max(self.clear_after, 1):
-                self._s_run_start = step
-            self._s_run_gap = 0
-        hit = self.level(value) if armed else None
-        near = hit is not None and self.margin > 0 and len(self._s_window) >= 3  # the baseline read only then
-        if near and value < self._s_window.median() + self.margin:
-            hit = None
-        if hit is None:
-            self._s_window.push(value)
-            return None
-        severity, bound = hit
-        return Finding(severity, value, bound, self.describe(value, bound, stats))

@@ -57,6 +57,10 @@ class EntropyCollapse(Detector):
     def observes(self, stats: Mapping[str, float]) -> bool:
         return _finite(stats, "entropy")
 
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """A finite ``entropy`` (:meth:`observes`): none without it, each where every value is finite."""
+        return False if "entropy" not in names else True if finite else None
+
     def change_point(self) -> int | None:
         """Where the collapse began: the least-squares change of level of the log entropy since it was last at or
         above its baseline (:class:`~rlguard.guards.detectors.base.LevelShift`)."""

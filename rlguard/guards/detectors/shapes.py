@@ -79,6 +79,10 @@ class SpikeDetector(Detector):
         value = stats.get(self.metric)
         return value is not None and math.isfinite(value) and float(value) > self.floor
 
+    def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
+        """No step without its ``metric`` (:meth:`observes`); else the value decides (the floor)."""
+        return False if self.metric not in names else None
+
     def check(self, step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
         value = stats.get(self.metric)
         if value is None:

@@ -134,7 +134,15 @@ class Decision:
         one at every step): every field set, in the fields' order, as ``__init__`` sets them."""
         decision = object.__new__(cls)
         decision.__dict__.update(
-            step=step, outcome="step", controls=controls, rollback_to=None, snapshot=snapshot, events=events, reason=""
+            {
+                "step": step,
+                "outcome": "step",
+                "controls": controls,
+                "rollback_to": None,
+                "snapshot": snapshot,
+                "events": events,
+                "reason": "",
+            }
         )
         return decision
 

@@ -172,6 +172,7 @@ class Guard:
         self.last_findings, self.last_observed = found, observed
         if live_rule is None:
             if self._observers.alarms_seen:  # an alarm saw a finding or a raised level: its level may have changed
+                self._observers.alarms_seen = False
                 self._raised = any(map(_LEVEL, alarms.values()))
             return found, events
         patient = [n for n in found if alarms[n].streak + 1 >= self.detectors[n].patience]

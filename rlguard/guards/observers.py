@@ -64,17 +64,14 @@ class Observers:
     """The detectors that may observe a step, in the guard's order, with how each decides (:data:`Watch`): one plan
     per set of stat names and per whether all of the step's values are finite, built at the first step that needs
     it. The plans hold the detectors, alarm and ledger objects: :meth:`clear` after one is replaced (a loaded
-    state). ``ledgers``: by detector, those the guard saves (by default new ones)."""
+    state)."""
 
-    def __init__(
-        self,
-        detectors: Mapping[str, Detector],
-        alarms: Mapping[str, AlarmState],
-        ledgers: Mapping[str, Ledger] | None = None,
-    ) -> None:
+    def __init__(self, detectors: Mapping[str, Detector], alarms: Mapping[str, AlarmState]) -> None:
         self._detectors, self._alarms = detectors, alarms
-        self.ledgers = {name: Ledger() for name in detectors} if ledgers is None else ledgers
-        #: whether the last :meth:`judge` showed an alarm a finding or a raised level (else no alarm's level changed)
+        #: each detector's ledger, which the guard saves
+        self.ledgers = {name: Ledger() for name in detectors}
+        #: set where :meth:`judge` showed an alarm a finding or a raised level (an alarm's level may have changed,
+        #: even in a step cut short by a detector's error); the reader resets it
         self.alarms_seen = False
         self.clear()
 
@@ -116,7 +113,6 @@ class Observers:
         found: dict[str, Finding] = {}
         observed: list[str] = []
         events: list[Event] = []
-        alarms_seen = False
         for name, det, alarm, ask, ledger in self.at(stats):  # those whose observes may say yes, in order
             if ask is not None and not ask(stats):
                 continue  # no evidence this step: alarm, streak and warm-up stay as they are
@@ -142,10 +138,9 @@ class Observers:
                 found[name] = finding
                 if not see:
                     continue
-            alarms_seen = True
+            self.alarms_seen = True
             event = alarm.see(step, name, finding, det.patience, det.clear_after)
             if event is not None:
                 events.append(event)
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
-        self.alarms_seen = alarms_seen
         return found, observed, events

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -188,3 +189,24 @@ def test_a_loaded_state_s_clean_sets_are_kept_as_the_plain_definition_keeps_them
     for step, stats in enumerate(stream[5:], start=6):
         assert guard.observe(step, stats) == plain.observe(step, stats)
         assert _state(guard) == _state(plain)
+
+
+def test_an_alarm_raised_in_a_step_cut_short_by_a_detector_s_error_is_read_at_the_next_step() -> None:
+    # a NaN raises the nonfinite alarm, then a later detector fails in the same step; the next step does not
+    # carry nonfinite's stats: the alarm stays raised, so that step is not healthy
+    guard = Guard(GuardConfig.preset("monitor"))
+    stream = healthy_stream(30, 4)
+    for step, stats in enumerate(stream[:20], start=1):
+        guard.observe(step, stats)
+    assert guard.last_healthy_step == 20
+    detector = guard.detectors["ratio_explosion"]  # judged after nonfinite
+
+    def failing(step: int, stats: Mapping[str, float], armed: bool) -> Finding | None:
+        raise RuntimeError("a plugin's error")
+
+    detector.check = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a plugin's error"):
+        guard.observe(21, {**stream[20], "loss": math.nan})
+    assert guard.alarms() == {"nonfinite": "critical"}
+    guard.observe(22, {"lr": 1e-6})
+    assert guard.last_healthy_step == 20

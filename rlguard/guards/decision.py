@@ -127,6 +127,25 @@ class Decision:
         if self.outcome not in OUTCOMES:
             raise ValueError(f"Decision outcome must be one of {list(OUTCOMES)}; got {self.outcome!r}.")
 
+    @classmethod
+    def _neutral(cls, step: int, controls: Controls, *, snapshot: bool, events: tuple[Event, ...]) -> Decision:
+        """``Decision(step=step, controls=controls, snapshot=snapshot, events=events)``: a step with nothing
+        proposed (most steps), built without the frozen fields' one ``object.__setattr__`` each (the guard builds
+        one at every step): every field set, in the fields' order, as ``__init__`` sets them."""
+        decision = object.__new__(cls)
+        decision.__dict__.update(
+            {
+                "step": step,
+                "outcome": "step",
+                "controls": controls,
+                "rollback_to": None,
+                "snapshot": snapshot,
+                "events": events,
+                "reason": "",
+            }
+        )
+        return decision
+
 
 def decision_action(decision: Decision) -> str:
     """The name ``decision`` is logged under (:data:`LOGGED_ACTIONS`): its outcome's, or, for a step, the change

@@ -20,7 +20,6 @@ from rlguard.guards.config import PRESETS, GuardConfig, check_preset
 from rlguard.guards.consequence.live import OnlineConsequence
 from rlguard.guards.decision import LOGGED_ACTIONS, Controls, Decision, Proposal, logged_action
 from rlguard.guards.detectors import Detector
-from rlguard.guards.detectors.base import warmed_up
 from rlguard.guards.events import Event, EventsLog, Finding, Severity
 from rlguard.guards.guard_state import read_guard_state
 from rlguard.guards.interventions import Intervention, StepContext, handed_over
@@ -74,8 +73,12 @@ class Guard:
         self.handed_over = handed_over(self.interventions)
         self.events: list[Event] = []
         self._alarms = {name: AlarmState() for name in self.detectors}
-        #: the detectors that may observe a step, planned once per set of stat names
+        #: whether any alarm is raised: read again only where a level may have changed (most steps change none)
+        self._raised = False
+        #: the detectors that may observe a step, planned once per set of stat names, with each one's ledger of
+        #: observations (its warm-up, and what a healthy snapshot is known to predate: StepContext.judged_clean)
         self._observers = Observers(self.detectors, self._alarms)
+        self._ledgers = self._observers.ledgers
         #: the findings of the last observed step, by detector, as the detectors made them (the doctor reads them
         #: to judge consequences with hindsight): a new dict at each step, which a reader may keep
         self.last_findings: dict[str, Finding] = {}
@@ -83,13 +86,6 @@ class Guard:
         self.last_observed: list[str] = []
         #: the consequence rule applied live (``config.consequence == "online"``), or None
         self.live_rule = OnlineConsequence(self.detectors) if self.config.consequence == "online" else None
-        self._seen = dict.fromkeys(self.detectors, 0)
-        #: the step of each detector's first observation (its warm-up is counted in steps from there)
-        self._first_seen: dict[str, int | None] = dict.fromkeys(self.detectors)
-        #: the detectors that judged (armed) an observation without a finding, and those with any observation
-        #: without one (their absolute bounds, which need no baseline, judge from the first observation)
-        self._judged_clean: set[str] = set()
-        self._seen_clean: set[str] = set()
         self._consecutive_skips = 0
         self._last_healthy_step: int | None = None
         self._last_snapshot_step: int | None = None
@@ -113,7 +109,7 @@ class Guard:
 
     def observations(self) -> dict[str, int]:
         """Steps each detector has judged: the steps that carried its stats (warm-up included)."""
-        return dict(self._seen)
+        return {n: ledger.seen for n, ledger in self._ledgers.items()}
 
     def alarms(self) -> dict[str, Severity]:
         """Raised alarms by detector."""
@@ -144,7 +140,9 @@ class Guard:
                 handed_over=self.handed_over,
                 # a finding beyond an absolute bound is vouched for by any clean observation before it
                 judged_clean=frozenset(
-                    self._judged_clean | {n for n in self._seen_clean if n in findings and findings[n].absolute}
+                    n
+                    for n, ledger in self._ledgers.items()
+                    if ledger.judged_clean or (ledger.seen_clean and n in findings and findings[n].absolute)
                 ),
             )
             proposals = [p for iv in self.interventions.values() if (p := iv.propose(ctx)) is not None]
@@ -164,47 +162,21 @@ class Guard:
 
     def _run_detectors(self, step: int, stats: Mapping[str, float]) -> tuple[dict[str, Finding], list[Event]]:
         """This step's findings (with severity by consequence where ``config.consequence`` is ``"online"``) and
-        the alarm events they raise. Each detector that observes the step judges it once past its warm-up
-        (:func:`warmed_up`), with the bookkeeping of what a healthy snapshot is known to predate
-        (``StepContext.judged_clean``); without the live rule each detector's alarm sees its own finding in the
-        same pass, in the detectors' order."""
-        found: dict[str, Finding] = {}
-        observed: list[str] = []
-        events: list[Event] = []
-        alarms, seen, first_seen = self._alarms, self._seen, self._first_seen
-        judged_clean, seen_clean = self._judged_clean, self._seen_clean
-        by_steps = self.config.warmup_unit == "steps"
-        one_pass = self.live_rule is None
-        for name, det, alarm, ask in self._observers.at(stats):  # those whose observes may say yes, in order
-            if ask is not None and not ask(stats):
-                continue  # no evidence this step: alarm, streak and warm-up stay as they are
-            count = seen[name]
-            first = first_seen[name]
-            if first is None:
-                first = first_seen[name] = step
-            armed = count >= det.warmup or warmed_up(det.warmup, count, step - first if by_steps else None)
-            finding = det.check(step, stats, armed)
-            seen[name] = count + 1
-            observed.append(name)
-            if finding is None:
-                seen_clean.add(name)
-                if armed:
-                    judged_clean.add(name)
-            else:
-                found[name] = finding
-            if one_pass:
-                if finding is None and not alarm.level:  # AlarmState.see of a clean step with no alarm to clear
-                    alarm.streak, alarm.clean, alarm.critical_age = 0, alarm.clean + 1, 0
-                    continue
-                event = alarm.see(step, name, finding, det.patience, det.clear_after)
-                if event is not None:
-                    events.append(event)
-                alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
+        the alarm events they raise (:meth:`Observers.judge`: each detector that observes the step judges it, its
+        ledger counts it; without the live rule each detector's alarm sees its own finding in the same pass, in the
+        detectors' order)."""
+        alarms, live_rule = self._alarms, self.live_rule
+        found, observed, events = self._observers.judge(
+            step, stats, by_steps=self.config.warmup_unit == "steps", see=live_rule is None
+        )
         self.last_findings, self.last_observed = found, observed
-        if self.live_rule is None:
+        if live_rule is None:
+            if self._observers.alarms_seen:  # an alarm saw a finding or a raised level: its level may have changed
+                self._observers.alarms_seen = False
+                self._raised = any(map(_LEVEL, alarms.values()))
             return found, events
         patient = [n for n in found if alarms[n].streak + 1 >= self.detectors[n].patience]
-        verdict = self.live_rule.judge_step(step, stats, observed, found, patient)
+        verdict = live_rule.judge_step(step, stats, observed, found, patient)
         findings, raised = verdict.findings, verdict.raised
         seen_events: list[Event | None] = []
         for name in observed:
@@ -215,6 +187,7 @@ class Guard:
             alarm.critical_age = alarm.critical_age + 1 if alarm.level == 2 else 0
         # raised at a step that did not carry the detector's stats
         seen_events.extend(alarms[name].raise_critical(step, name, finding) for name, finding in raised.items())
+        self._raised = any(map(_LEVEL, alarms.values()))
         return findings, [e for e in seen_events if e is not None]
 
     def set_record_only(self, unable: Mapping[str, str], *, where: str) -> None:
@@ -230,7 +203,7 @@ class Guard:
         due = self._last_snapshot_step is None or step - self._last_snapshot_step >= self.config.snapshot_interval
         if not proposals and not self.config.schedules:  # most steps: the neutral decision, nothing to rank
             snapshot = healthy and due and not self.config.observe_only
-            return Decision(step=step, controls=_NO_CONTROLS, snapshot=snapshot, events=tuple(events))
+            return Decision._neutral(step, _NO_CONTROLS, snapshot=snapshot, events=tuple(events))
         best = max(proposals, key=lambda p: LOGGED_ACTIONS.index(logged_action(p)), default=_NO_PROPOSAL)
         action = logged_action(best)
         scheduled = {k: s(step) for k, s in self.config.schedules.items()}
@@ -265,7 +238,7 @@ class Guard:
 
     def _healthy(self, findings: Mapping[str, Finding]) -> bool:
         """No finding and no raised alarm, except those of ``config.healthy_despite``."""
-        if not findings and not any(map(_LEVEL, self._alarms.values())):  # most steps: nothing found or raised
+        if not findings and not self._raised:  # most steps: nothing found or raised
             return True
         despite = self.config.healthy_despite
         return not any(n not in despite for n in findings) and not any(
@@ -291,6 +264,7 @@ class Guard:
             # the weights go back to a healthy step: clear alarms so that the run is judged afresh
             for alarm in self._alarms.values():
                 alarm.level = alarm.streak = alarm.critical_age = 0
+            self._raised = False
             if self.live_rule is not None:
                 self.live_rule.reset()
             for iv in self.interventions.values():
@@ -333,10 +307,10 @@ class Guard:
             "version": STATE_VERSION,
             "events": [e.to_dict() for e in self.events],
             "alarms": {n: vars(a).copy() for n, a in self._alarms.items()},
-            "seen": dict(self._seen),
-            "first_seen": dict(self._first_seen),
-            "judged_clean": sorted(self._judged_clean),
-            "seen_clean": sorted(self._seen_clean),
+            "seen": self.observations(),
+            "first_seen": {n: ledger.first_seen for n, ledger in self._ledgers.items()},
+            "judged_clean": sorted(n for n, ledger in self._ledgers.items() if ledger.judged_clean),
+            "seen_clean": sorted(n for n, ledger in self._ledgers.items() if ledger.seen_clean),
             "detectors": {n: d.state_dict() for n, d in self.detectors.items()},
             "interventions": {n: iv.state_dict() for n, iv in self.interventions.items()},
             "consecutive_skips": self._consecutive_skips,
@@ -371,11 +345,17 @@ class Guard:
             self.live_rule.load_state_dict(online, where=f"{source}: consequence")
         self.events = events
         self._alarms.update(alarms)
+        self._raised = any(map(_LEVEL, self._alarms.values()))
         self._observers.clear()  # new alarm objects, and what a detector reads may follow its loaded state
-        self._seen.update({n: v for n, v in seen.items() if n in self._seen})
-        self._first_seen.update({n: v for n, v in first_seen.items() if n in self._first_seen})
-        self._judged_clean = {n for n in clean if n in self.detectors}
-        self._seen_clean = {n for n in seen_clean if n in self.detectors}
+        ledgers, judged, seen_once = self._ledgers, set(clean), set(seen_clean)
+        for n, v in seen.items():
+            if n in ledgers:
+                ledgers[n].seen = v
+        for n, first in first_seen.items():
+            if n in ledgers:
+                ledgers[n].first_seen = first
+        for n, ledger in ledgers.items():
+            ledger.judged_clean, ledger.seen_clean = n in judged, n in seen_once
         self._consecutive_skips = read.consecutive_skips
         self._last_healthy_step = counters["last_healthy_step"]
         self._last_snapshot_step = counters["last_snapshot_step"]

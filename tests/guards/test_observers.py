@@ -68,7 +68,7 @@ class _Always(_Metric):
 
 
 def _plan(observers: Observers, stats: Mapping[str, float]) -> list[str]:
-    return [name for name, _, _, ask in observers.at(stats) if ask is None or ask(stats)]
+    return [name for name, _, _, ask, _ in observers.at(stats) if ask is None or ask(stats)]
 
 
 def test_names_are_judged_once_per_set_and_an_override_of_observes_alone_keeps_its_say() -> None:

@@ -4,8 +4,9 @@ the KL to the reference and behaviour policies, and the train-inference mismatch
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rlguard.guards.detectors.base import Detector, _finite
 from rlguard.guards.detectors.shapes import CusumDetector, SpikeDetector
@@ -83,10 +84,21 @@ class _PolicyGradientSteps(Detector):
     step's) says nothing about the learning steps': it is not an observation (neither learnt nor judged, nor counted
     toward the warm-up), so that a too-hard start does not make the first learning steps look like a spike."""
 
+    #: ``super().observes`` of the class, resolved once per class (:meth:`__init_subclass__`): the ``observes`` of
+    #: the first class after this mixin in its method resolution order that defines one, the method ``super()``
+    #: finds, without building a ``super`` object at each call (it is asked several times a step)
+    _observes_with_signal: ClassVar[Callable[[Detector, Mapping[str, float]], bool]]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        after = mro[mro.index(_PolicyGradientSteps) + 1 :]
+        cls._observes_with_signal = next(c.__dict__["observes"] for c in after if "observes" in c.__dict__)
+
     def observes(self, stats: Mapping[str, float]) -> bool:
         """The step's stat, on a step whose batch carries a policy-gradient signal (a log without
         ``frac_zero_std_groups``: every step)."""
-        return not without_signal(stats) and super().observes(stats)
+        return not without_signal(stats) and self._observes_with_signal(stats)
 
     def observed_with(self, names: frozenset[str], *, finite: bool) -> bool | None:
         """No step without the stat its detector judges (:meth:`reads`); else the values decide."""

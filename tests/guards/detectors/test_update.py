@@ -6,10 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlguard.guards import Guard, GuardConfig
+from rlguard.guards.detectors import Detector
+from rlguard.guards.detectors.update import (
+    ClipFracBurst,
+    GradNormExplosion,
+    GradNormSpike,
+    KLOldBlowup,
+    _PolicyGradientSteps,
+)
+from rlguard.guards.signal import without_signal
 from tests.helpers.synthetic import healthy_stream
 
 
@@ -115,3 +128,47 @@ def test_a_step_without_signal_is_no_observation_of_the_update_size_detectors() 
     for name in _UPDATE_SIZE:
         assert not guard.detectors[name].observes({**stream[0], "frac_zero_std_groups": 1.0})
         assert guard.detectors[name].observes({**stream[0], "frac_zero_std_groups": 0.99})
+
+
+@dataclass(kw_only=True)
+class _Floor(Detector):
+    """A plugin's base: observes a value of ``x`` above 1."""
+
+    name = "floor_x"
+    metric: str = "x"
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        return stats.get("x", 0.0) > 1.0
+
+
+@dataclass(kw_only=True)
+class _PluginSpike(GradNormSpike):
+    """A plugin that narrows the gradient-norm spike's steps further and calls ``super().observes``."""
+
+    name = "plugin_spike"
+
+    def observes(self, stats: Mapping[str, float]) -> bool:
+        return stats.get("grad_norm", 0.0) < 100.0 and super().observes(stats)
+
+
+@dataclass(kw_only=True)
+class _PluginUpdate(_PolicyGradientSteps, _Floor):
+    """The mixin over a plugin's own ``observes``."""
+
+    name = "plugin_update"
+
+
+@given(
+    stats=st.dictionaries(
+        st.sampled_from(["grad_norm", "kl_old", "clip_frac", "x", "frac_zero_std_groups"]),
+        st.sampled_from([0.0, -0.0, 1e-5, 0.5, 1.0, 2.0, 500.0, math.nan, math.inf, -math.inf]),
+    )
+)
+def test_the_update_size_observes_is_the_signal_test_then_super_s(stats: dict[str, float]) -> None:
+    # the parent's observes is resolved once per class: the method super() finds, for built-ins and plugins alike
+    for cls in (GradNormSpike, GradNormExplosion, KLOldBlowup, ClipFracBurst, _PluginSpike, _PluginUpdate):
+        det = cls()
+        parent = super(_PolicyGradientSteps, det).observes(stats)  # type: ignore[misc]
+        assert _PolicyGradientSteps.observes(det, stats) == (not without_signal(stats) and parent), cls
+    plugin = _PluginSpike()  # its own test, then the mixin's through super()
+    assert plugin.observes(stats) == (stats.get("grad_norm", 0.0) < 100.0 and GradNormSpike().observes(stats))

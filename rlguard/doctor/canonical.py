@@ -21,7 +21,7 @@ __all__ = ["CanonicalRows", "NameSet", "name_sets"]
 _T = TypeVar("_T")
 
 #: the steps grouped at a time: from dicts (held while grouped), from a table's columns (numpy, 1 byte a stat a step)
-_CHUNK_DICTS, _CHUNK_COLUMNS = 1024, 1 << 16
+_CHUNK_DICTS, _CHUNK_COLUMNS = 1024, 1 << 14
 #: the rows read at a time by :meth:`CanonicalRows.iter_from` (its arrays' slices: 32 KB each)
 _CHUNK_READ = 4096
 

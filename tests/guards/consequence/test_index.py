@@ -8,6 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlguard.guards.consequence import index as index_module
 from rlguard.guards.consequence.index import FindingIndex
 from rlguard.guards.events import Finding
 from tests.helpers.profiles import examples
@@ -52,7 +53,13 @@ def test_the_index_read_in_chunks_equals_one_read_and_one_position_at_a_time(
         chunked.sync(observed[:cut], findings[:cut], rewards[:cut])
     for p in range(1, len(steps) + 1):
         single.sync(observed[:p], findings[:p], rewards[:p])
-    assert _read(whole) == _read(chunked) == _read(single)
+    small, chunk = FindingIndex(), index_module._CHUNK
+    index_module._CHUNK = 3  # the rewards' extremes read 3 at a time within one sync
+    try:
+        small.sync(observed, findings, rewards)
+    finally:
+        index_module._CHUNK = chunk
+    assert _read(whole) == _read(chunked) == _read(single) == _read(small)
     finite = [r for r in rewards if math.isfinite(r)]
     assert repr(whole.lowest) == repr(min(finite, default=math.nan))
     assert repr(whole.highest) == repr(max(finite, default=math.nan))

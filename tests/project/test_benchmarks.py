@@ -122,6 +122,19 @@ def test_guard_memory_quick(tmp_path: Path) -> None:
     assert all(o["again"] >= 11 * n for o in old)  # the replaced snapshot held both copies while taking the next
 
 
+def test_doctor_scale_watch_quick() -> None:
+    """The watch's case runs (a half-written last line at each poll, a collapse going on): the fold is fed the
+    appended records, never replayed, and the collapse is found; the healthy log, as it grows, is not flagged."""
+    stdout = run_benchmark("doctor_scale.py", "--watch", "3000", "--collapse", "500", "--half-line")
+    (row,) = [line for line in stdout.splitlines() if line.startswith("| half-written last line, collapsed 500")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "3000" and cells[8] == "0" and int(cells[9]) >= 1 and float(cells[5]) > 0, row
+    stdout = run_benchmark("doctor_scale.py", "--watch", "3000")
+    (row,) = [line for line in stdout.splitlines() if line.startswith("| healthy | trl | 3000 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[8] == "0" and cells[9] == "0", row
+
+
 def test_doctor_scale_quick() -> None:
     """A healthy 1,000-step TRL-shaped JSONL is judged with exit 0 and a peak resident set measured."""
     stdout = run_benchmark("doctor_scale.py", "--sizes", "1000")

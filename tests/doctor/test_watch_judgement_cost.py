@@ -10,7 +10,7 @@ import json
 import math
 import random
 import tracemalloc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +247,6 @@ def test_a_judgement_during_a_long_critical_episode_reads_the_rewards_appended_n
     Mann-Kendall sums read per judgement do not grow with the episode (before: the whole window at each, 120
     values at the first judgement to 570 at the last; now the detectors' own windows, the same at each)."""
     from rlguard.guards import robust
-    from tests.helpers.synthetic import failing_stream
 
     read = [0]
     sign_sum = robust._sign_sum
@@ -257,6 +256,17 @@ def test_a_judgement_during_a_long_critical_episode_reads_the_rewards_appended_n
         return sign_sum(x)
 
     monkeypatch.setattr(robust, "_sign_sum", counted)
+    per = _judged_while_collapsed(tmp_path, read.__setitem__, read.__getitem__)
+    assert per[-1] <= per[0], per
+
+
+def _judged_while_collapsed(
+    tmp_path: Path, reset: Callable[[int, int], None], count: Callable[[int], int]
+) -> list[int]:
+    """An entropy collapse from step 150 that goes on, judged after 200 records and then after each 50 appended up
+    to 700: ``count(0)`` after each of the later judgements (``reset(0, 0)`` before it). The collapse is found."""
+    from tests.helpers.synthetic import failing_stream
+
     lines = [_line(step, stats) for step, stats in enumerate(failing_stream("entropy_collapse", 700, 150, 1), 1)]
     path = tmp_path / "collapse.jsonl"
     path.write_text("".join(lines[:200]))
@@ -268,11 +278,11 @@ def test_a_judgement_during_a_long_critical_episode_reads_the_rewards_appended_n
         with path.open("a") as fh:
             fh.write("".join(lines[k : k + 50]))
         follower.poll()
-        read[0] = 0
+        reset(0, 0)
         d = fold.judge(follower.log(), final=False)
-        per.append(read[0])
+        per.append(count(0))
     assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings)
-    assert per[-1] <= per[0], per
+    return per
 
 
 class _Counted(Sequence[Any]):
@@ -305,25 +315,14 @@ def test_a_judgement_during_a_long_critical_episode_reads_the_findings_appended_
     the excursions read per judgement do not grow with the episode (before: every finding at each judgement, 1,443
     at the first to 8,643 at the last; now those appended and the episode's lone findings, 168 at each)."""
     from rlguard.guards.consequence.index import FindingIndex
-    from tests.helpers.synthetic import failing_stream
 
     found = FindingIndex.found
     monkeypatch.setattr(FindingIndex, "found", lambda self, name: _Counted(found(self, name)))
-    lines = [_line(step, stats) for step, stats in enumerate(failing_stream("entropy_collapse", 700, 150, 1), 1)]
-    path = tmp_path / "collapse.jsonl"
-    path.write_text("".join(lines[:200]))
-    follower, fold = JsonlFollower(path), DoctorFold(path)
-    follower.poll()
-    fold.judge(follower.log(), final=False)
-    per = []
-    for k in range(200, 700, 50):
-        with path.open("a") as fh:
-            fh.write("".join(lines[k : k + 50]))
-        follower.poll()
-        _Counted.read = 0
-        d = fold.judge(follower.log(), final=False)
-        per.append(_Counted.read)
-    assert any(f.detector == "entropy_collapse" and f.severity == "critical" for f in d.findings)
+
+    def reset(_: int, value: int) -> None:
+        _Counted.read = value
+
+    per = _judged_while_collapsed(tmp_path, reset, lambda _: _Counted.read)
     assert per[-1] <= per[0], per
 
 

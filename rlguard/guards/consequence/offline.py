@@ -102,12 +102,6 @@ class _Reward:
         return self.cache[key]
 
 
-def _first_within(positions: Sequence[int], lo: int, hi: int) -> int | None:
-    """The first of the sorted ``positions`` in ``lo..hi``, or None."""
-    i = bisect.bisect_left(positions, lo)
-    return positions[i] if i < len(positions) and positions[i] <= hi else None
-
-
 #: detector -> its findings by episode and the level of each episode's findings critical in themselves
 #: (:meth:`Episodes.first_within`)
 _Intrinsic = dict[str, tuple["Episodes", list[int]]]
